@@ -1,0 +1,183 @@
+"""FederatedDataModule: a dataset split among clients, round plans, client batches."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import lightning as L
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset, default_collate
+
+from datamodules.partition import Dirichlet, Partitioner
+from datamodules.sources import DataSource, load_source
+from fl_lightning.participation import Participation, RoundPlan, UniformSampling, derive_seed
+
+_HOLDOUT_STREAM = 0x401D
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+class RoundPlans(IterableDataset):
+    """Endless stream of round plans, starting at the trainer's current step (so a resume continues)."""
+
+    def __init__(self, datamodule: FederatedDataModule) -> None:
+        self.datamodule = datamodule
+
+    def __iter__(self) -> Iterator[RoundPlan]:
+        dm = self.datamodule
+        trainer = getattr(dm, "trainer", None)
+        round_idx = trainer.global_step if trainer is not None else 0
+        while True:
+            yield dm.participation.plan(round_idx, dm.client_sizes, dm.seed)
+            round_idx += 1
+
+
+class FederatedDataModule(L.LightningDataModule):
+    """A dataset partitioned among ``num_clients`` clients.
+
+    The train "dataloader" yields one ``RoundPlan`` per round; the module pulls
+    each active client's batches through ``client_batches``. Validation and test
+    use the global test set.
+
+    Args:
+        dataset: registered dataset name (see ``datamodules.sources.SOURCES``).
+        dataset_args: keyword arguments of the dataset loader.
+        num_clients: population size N.
+        partition: how training indices are split among clients.
+        participation: who is active each round (default: 10% uniformly).
+        holdout_fraction: share of each client's data held out for per-client
+            evaluation, in [0, 1).
+        eval_batch_size: batch size of the global validation/test loaders.
+        seed: seed of the partition, the sampling and all client randomness.
+    """
+
+    def __init__(
+        self,
+        dataset: str = "digits",
+        dataset_args: dict[str, Any] | None = None,
+        num_clients: int = 20,
+        partition: Partitioner | None = None,
+        participation: Participation | None = None,
+        holdout_fraction: float = 0.0,
+        eval_batch_size: int = 512,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if num_clients < 1:
+            raise ValueError(f"num_clients must be >= 1, got {num_clients}")
+        if not 0.0 <= holdout_fraction < 1.0:
+            raise ValueError(f"holdout_fraction must be in [0, 1), got {holdout_fraction}")
+        if eval_batch_size < 1:
+            raise ValueError(f"eval_batch_size must be >= 1, got {eval_batch_size}")
+        self.dataset = dataset
+        self.dataset_args = dict(dataset_args or {})
+        self.num_clients = num_clients
+        self.partition = partition if partition is not None else Dirichlet(0.5)
+        self.participation = participation if participation is not None else UniformSampling(0.1)
+        self.participation.validate(num_clients)
+        self.holdout_fraction = holdout_fraction
+        self.eval_batch_size = eval_batch_size
+        self.seed = seed
+        self.source: DataSource | None = None
+
+    # ---- building the federation ------------------------------------------------
+    def build_source(self) -> DataSource:
+        """Load the task's data; subclasses for other data override this."""
+        return load_source(self.dataset, **self.dataset_args)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.source is not None:
+            return
+        source = self.build_source()
+        parts = self.partition(source.train_labels, self.num_clients, self.seed)
+        empty = [i for i, p in enumerate(parts) if len(p) == 0]
+        if empty:
+            raise ValueError(
+                f"partition {type(self.partition).__name__} left {len(empty)} of num_clients={self.num_clients} "
+                f"clients empty (e.g. client {empty[0]}); use fewer clients or a partition with min_size >= 1"
+            )
+        self.client_train, self.client_holdout = [], []
+        for cid, idx in enumerate(parts):
+            perm = idx[torch.randperm(len(idx), generator=torch.Generator().manual_seed(derive_seed(self.seed, cid, _HOLDOUT_STREAM)))]
+            n_hold = int(math.floor(self.holdout_fraction * len(idx)))
+            if len(idx) - n_hold < 1:
+                raise ValueError(f"holdout_fraction={self.holdout_fraction} leaves client {cid} no training data")
+            self.client_train.append(perm[n_hold:].sort().values)
+            self.client_holdout.append(perm[:n_hold].sort().values)
+        self.client_sizes = torch.tensor([len(i) for i in self.client_train], dtype=torch.int64)
+        self.source = source
+
+    @property
+    def num_classes(self) -> int:
+        self.setup()
+        return self.source.num_classes
+
+    # ---- Lightning loaders ----------------------------------------------------------
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(RoundPlans(self), batch_size=None, collate_fn=_identity)
+
+    def _eval_loader(self) -> DataLoader:
+        return DataLoader(self.source.test, batch_size=self.eval_batch_size, collate_fn=self.source.collate_fn)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._eval_loader()
+
+    def test_dataloader(self) -> DataLoader:
+        return self._eval_loader()
+
+    # ---- client data access ------------------------------------------------------------
+    def _gather(self, indices: Tensor) -> Any:
+        train = self.source.train
+        if isinstance(train, TensorDataset):  # fast path: one indexing op per tensor
+            return tuple(t[indices] for t in train.tensors)
+        collate = self.source.collate_fn or default_collate
+        return collate([train[int(i)] for i in indices])
+
+    def num_local_steps(self, client_id: int, batch_size: int | None, steps: int | None, epochs: int | None) -> int:
+        """K for this client: ``steps``, or ``epochs * ceil(n_i / batch_size)``."""
+        if steps is not None:
+            return steps
+        n = int(self.client_sizes[client_id])
+        return epochs * (1 if batch_size is None else math.ceil(n / batch_size))
+
+    def client_batches(
+        self, client_id: int, seed: int, batch_size: int | None, steps: int | None = None, epochs: int | None = None
+    ) -> Iterator[Any]:
+        """The client's minibatches for one round, shuffled by ``seed``.
+
+        ``steps``: that many batches of ``batch_size`` drawn from reshuffled passes
+        over the data. ``epochs``: full passes, the last batch of a pass smaller.
+        ``batch_size=None`` means the whole local set every step.
+        """
+        indices = self.client_train[client_id]
+        n = len(indices)
+        num_steps = self.num_local_steps(client_id, batch_size, steps, epochs)
+        if batch_size is None or (steps is not None and batch_size >= n):
+            full = self._gather(indices)
+            for _ in range(num_steps):
+                yield full
+            return
+        generator = torch.Generator().manual_seed(seed)
+        if epochs is not None:
+            for _ in range(epochs):
+                perm = indices[torch.randperm(n, generator=generator)]
+                for start in range(0, n, batch_size):
+                    yield self._gather(perm[start : start + batch_size])
+            return
+        perm, pos = indices[torch.randperm(n, generator=generator)], 0
+        for _ in range(num_steps):
+            if pos + batch_size > n:  # start a new pass; constant batch size keeps clients stackable
+                perm, pos = indices[torch.randperm(n, generator=generator)], 0
+            yield self._gather(perm[pos : pos + batch_size])
+            pos += batch_size
+
+    def client_full_batch(self, client_id: int) -> Any:
+        return self._gather(self.client_train[client_id])
+
+    def client_holdout_batch(self, client_id: int) -> Any:
+        return self._gather(self.client_holdout[client_id])

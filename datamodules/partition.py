@@ -1,0 +1,109 @@
+"""Partitioners: split the training indices among N clients.
+
+Every partitioner returns an exact partition of ``range(len(labels))``: each
+index belongs to exactly one client (no duplicates, nothing dropped).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+class Partitioner(ABC):
+    """Maps labels and a client count to one index tensor per client."""
+
+    @abstractmethod
+    def __call__(self, labels: Tensor, num_clients: int, seed: int) -> list[Tensor]: ...
+
+    @staticmethod
+    def _as_tensors(parts: list[np.ndarray]) -> list[Tensor]:
+        return [torch.as_tensor(np.sort(p), dtype=torch.int64) for p in parts]
+
+
+class IID(Partitioner):
+    """Shuffle and deal the indices into N near-equal parts."""
+
+    def __call__(self, labels: Tensor, num_clients: int, seed: int) -> list[Tensor]:
+        perm = np.random.default_rng(seed).permutation(len(labels))
+        return self._as_tensors(np.array_split(perm, num_clients))
+
+
+class Dirichlet(Partitioner):
+    """Label skew: each class is split among clients with proportions ~ Dir(alpha).
+
+    Small alpha gives few classes per client; alpha -> infinity approaches IID.
+    Draws are repeated (up to ``max_retries``) until every client holds at
+    least ``min_size`` samples, as in Hsu et al. 2019 / NIID-Bench.
+
+    Args:
+        alpha: concentration, > 0.
+        min_size: smallest allowed client, >= 1.
+        max_retries: draws before giving up with an error.
+    """
+
+    def __init__(self, alpha: float = 0.5, min_size: int = 2, max_retries: int = 1000):
+        if not alpha > 0:
+            raise ValueError(f"Dirichlet alpha must be > 0, got {alpha}")
+        if min_size < 1:
+            raise ValueError(f"Dirichlet min_size must be >= 1, got {min_size}")
+        if max_retries < 1:
+            raise ValueError(f"Dirichlet max_retries must be >= 1, got {max_retries}")
+        self.alpha, self.min_size, self.max_retries = alpha, min_size, max_retries
+
+    def __call__(self, labels: Tensor, num_clients: int, seed: int) -> list[Tensor]:
+        labels = np.asarray(labels)
+        n = len(labels)
+        if n < num_clients * self.min_size:
+            raise ValueError(
+                f"{n} training samples cannot give num_clients={num_clients} clients min_size={self.min_size} each; "
+                f"need num_clients * min_size <= {n}"
+            )
+        rng = np.random.default_rng(seed)
+        by_class = [np.flatnonzero(labels == c) for c in np.unique(labels)]
+        for _ in range(self.max_retries):
+            parts: list[list[int]] = [[] for _ in range(num_clients)]
+            for idx in by_class:
+                idx = rng.permutation(idx)
+                props = rng.dirichlet(np.full(num_clients, self.alpha))
+                # Balance: clients already holding their fair share take no more of this class.
+                sizes = np.array([len(p) for p in parts])
+                props = props * (sizes < n / num_clients)
+                if props.sum() == 0:
+                    props = np.full(num_clients, 1.0)
+                props = props / props.sum()
+                cuts = (np.cumsum(props) * len(idx)).astype(int)[:-1]
+                for part, chunk in zip(parts, np.split(idx, cuts)):
+                    part.extend(chunk.tolist())
+            if min(len(p) for p in parts) >= self.min_size:
+                return self._as_tensors([np.asarray(p, dtype=np.int64) for p in parts])
+        raise ValueError(
+            f"Dirichlet(alpha={self.alpha}) found no partition with min_size={self.min_size} for "
+            f"{num_clients} clients in {self.max_retries} draws; raise alpha, lower min_size or num_clients"
+        )
+
+
+class Shards(Partitioner):
+    """Pathological non-IID (McMahan et al. 2017): sort by label, cut into
+    ``num_clients * shards_per_client`` shards, deal ``shards_per_client`` to each client."""
+
+    def __init__(self, shards_per_client: int = 2):
+        if shards_per_client < 1:
+            raise ValueError(f"Shards shards_per_client must be >= 1, got {shards_per_client}")
+        self.shards_per_client = shards_per_client
+
+    def __call__(self, labels: Tensor, num_clients: int, seed: int) -> list[Tensor]:
+        labels = np.asarray(labels)
+        num_shards = num_clients * self.shards_per_client
+        if num_shards > len(labels):
+            raise ValueError(
+                f"Shards: num_clients * shards_per_client = {num_shards} exceeds the {len(labels)} training samples"
+            )
+        rng = np.random.default_rng(seed)
+        order = np.argsort(labels, kind="stable")
+        shards = np.array_split(order, num_shards)
+        deal = rng.permutation(num_shards).reshape(num_clients, self.shards_per_client)
+        return self._as_tensors([np.concatenate([shards[s] for s in row]) for row in deal])

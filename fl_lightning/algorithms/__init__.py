@@ -1,0 +1,6 @@
+"""Federated algorithms, one small file each."""
+
+from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientResult, Payload, RoundInfo
+from fl_lightning.algorithms.fedavg import FedAvg
+
+__all__ = ["Algorithm", "ClientContext", "ClientResult", "FedAvg", "Payload", "RoundInfo"]

@@ -1,0 +1,16 @@
+"""FedAvg (McMahan et al. 2017): K local SGD steps, server x <- x + eta_g * sum_i w_i (x_i - x)."""
+
+from __future__ import annotations
+
+from fl_lightning.algorithms.base import Algorithm, ClientContext
+from fl_lightning.optim import sgd_step
+from fl_lightning.params import TensorDict
+from fl_lightning.state import NestedState
+
+
+class FedAvg(Algorithm):
+    """Local SGD; the aggregation weights w_i come from the round plan (uniform or by sample count)."""
+
+    def client_step(self, params: TensorDict, local: NestedState, ctx: ClientContext) -> tuple[TensorDict, NestedState]:
+        _, grad = ctx.grad(params)
+        return sgd_step(params, grad, ctx.lr), local

@@ -1,0 +1,175 @@
+"""FederatedModule: one Lightning training step = one federated round."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import lightning as L
+import torch
+from torch import nn
+from torchmetrics import MeanMetric
+
+from fl_lightning import params as P
+from fl_lightning.algorithms import Algorithm, FedAvg, RoundInfo
+from fl_lightning.config import LocalTraining
+from fl_lightning.execution import SequentialExecution, forward_loss
+from fl_lightning.metrics import local_consistency, payload_bytes
+from fl_lightning.params import TensorDict
+from fl_lightning.participation import RoundPlan
+from fl_lightning.state import ClientStore, NestedState, flatten_state, unflatten_state
+
+_CKPT_KEY = "federated"
+
+
+def quiet_known_warnings() -> None:
+    """Silence Lightning warnings that do not apply to a round loop.
+
+    The round-plan loader does no data work (workers would not help), and a
+    checkpoint taken after the server step is exactly the state to resume from.
+    """
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    warnings.filterwarnings("ignore", message=".*no pre-optimization state was saved.*")
+    warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\)` is deprecated.*")
+
+
+class FederatedModule(L.LightningModule):
+    """Owns the global model, the server state, the client store and the round loop.
+
+    Each training step receives a ``RoundPlan`` from the datamodule, broadcasts,
+    runs the active clients' local training, aggregates, and lets the server
+    optimizer apply the pseudo-gradient (so ``trainer.max_steps`` counts rounds
+    and the server optimizer state is checkpointed by Lightning).
+
+    Args:
+        model: the network; its trainable parameters not matched by ``personal``
+            are the federated tensors.
+        algorithm: the federated algorithm (default FedAvg).
+        local: local training settings.
+        personal: glob patterns of parameter names kept per client (never sent).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        algorithm: Algorithm | None = None,
+        local: LocalTraining | None = None,
+        personal: list[str] | None = None,
+    ) -> None:
+        super().__init__()
+        quiet_known_warnings()
+        self.automatic_optimization = False
+        self.model = model
+        self.algorithm = algorithm if algorithm is not None else FedAvg()
+        self.local = local if local is not None else LocalTraining()
+        self.personal = list(personal or [])
+        self.federated_names = P.federated_names(model, self.personal)
+        if not self.federated_names:
+            raise ValueError("the model has no trainable parameters left to federate (check `personal` patterns)")
+        self.store = ClientStore()
+        self.server_state: NestedState | None = None
+        self.execution = SequentialExecution()
+        self.comm_totals = {"bytes_up": 0, "bytes_down": 0, "client_uploads": 0}
+        self.val_loss, self.val_acc = MeanMetric(), MeanMetric()
+        self.test_loss, self.test_acc = MeanMetric(), MeanMetric()
+
+    # ---- wiring -------------------------------------------------------------------------
+    @property
+    def datamodule(self):
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if datamodule is None or not hasattr(datamodule, "client_batches"):
+            raise RuntimeError("FederatedModule needs a FederatedDataModule passed as `datamodule=` to the Trainer")
+        return datamodule
+
+    def federated_parameters(self) -> list[nn.Parameter]:
+        named = dict(self.model.named_parameters())
+        return [named[n] for n in self.federated_names]
+
+    def global_params(self) -> TensorDict:
+        """The global federated tensors x (detached views of the live parameters)."""
+        return {n: p.detach() for n, p in zip(self.federated_names, self.federated_parameters())}
+
+    def client_state(self, client_id: int, x: TensorDict) -> NestedState:
+        state = self.store.get(client_id, lambda: self.algorithm.client_state_init(x))
+        return {n: {k: v.to(self.device) for k, v in td.items()} for n, td in state.items()}
+
+    def setup(self, stage: str) -> None:
+        if self.server_state is None:
+            self.server_state = self.algorithm.server_state_init(P.detach_clone(self.global_params()))
+
+    def on_fit_start(self) -> None:
+        if self.trainer.max_steps is None or self.trainer.max_steps < 1:
+            raise ValueError(f"trainer.max_steps is the number of rounds and must be >= 1, got {self.trainer.max_steps}")
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return self.algorithm.server_optimizer(self.federated_parameters())
+
+    # ---- one round ------------------------------------------------------------------------
+    def training_step(self, plan: RoundPlan, batch_idx: int) -> None:
+        data = self.datamodule
+        info = RoundInfo(round=plan.round, local_lr=self.local.lr_at(plan.round), num_clients=data.num_clients)
+        x = self.global_params()
+        server_state = {n: {k: v.to(self.device) for k, v in td.items()} for n, td in self.server_state.items()}
+        broadcast = self.algorithm.broadcast(x, server_state, info)
+        results = self.execution.run(self, plan, broadcast, info)
+        info.local_steps = sum(r.num_steps for r in results) / len(results)
+        uploads = [r.upload for r in results]
+        pseudo_grad, self.server_state = self.algorithm.aggregate(x, uploads, plan.weights, server_state, info)
+        for result in results:
+            self.store.put(result.client_id, result.client_state)
+
+        optimizer = self.optimizers()
+        optimizer.zero_grad()
+        for name, param in zip(self.federated_names, self.federated_parameters()):
+            param.grad = pseudo_grad[name].to(param.dtype)
+        optimizer.step()
+        self._log_round(plan, broadcast, uploads, results)
+
+    def _log_round(self, plan: RoundPlan, broadcast, uploads, results) -> None:
+        bytes_down = payload_bytes(broadcast) * len(results)
+        bytes_up = sum(payload_bytes(u) for u in uploads)
+        self.comm_totals["bytes_down"] += bytes_down
+        self.comm_totals["bytes_up"] += bytes_up
+        self.comm_totals["client_uploads"] += len(results)
+        metrics = {
+            "train/loss": sum(r.mean_loss for r in results) / len(results),
+            "train/consistency": local_consistency([u["delta"] for u in uploads]),
+            "train/local_lr": self.local.lr_at(plan.round),
+            "train/clients": float(len(results)),
+            "comm/bytes_up": float(bytes_up),
+            "comm/bytes_down": float(bytes_down),
+            "comm/bytes_total": float(self.comm_totals["bytes_up"] + self.comm_totals["bytes_down"]),
+            "comm/client_uploads_total": float(self.comm_totals["client_uploads"]),
+            "round": float(plan.round + 1),
+        }
+        self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1)
+
+    # ---- evaluation of the global model ---------------------------------------------------------
+    def _evaluate(self, batch: Any, loss_metric: MeanMetric, acc_metric: MeanMetric, prefix: str) -> None:
+        loss, logits, target = forward_loss(self.model, None, batch)
+        loss_metric.update(loss, weight=len(target))
+        acc_metric.update((logits.argmax(-1) == target).float())
+        self.log(f"{prefix}/loss", loss_metric, on_step=False, on_epoch=True, prog_bar=prefix == "val")
+        self.log(f"{prefix}/acc", acc_metric, on_step=False, on_epoch=True, prog_bar=True)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self._evaluate(batch, self.val_loss, self.val_acc, "val")
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        self._evaluate(batch, self.test_loss, self.test_acc, "test")
+
+    # ---- checkpoints: everything a resume needs ------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint[_CKPT_KEY] = {
+            "client_store": self.store.state_dict(),
+            "server_state": flatten_state(self.server_state or {}),
+            "comm_totals": dict(self.comm_totals),
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = checkpoint.get(_CKPT_KEY)
+        if state is None:
+            return
+        self.store.load_state_dict(state["client_store"])
+        self.server_state = unflatten_state(state["server_state"])
+        self.comm_totals = dict(state["comm_totals"])

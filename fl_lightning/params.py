@@ -1,0 +1,84 @@
+"""Which tensors are federated, and arithmetic on tensor dicts.
+
+A *tensor dict* (``TensorDict``) maps parameter names to tensors. Every client
+update rule and every aggregation is written over tensor dicts so that the same
+code serves one client or many clients stacked on a leading dimension.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch import Tensor, nn
+
+TensorDict = dict[str, Tensor]
+
+
+def federated_names(model: nn.Module, personal_patterns: Sequence[str] = ()) -> list[str]:
+    """Names of the trainable parameters shared through the server.
+
+    Trainable means ``requires_grad``; a name matching any glob in
+    ``personal_patterns`` stays on the client and is excluded.
+    """
+    return [
+        name
+        for name, p in model.named_parameters()
+        if p.requires_grad and not any(fnmatch.fnmatchcase(name, pat) for pat in personal_patterns)
+    ]
+
+
+def personal_names(model: nn.Module, personal_patterns: Sequence[str]) -> list[str]:
+    """Names of trainable parameters that match ``personal_patterns`` (kept per client)."""
+    return [
+        name
+        for name, p in model.named_parameters()
+        if p.requires_grad and any(fnmatch.fnmatchcase(name, pat) for pat in personal_patterns)
+    ]
+
+
+def detach_clone(td: TensorDict) -> TensorDict:
+    return {k: v.detach().clone() for k, v in td.items()}
+
+
+def zeros_like(td: TensorDict) -> TensorDict:
+    return {k: torch.zeros_like(v) for k, v in td.items()}
+
+
+def add(a: TensorDict, b: TensorDict, alpha: float | Tensor = 1.0) -> TensorDict:
+    """a + alpha * b."""
+    return {k: a[k] + alpha * b[k] for k in a}
+
+
+def sub(a: TensorDict, b: TensorDict) -> TensorDict:
+    return {k: a[k] - b[k] for k in a}
+
+
+def scale(a: TensorDict, factor: float | Tensor) -> TensorDict:
+    return {k: v * factor for k, v in a.items()}
+
+
+def weighted_sum(dicts: Sequence[TensorDict], weights: Sequence[float] | Tensor) -> TensorDict:
+    """Sum_i weights[i] * dicts[i], accumulated in the dicts' dtype."""
+    if len(dicts) == 0:
+        raise ValueError("weighted_sum needs at least one tensor dict")
+    weights = [float(w) for w in weights]
+    out = {k: v * weights[0] for k, v in dicts[0].items()}
+    for d, w in zip(dicts[1:], weights[1:]):
+        for k, v in d.items():
+            out[k].add_(v, alpha=w)
+    return out
+
+
+def mean(dicts: Sequence[TensorDict]) -> TensorDict:
+    return weighted_sum(dicts, [1.0 / len(dicts)] * len(dicts))
+
+
+def sq_norm(td: TensorDict) -> Tensor:
+    """Squared Euclidean norm over all tensors of the dict (a 0-dim tensor)."""
+    return sum((v.double() ** 2).sum() for v in td.values())
+
+
+def num_bytes(tensors: Iterable[Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)

@@ -1,0 +1,6 @@
+"""Plain nn.Module builders; models never see federation."""
+
+from models.cnn import SmallCNN
+from models.mlp import MLP
+
+__all__ = ["MLP", "SmallCNN"]

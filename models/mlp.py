@@ -1,0 +1,30 @@
+"""Multi-layer perceptron on flattened inputs."""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+
+class MLP(nn.Module):
+    """``in_features -> hidden... -> num_classes`` with ReLU; inputs are flattened first.
+
+    Args:
+        in_features: size of a flattened input (64 for 8x8 digits).
+        num_classes: number of outputs.
+        hidden: widths of the hidden layers (empty: a linear model).
+    """
+
+    def __init__(self, in_features: int = 64, num_classes: int = 10, hidden: list[int] | None = None) -> None:
+        super().__init__()
+        if in_features < 1 or num_classes < 1:
+            raise ValueError(f"MLP needs in_features >= 1 and num_classes >= 1, got {in_features}, {num_classes}")
+        widths = [in_features, *(hidden if hidden is not None else [64]), num_classes]
+        layers: list[nn.Module] = [nn.Flatten()]
+        for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
+            layers.append(nn.Linear(a, b))
+            if i < len(widths) - 2:
+                layers.append(nn.ReLU())
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)

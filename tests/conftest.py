@@ -1,0 +1,53 @@
+"""Shared builders for tiny federated runs."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+
+from datamodules import IID, Dirichlet, FederatedDataModule
+from fl_lightning import FederatedModule, LocalTraining, UniformSampling
+from models import MLP
+
+
+def tiny_datamodule(num_clients: int = 6, clients_per_round: int | float = 3, partition=None, **kw) -> FederatedDataModule:
+    return FederatedDataModule(
+        dataset="synthetic",
+        dataset_args={"num_samples": 300, "num_features": 8, "num_classes": 3, "seed": 1},
+        num_clients=num_clients,
+        partition=partition if partition is not None else Dirichlet(0.5, min_size=5),
+        participation=UniformSampling(clients_per_round),
+        **kw,
+    )
+
+
+def tiny_module(algorithm=None, local: LocalTraining | None = None, seed: int = 0) -> FederatedModule:
+    torch.manual_seed(seed)
+    return FederatedModule(
+        model=MLP(in_features=8, num_classes=3, hidden=[16]),
+        algorithm=algorithm,
+        local=local or LocalTraining(lr=0.1, steps=3, batch_size=8),
+    )
+
+
+def tiny_trainer(tmp_path, rounds: int, **kw) -> L.Trainer:
+    defaults = dict(
+        max_steps=rounds,
+        default_root_dir=tmp_path,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        accelerator="cpu",
+        devices=1,
+    )
+    defaults.update(kw)
+    return L.Trainer(**defaults)
+
+
+@pytest.fixture
+def iid():
+    return IID()
