@@ -12,7 +12,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset, default_collate
 
 from datamodules.partition import Dirichlet, Partitioner
-from datamodules.sources import DataSource, load_source
+from datamodules.sources import SOURCES, DataSource, load_source
 from fl_lightning.participation import Participation, RoundPlan, UniformSampling, derive_seed
 
 _HOLDOUT_STREAM = 0x401D
@@ -74,6 +74,8 @@ class FederatedDataModule(L.LightningDataModule):
             raise ValueError(f"holdout_fraction must be in [0, 1), got {holdout_fraction}")
         if eval_batch_size < 1:
             raise ValueError(f"eval_batch_size must be >= 1, got {eval_batch_size}")
+        if type(self).build_source is FederatedDataModule.build_source and dataset not in SOURCES:
+            raise ValueError(f"unknown dataset {dataset!r}; allowed: {sorted(SOURCES)}")
         self.dataset = dataset
         self.dataset_args = dict(dataset_args or {})
         self.num_clients = num_clients

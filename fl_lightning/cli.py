@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 from lightning.pytorch.cli import LightningCLI
 
 import datamodules  # noqa: F401  (registers datamodule subclasses and partitioners for short class names)
@@ -10,7 +13,8 @@ from datamodules import FederatedDataModule
 from fl_lightning.module import FederatedModule, quiet_known_warnings
 
 
-def main(args: list[str] | None = None) -> LightningCLI:
+def build_cli(args: list[str] | None = None, run: bool = True) -> LightningCLI:
+    """The LightningCLI object (``run=False`` only parses and instantiates, for validation and tests)."""
     quiet_known_warnings()
     return LightningCLI(
         FederatedModule,
@@ -18,7 +22,34 @@ def main(args: list[str] | None = None) -> LightningCLI:
         subclass_mode_data=True,
         save_config_kwargs={"overwrite": True},
         args=args,
+        run=run,
     )
+
+
+def _essential(message: str) -> str:
+    """Strip jsonargparse's union-type wrapping, keeping the setting's own message."""
+    if "Union subtypes" not in message:
+        return message
+    reasons = [
+        line.strip()[2:]
+        for line in message.splitlines()
+        if line.strip().startswith("- ") and "Expected a <class 'NoneType'>" not in line
+    ]
+    return "; ".join(reasons) or message
+
+
+def main(args: list[str] | None = None) -> None:
+    """Console entry point: a bad setting ends with one line naming it (exit code 2).
+
+    Set ``FL_LIGHTNING_TRACEBACK=1`` to see the full traceback instead.
+    """
+    try:
+        build_cli(args)
+    except ValueError as error:
+        if os.environ.get("FL_LIGHTNING_TRACEBACK"):
+            raise
+        print(f"fl-lightning: error: {_essential(str(error))}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ class FederatedModule(L.LightningModule):
         self,
         model: nn.Module,
         algorithm: Algorithm | None = None,
-        local: LocalTraining | None = None,
+        local: LocalTraining = LocalTraining(),
         personal: list[str] | None = None,
     ) -> None:
         super().__init__()

@@ -1,0 +1,44 @@
+"""The `fl-lightning` console script runs the shipped configs and resumes from last.ckpt."""
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def fl_lightning(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    exe = Path(sys.executable).with_name("fl-lightning")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([str(exe), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    with open(run_dir / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def test_quickstart_runs_through_the_cli_and_resumes(tmp_path):
+    config = str(ROOT / "configs" / "quickstart.yaml")
+    common = ["--trainer.val_check_interval", "2", "--trainer.callbacks.init_args.every_n_train_steps", "2"]
+    fl_lightning("fit", "--config", config, "--trainer.max_steps", "4", *common, cwd=tmp_path)
+    run = tmp_path / "runs" / "quickstart" / "version_0"
+    rows = _metrics(run)
+    assert max(float(r["round"]) for r in rows if r["round"]) == 4
+    assert [float(r["val/acc"]) for r in rows if r["val/acc"]], "no evaluation logged"
+    assert all(float(r["comm/bytes_up"]) > 0 for r in rows if r["comm/bytes_up"])
+    last = run / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["global_step"] == 4
+
+    fl_lightning("fit", "--config", config, "--trainer.max_steps", "6", *common, "--ckpt_path", str(last), cwd=tmp_path)
+    resumed = _metrics(tmp_path / "runs" / "quickstart" / "version_1")
+    assert sorted(float(r["round"]) for r in resumed if r["round"]) == [5.0, 6.0]
+
+    out = fl_lightning("test", "--config", config, "--ckpt_path", str(last), cwd=tmp_path)
+    assert "test/acc" in out.stdout
