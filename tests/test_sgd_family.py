@@ -208,3 +208,25 @@ def test_fedavgm_uses_heavy_ball_on_the_server():
 def test_bad_settings_are_rejected_with_their_name(build, message):
     with pytest.raises(ValueError, match=message):
         build()
+
+
+def test_fedmim_resume_restores_the_increment_history_bitwise(tmp_path):
+    """3 rounds + checkpoint + resume to 5 == 5 rounds straight (the history lives in the checkpointed server state)."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    def run(directory, rounds, ckpt_path=None):
+        module = tiny_module(FedMIM(), LOCAL)
+        checkpoint = ModelCheckpoint(dirpath=directory, save_last=True, every_n_train_steps=1, save_top_k=0)
+        trainer = tiny_trainer(directory, rounds, enable_checkpointing=True, callbacks=[checkpoint])
+        trainer.fit(module, datamodule=tiny_datamodule(6, 3), ckpt_path=ckpt_path)
+        return module
+
+    straight = run(tmp_path / "a", 5)
+    run(tmp_path / "b", 3)
+    resumed = run(tmp_path / "c", 5, ckpt_path=str(tmp_path / "b" / "last.ckpt"))
+    for a, b in zip(_params(straight), _params(resumed)):
+        assert torch.equal(a, b)
+    assert set(straight.server_state) == {"x_prev", "steps", "delta_1"}
+    for name, td in straight.server_state.items():
+        for key, value in td.items():
+            assert torch.equal(value, resumed.server_state[name][key])
