@@ -18,6 +18,12 @@ from tests.vision_fixture import write_fixture
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(autouse=True)
+def _bare_argv(monkeypatch):
+    """LightningCLI(args=...) warns when pytest's own argv is also present."""
+    monkeypatch.setattr("sys.argv", ["fl-lightning"])
+
+
 def _count(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
@@ -77,7 +83,6 @@ def test_fedmim_cifar10_config_runs_two_rounds_on_the_local_fixture(tmp_path, mo
     files = write_fixture(tmp_path, "cifar10", n_train=16, n_test=4)
     data_args = {"data_files": files, "cache_dir": str(tmp_path / "cache")}
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr("sys.argv", ["fl-lightning"])
     main([
         "fit", "--config", str(ROOT / "configs" / "fedmim_cifar10.yaml"),
         "--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--trainer.accelerator", "cpu",
@@ -123,3 +128,29 @@ def test_vision_configs_hold_the_paper_settings(name, rounds, steps, epochs, alp
     if name.startswith("fedmim"):
         assert dm.color is not None and module.local.lr_decay == 0.998 and module.local.weight_decay == 1e-3
         assert module.local.batch_size == 50 and module.local.lr == 0.1
+
+
+@pytest.mark.parametrize(
+    "sweep", ["fadam_cifar100_sweep", "fedmim_cifar10_sweep"]  # the other fadam sweeps differ only in base/target
+)
+def test_vision_sweeps_resolve_to_valid_fit_configs(sweep):
+    import yaml
+
+    from fl_lightning.cli import build_cli
+
+    spec = yaml.safe_load((ROOT / "configs" / f"{sweep}.yaml").read_text())
+    assert (ROOT / spec["base"]).exists() and spec["targets"] and spec["runs"]
+    for run in spec["runs"].values():
+        args = ["--config", str(ROOT / spec["base"])]
+        for key, value in {**spec["overrides"], **run}.items():
+            args += [f"--{key}", json.dumps(value) if isinstance(value, (dict, list)) else str(value).lower()]
+        cli = build_cli(args, run=False)
+        assert not cli.trainer.loggers
+        if "model.algorithm" in run:
+            assert type(cli.model.algorithm).__name__ == run["model.algorithm"]["class_path"].rsplit(".", 1)[1]
+        if "model.local.lr" in run:
+            assert cli.model.local.lr == run["model.local.lr"]
+        if "data.init_args.partition" in run:
+            part = run["data.init_args.partition"]
+            assert type(cli.datamodule.partition).__name__ == part["class_path"].rsplit(".", 1)[1]
+            assert getattr(cli.datamodule.partition, "alpha", None) == part.get("init_args", {}).get("alpha")
