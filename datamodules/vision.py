@@ -36,7 +36,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from datamodules.augment import ColorPerturbation, normalize, random_crop, random_hflip, to_unit_float
 from datamodules.federated import FederatedDataModule
-from datamodules.sources import DataSource, load_source, register
+from datamodules.sources import DataSource, register
 
 
 @dataclass(frozen=True)
@@ -261,9 +261,6 @@ class VisionDataModule(FederatedDataModule):
         self.crop_padding = spec.crop_padding if crop_padding is None else crop_padding
         self.flip = spec.flip if flip is None else flip
         self.color = color
-
-    def build_source(self) -> DataSource:
-        return load_source(self.dataset, **self.dataset_args)
 
     def _normalize(self, x: Tensor) -> Tensor:
         return normalize(x, self.spec.mean, self.spec.std)

@@ -50,7 +50,7 @@ def write_fixture(root: Path, name: str, n_train: int = 40, n_test: int = 16, se
             columns[col] = (labels % k).tolist()
             features[col] = datasets.ClassLabel(num_classes=k)
         if name == "tiny_imagenet" and n:  # the hub copy holds some greyscale JPEGs among the RGB ones
-            columns[image_col][0] = {"bytes": png_bytes(arrays[0][..., :1].repeat(1, -1)[..., :1], "JPEG"), "path": None}
+            columns[image_col][0] = {"bytes": png_bytes(arrays[0][..., :1], "JPEG"), "path": None}
         ds = datasets.Dataset.from_dict(columns, features=datasets.Features(features))
         path = root / f"{name}-{split}.parquet"
         ds.to_parquet(str(path))
