@@ -1,7 +1,9 @@
 """Plain nn.Module builders; models never see federation."""
 
 from models.cnn import SmallCNN
+from models.fedavg_cnn import FedAvgCNN
 from models.linear import LinearRegression
 from models.mlp import MLP
+from models.resnet import ResNet18, ResNet18x64
 
-__all__ = ["MLP", "LinearRegression", "SmallCNN"]
+__all__ = ["MLP", "FedAvgCNN", "LinearRegression", "ResNet18", "ResNet18x64", "SmallCNN"]
