@@ -23,7 +23,7 @@ LABELS = {
     UPLOADS: "client uploads (total)",
     PER_CLIENT: "communication per client (model-sized messages)",
     "train/loss": "train loss (mean over active clients)",
-    "train/consistency": "local consistency (1/S) sum ||x_i - x_bar||^2",
+    "train/consistency": "local consistency (1/S) Σ ||x_i - x̄||²",
     "val/loss": "test loss",
 }
 X_SCALE = {BYTES: 1e-6}  # bytes are plotted in MB
@@ -107,9 +107,13 @@ def plot_all(histories: Mapping[str, Sequence[History]], out: Path, title: str =
 
     panels = [n for n in ("acc_vs_rounds", "acc_vs_comm_per_client", "train_loss", "train_consistency") if n in drawn]
     if panels:
-        fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False)
-        for ax, name in zip(axes[0], panels):
+        cols = 2 if len(panels) > 2 else len(panels)
+        rows = -(-len(panels) // cols)
+        fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.5 * rows), squeeze=False)
+        for ax, name in zip(axes.flat, panels):
             draw(ax, drawn[name][1], drawn[name][0])
+        for ax in list(axes.flat)[len(panels):]:
+            ax.set_visible(False)
         axes[0][0].legend(fontsize=8)
         fig.suptitle(f"{title} (mean ± std over {seeds} seeds)".strip(), fontsize=10)
         fig.tight_layout()

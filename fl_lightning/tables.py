@@ -54,7 +54,9 @@ def summary_markdown(
     long_rows = long_rows if long_rows is not None else []
     runs = list(histories)
     lines = [f"# {title}".rstrip(), "", f"Mean ± std (sample, ddof=1) over seeds {list(seeds)}. "
-             "Test accuracy is the global model's accuracy on the global test set (`val/acc`).", ""]  # fmt: skip
+             "Test accuracy is the global model's accuracy on the global test set (`val/acc`). "
+             "Curves: `overview.png` and `plots/*.png` (their data: `plots/*.csv`); per-seed numbers "
+             "of these tables: `summary.csv`; run logs: `runs/<name>/seed<s>/metrics.csv`.", ""]  # fmt: skip
 
     lines += ["## Final test accuracy", ""]
     rows = []
