@@ -67,9 +67,10 @@ def _check_keys(path: Path, where: str, mapping: Any) -> dict[str, Any]:
     for key in mapping:
         if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*\+?", key):
             raise _error(path, f"{where}: {key!r} is not a dotted CLI key like trainer.max_steps")
-        if key in RESERVED:
+        if key in RESERVED and not (key == "trainer.logger" and mapping[key] in (False, None)):
             raise _error(path, f"{where}: {key} is set by compare ({RESERVED[key]})")
-    return dict(mapping)
+    # `trainer.logger: false` (no extra logger) is accepted: compare's own CSVLogger replaces the base's anyway
+    return {k: v for k, v in mapping.items() if k != "trainer.logger"}
 
 
 def _resolve_base(path: Path, base: Any) -> Path:

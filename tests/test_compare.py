@@ -142,6 +142,14 @@ def test_bad_sweep_files_are_rejected_with_the_setting_named(tmp_path, changes, 
         load_sweep(write_sweep(tmp_path, **changes))
 
 
+def test_the_shipped_sweep_files_are_valid():
+    for path in sorted((Path(__file__).resolve().parents[1] / "configs").glob("*sweep*.yaml")) + [
+        Path(__file__).resolve().parents[1] / "configs" / "compare_quickstart.yaml"
+    ]:
+        sweep = load_sweep(path)
+        assert sweep.base.is_file() and sweep.runs and sweep.targets, path
+
+
 def test_compare_cli_reports_bad_sweeps_and_bad_run_configs_in_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["compare", "--config", str(write_sweep(tmp_path, seeds=[])), "--out", str(tmp_path / "o")])
