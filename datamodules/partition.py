@@ -107,3 +107,17 @@ class Shards(Partitioner):
         shards = np.array_split(order, num_shards)
         deal = rng.permutation(num_shards).reshape(num_clients, self.shards_per_client)
         return self._as_tensors([np.concatenate([shards[s] for s in row]) for row in deal])
+
+
+class Contiguous(Partitioner):
+    """Deal the indices in order into N contiguous blocks of near-equal size (no shuffling).
+
+    For sources whose training set is already ordered by owner (e.g. ``least_squares``,
+    ``samples_per_agent`` rows per agent): with ``num_clients`` equal to the number of
+    owners each client gets exactly its owner's data.
+    """
+
+    def __call__(self, labels: Tensor, num_clients: int, seed: int) -> list[Tensor]:
+        if num_clients > len(labels):
+            raise ValueError(f"Contiguous: num_clients={num_clients} exceeds the {len(labels)} training samples")
+        return self._as_tensors(np.array_split(np.arange(len(labels)), num_clients))

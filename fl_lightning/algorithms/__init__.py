@@ -2,5 +2,6 @@
 
 from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientResult, Payload, RoundInfo
 from fl_lightning.algorithms.fedavg import FedAvg
+from fl_lightning.algorithms.fedavg_svrg import FedAvgSVRG
 
-__all__ = ["Algorithm", "ClientContext", "ClientResult", "FedAvg", "Payload", "RoundInfo"]
+__all__ = ["Algorithm", "ClientContext", "ClientResult", "FedAvg", "FedAvgSVRG", "Payload", "RoundInfo"]
