@@ -69,9 +69,10 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--theta-spread", type=float, default=0.0, help="concept shift between agents (source's theta_spread)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    src = least_squares(num_agents=18, samples_per_agent=50, num_features=5, noise=0.1, feature_shift=0.5, seed=0)
+    src = least_squares(num_agents=18, samples_per_agent=50, num_features=5, noise=0.1, feature_shift=0.5, theta_spread=args.theta_spread, seed=0)
     x, y = (t.double() for t in src.train.tensors)
     data = (x.reshape(18, 50, 5), y.reshape(18, 50))
     p = UniformRandomProbabilities(0.2, 0.9, seed=1)(0, 18)
@@ -86,7 +87,7 @@ def main() -> None:
             cost, final, active = simulate(kind, S, M, lr, args.rounds, args.runs, args.seed, data, p)
             cases[case].append(SeriesResult(label, cost, optimum, final, active, time.time() - start))
         plot_case(case, cases[case], out)
-    summary = write_tables(cases, out, "python benchmarks/svrg_least_squares_reference.py " + f"--runs {args.runs} --out {args.out}")
+    summary = write_tables(cases, out, "python benchmarks/svrg_least_squares_reference.py " + f"--runs {args.runs} --theta-spread {args.theta_spread} --out {args.out}")
     print(summary.read_text())
 
 
