@@ -112,6 +112,9 @@ class FederatedModule(L.LightningModule):
         server_state = {n: {k: v.to(self.device) for k, v in td.items()} for n, td in self.server_state.items()}
         broadcast = self.algorithm.broadcast(x, server_state, info)
         results = self.execution.run(self, plan, broadcast, info)
+        if not results:
+            self._empty_round(plan, broadcast)
+            return
         info.local_steps = sum(r.num_steps for r in results) / len(results)
         uploads = [r.upload for r in results]
         pseudo_grad, self.server_state = self.algorithm.aggregate(x, uploads, plan.weights, server_state, info)
@@ -125,6 +128,20 @@ class FederatedModule(L.LightningModule):
         optimizer.step()
         self._log_round(plan, broadcast, uploads, results)
 
+    def _empty_round(self, plan: RoundPlan, broadcast) -> None:
+        """No client was active (possible under Bernoulli activation): x, the server state and the
+        client store stay as they are, and the round is logged with ``train/clients = 0``.
+
+        The server optimizer still steps, with every ``.grad`` set to None, so that Lightning
+        counts the round (in manual optimization ``global_step`` counts optimizer steps).
+        torch.optim optimizers skip parameters whose grad is None: neither x nor the
+        optimizer's moments or step counts change.
+        """
+        optimizer = self.optimizers()
+        optimizer.zero_grad(set_to_none=True)
+        optimizer.step()
+        self._log_round(plan, broadcast, [], [])
+
     def _log_round(self, plan: RoundPlan, broadcast, uploads, results) -> None:
         bytes_down = payload_bytes(broadcast) * len(results)
         bytes_up = sum(payload_bytes(u) for u in uploads)
@@ -132,7 +149,7 @@ class FederatedModule(L.LightningModule):
         self.comm_totals["bytes_up"] += bytes_up
         self.comm_totals["client_uploads"] += len(results)
         metrics = {
-            "train/loss": sum(r.mean_loss for r in results) / len(results),
+            "train/loss": sum(r.mean_loss for r in results) / len(results) if results else float("nan"),
             "train/consistency": local_consistency([u["delta"] for u in uploads]),
             "train/local_lr": self.local.lr_at(plan.round),
             "train/clients": float(len(results)),
