@@ -147,36 +147,48 @@ class FederatedDataModule(L.LightningDataModule):
         n = int(self.client_sizes[client_id])
         return epochs * (1 if batch_size is None else math.ceil(n / batch_size))
 
-    def client_batches(
+    def client_batch_indices(
         self, client_id: int, seed: int, batch_size: int | None, steps: int | None = None, epochs: int | None = None
-    ) -> Iterator[Any]:
-        """The client's minibatches for one round, shuffled by ``seed``.
+    ) -> Iterator[Tensor]:
+        """Dataset indices of the client's minibatches for one round, shuffled by ``seed``.
 
         ``steps``: that many batches of ``batch_size`` drawn from reshuffled passes
         over the data. ``epochs``: full passes, the last batch of a pass smaller.
-        ``batch_size=None`` means the whole local set every step.
+        ``batch_size=None`` (or >= the client's size with ``steps``) means the whole
+        local set every step.
         """
         indices = self.client_train[client_id]
         n = len(indices)
         num_steps = self.num_local_steps(client_id, batch_size, steps, epochs)
         if batch_size is None or (steps is not None and batch_size >= n):
-            full = self._gather(indices)
             for _ in range(num_steps):
-                yield full
+                yield indices
             return
         generator = torch.Generator().manual_seed(seed)
         if epochs is not None:
             for _ in range(epochs):
                 perm = indices[torch.randperm(n, generator=generator)]
                 for start in range(0, n, batch_size):
-                    yield self._gather(perm[start : start + batch_size])
+                    yield perm[start : start + batch_size]
             return
         perm, pos = indices[torch.randperm(n, generator=generator)], 0
         for _ in range(num_steps):
             if pos + batch_size > n:  # start a new pass; constant batch size keeps clients stackable
                 perm, pos = indices[torch.randperm(n, generator=generator)], 0
-            yield self._gather(perm[pos : pos + batch_size])
+            yield perm[pos : pos + batch_size]
             pos += batch_size
+
+    def client_batches(
+        self, client_id: int, seed: int, batch_size: int | None, steps: int | None = None, epochs: int | None = None
+    ) -> Iterator[Any]:
+        """The client's minibatches for one round (see ``client_batch_indices``)."""
+        if batch_size is None or (steps is not None and batch_size >= len(self.client_train[client_id])):
+            full = self.client_full_batch(client_id)  # gathered once, reused every step
+            for _ in range(self.num_local_steps(client_id, batch_size, steps, epochs)):
+                yield full
+            return
+        for indices in self.client_batch_indices(client_id, seed, batch_size, steps, epochs):
+            yield self._gather(indices)
 
     def client_full_batch(self, client_id: int) -> Any:
         return self._gather(self.client_train[client_id])
