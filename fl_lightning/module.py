@@ -54,6 +54,8 @@ class FederatedModule(L.LightningModule):
             ``"batched"`` trains them together with torch.func.vmap (same results to
             float tolerance; falls back to sequential, with a logged reason, where it
             cannot batch, e.g. BatchNorm or clients smaller than the batch size).
+        store: where per-client state lives: in memory (default) or a
+            ``DiskClientStore`` for large populations.
     """
 
     def __init__(
@@ -63,6 +65,7 @@ class FederatedModule(L.LightningModule):
         local: LocalTraining = LocalTraining(),
         personal: list[str] | None = None,
         execution: Literal["sequential", "batched"] = "sequential",
+        store: ClientStore | None = None,
     ) -> None:
         super().__init__()
         quiet_known_warnings()
@@ -74,7 +77,7 @@ class FederatedModule(L.LightningModule):
         self.federated_names = P.federated_names(model, self.personal)
         if not self.federated_names:
             raise ValueError("the model has no trainable parameters left to federate (check `personal` patterns)")
-        self.store = ClientStore()
+        self.store = store if store is not None else ClientStore()
         self.server_state: NestedState | None = None
         if execution not in EXECUTIONS:
             raise ValueError(f"execution must be one of {sorted(EXECUTIONS)}, got {execution!r}")
@@ -181,7 +184,7 @@ class FederatedModule(L.LightningModule):
     # ---- checkpoints: everything a resume needs ------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint[_CKPT_KEY] = {
-            "client_store": self.store.state_dict(),
+            "client_store": self.store.checkpoint_state(self.global_step),
             "server_state": flatten_state(self.server_state or {}),
             "comm_totals": dict(self.comm_totals),
         }
@@ -190,6 +193,6 @@ class FederatedModule(L.LightningModule):
         state = checkpoint.get(_CKPT_KEY)
         if state is None:
             return
-        self.store.load_state_dict(state["client_store"])
+        self.store.load_checkpoint_state(state["client_store"])
         self.server_state = unflatten_state(state["server_state"])
         self.comm_totals = dict(state["comm_totals"])
