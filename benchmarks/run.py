@@ -92,7 +92,10 @@ def bare_loop(workload: str, clients_per_round: int, rounds: int) -> float:
 
 
 def framework(workload: str, clients_per_round: int, rounds: int, execution: str) -> float:
-    """FedAvg through FederatedModule + Trainer.fit; times the round loop only (a callback)."""
+    """FedAvg through FederatedModule + Trainer.fit; times the round loop only (a callback).
+
+    ``ddp2``: sequential execution with the round's clients split over 2 DDP processes (gloo).
+    """
     import lightning as L
 
     from fl_lightning import FedAvg, FederatedModule, LocalTraining
@@ -105,15 +108,18 @@ def framework(workload: str, clients_per_round: int, rounds: int, execution: str
             self.seconds = time.perf_counter() - self.start
 
     timer = Timer()
-    kwargs = {} if execution == "sequential" else {"execution": execution}
+    kwargs = {"execution": "batched"} if execution == "batched" else {}
+    distributed = dict(devices=2, strategy="ddp") if execution == "ddp2" else {}
     module = FederatedModule(
         _build_model(workload), FedAvg(), LocalTraining(lr=LR, steps=LOCAL_STEPS, batch_size=BATCH), **kwargs
     )
     trainer = L.Trainer(
         max_steps=rounds, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0, callbacks=[timer], accelerator="cpu",
+        enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0, callbacks=[timer], accelerator="cpu", **distributed,
     )  # fmt: skip
     trainer.fit(module, datamodule=_datamodule(workload, clients_per_round))
+    if trainer.global_rank != 0:
+        raise SystemExit(0)  # only rank 0 reports
     return timer.seconds
 
 
@@ -137,7 +143,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="benchmarks/results.json")
     parser.add_argument("--quick", action="store_true", help="fewer rounds: the whole run in under 2 minutes")
-    parser.add_argument("--executions", default="bare,sequential,batched")
+    parser.add_argument("--executions", default="bare,sequential,batched,ddp2")
     parser.add_argument("--_single", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._single:

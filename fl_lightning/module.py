@@ -14,6 +14,7 @@ from fl_lightning import params as P
 from fl_lightning.algorithms import Algorithm, FedAvg, RoundInfo
 from fl_lightning.batched import BatchedExecution
 from fl_lightning.config import LocalTraining
+from fl_lightning.distributed import DistributedExecution
 from fl_lightning.execution import ParameterSwap, SequentialExecution, forward_loss
 from fl_lightning.metrics import local_consistency, payload_bytes
 from fl_lightning.params import TensorDict
@@ -81,7 +82,7 @@ class FederatedModule(L.LightningModule):
         self.server_state: NestedState | None = None
         if execution not in EXECUTIONS:
             raise ValueError(f"execution must be one of {sorted(EXECUTIONS)}, got {execution!r}")
-        self.execution = EXECUTIONS[execution]()
+        self.execution = DistributedExecution(EXECUTIONS[execution]())
         self.parameter_swap = ParameterSwap(model, self.federated_names)
         self.comm_totals = {"bytes_up": 0, "bytes_down": 0, "client_uploads": 0}
         self.val_loss, self.val_acc = MeanMetric(), MeanMetric()

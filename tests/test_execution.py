@@ -35,7 +35,7 @@ def _digits():
 def test_batched_equals_sequential(tmp_path, model_fn, data_fn, algorithm_fn):
     seq = _fit(tmp_path, model_fn, algorithm_fn, "sequential", data_fn)
     bat = _fit(tmp_path, model_fn, algorithm_fn, "batched", data_fn)
-    assert isinstance(bat.execution.unsupported_reason(bat, _plan(bat)), type(None))
+    assert isinstance(bat.execution.local_execution.unsupported_reason(bat, _plan(bat)), type(None))
     for a, b in zip(seq.model.parameters(), bat.model.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     sa, sb = seq.store.state_dict(), bat.store.state_dict()
