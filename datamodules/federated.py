@@ -16,6 +16,7 @@ from datamodules.sources import SOURCES, DataSource, load_source
 from fl_lightning.participation import Participation, RoundPlan, UniformSampling, derive_seed
 
 _HOLDOUT_STREAM = 0x401D
+_AUGMENT_STREAM = 0xA06
 
 
 def _identity(x: Any) -> Any:
@@ -147,6 +148,18 @@ class FederatedDataModule(L.LightningDataModule):
         n = int(self.client_sizes[client_id])
         return epochs * (1 if batch_size is None else math.ceil(n / batch_size))
 
+    def augment(self, batch: Any, client_id: int, generator: torch.Generator) -> Any:
+        """Transform one training minibatch of ``client_id`` (default: unchanged).
+
+        ``generator`` is seeded from the client's round seed, so an augmentation
+        drawn from it is fixed by (seed, round, client).
+        """
+        return batch
+
+    def client_view(self, batch: Any, client_id: int) -> Any:
+        """Transform a client's full-batch or holdout batch (default: unchanged)."""
+        return batch
+
     def client_batch_indices(
         self, client_id: int, seed: int, batch_size: int | None, steps: int | None = None, epochs: int | None = None
     ) -> Iterator[Tensor]:
@@ -181,17 +194,28 @@ class FederatedDataModule(L.LightningDataModule):
     def client_batches(
         self, client_id: int, seed: int, batch_size: int | None, steps: int | None = None, epochs: int | None = None
     ) -> Iterator[Any]:
-        """The client's minibatches for one round (see ``client_batch_indices``)."""
+        """The client's minibatches for one round (see ``client_batch_indices``), passed through ``augment``."""
+        generator = self.augment_generator(seed)
         if batch_size is None or (steps is not None and batch_size >= len(self.client_train[client_id])):
-            full = self.client_full_batch(client_id)  # gathered once, reused every step
+            full = self._gather(self.client_train[client_id])  # gathered once, reused every step
             for _ in range(self.num_local_steps(client_id, batch_size, steps, epochs)):
-                yield full
+                yield self.augment(full, client_id, generator)
             return
         for indices in self.client_batch_indices(client_id, seed, batch_size, steps, epochs):
-            yield self._gather(indices)
+            yield self.augment(self._gather(indices), client_id, generator)
+
+    @property
+    def augments_batches(self) -> bool:
+        """Whether ``augment`` is overridden (batched execution then transforms client by client)."""
+        return type(self).augment is not FederatedDataModule.augment
+
+    @staticmethod
+    def augment_generator(seed: int) -> torch.Generator:
+        """The generator ``augment`` draws from in a client's round (seeded by its round seed)."""
+        return torch.Generator().manual_seed(derive_seed(seed, _AUGMENT_STREAM))
 
     def client_full_batch(self, client_id: int) -> Any:
-        return self._gather(self.client_train[client_id])
+        return self.client_view(self._gather(self.client_train[client_id]), client_id)
 
     def client_holdout_batch(self, client_id: int) -> Any:
-        return self._gather(self.client_holdout[client_id])
+        return self.client_view(self._gather(self.client_holdout[client_id]), client_id)

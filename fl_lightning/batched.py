@@ -94,6 +94,8 @@ class BatchedExecution:
             data.client_batch_indices(c, int(s), local.batch_size, local.steps, None) for c, s in zip(clients, plan.seeds)
         ]
         tensors = data.source.train.tensors
+        augments = getattr(data, "augments_batches", True)
+        generators = [data.augment_generator(int(s)) for s in plan.seeds]
         # Different randomness per client (dropout); the CPU generator seeded from the round's first client.
         torch.manual_seed(int(plan.seeds[0]))
 
@@ -132,7 +134,11 @@ class BatchedExecution:
         losses = []
         for step in range(num_steps):
             index = torch.stack([next(s) for s in streams])  # [S, B]
-            batch = to_device(tuple(t[index] for t in tensors), device)
+            if augments:  # per-client transforms, then stacked
+                views = [data.augment(tuple(t[i] for t in tensors), c, g) for i, c, g in zip(index, clients, generators)]
+                batch = to_device(tuple(torch.stack(parts) for parts in zip(*views)), device)
+            else:  # one gather for all clients
+                batch = to_device(tuple(t[index] for t in tensors), device)
             params, local_state, loss = step_fn(step)(params, local_state, client_state, *batch)
             losses.append(loss)
         uploads, new_states = vmap(finish, randomness="different")(params, local_state, client_state)
