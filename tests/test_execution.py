@@ -77,3 +77,27 @@ def test_batched_falls_back_to_sequential_with_a_reason(tmp_path, caplog, model_
 def test_unknown_execution_is_rejected():
     with pytest.raises(ValueError, match="execution must be one of \\['batched', 'sequential'\\]"):
         FederatedModule(MLP(8, 3), execution="parallel")
+
+
+class NoisyDataModule(FederatedDataModule):
+    """Per-client, per-round random input noise drawn from the augment generator."""
+
+    def augment(self, batch, client_id, generator):
+        x, y = batch
+        return x + 0.1 * torch.randn(x.shape, generator=generator) + client_id, y
+
+
+def test_batched_applies_per_client_augmentation_like_sequential(tmp_path):
+    def data():
+        return NoisyDataModule(
+            "synthetic", dict(num_samples=300, num_features=8, num_classes=3, seed=1), num_clients=6,
+            partition=IID(), participation=UniformSampling(3),
+        )  # fmt: skip
+
+    mlp = lambda: MLP(8, 3, hidden=[16])  # noqa: E731
+    seq = _fit(tmp_path, mlp, FedAvg, "sequential", data)
+    bat = _fit(tmp_path, mlp, FedAvg, "batched", data)
+    plain = _fit(tmp_path, mlp, FedAvg, "sequential")
+    for a, b, c in zip(seq.model.parameters(), bat.model.parameters(), plain.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        assert not torch.allclose(a, c)
