@@ -162,10 +162,10 @@ class FederatedModule(L.LightningModule):
             "comm/client_uploads_total": float(self.comm_totals["client_uploads"]),
             "round": float(plan.round + 1),
         }
-        # Straight to the loggers, keyed by rounds completed (as validation metrics are):
-        # `self.log` costs milliseconds per key, a real share of a small round.
+        # Straight to the loggers (`self.log` costs milliseconds per key, a real share of a
+        # small round), at the step Lightning gives this round's evaluation: the round index.
         for logger in self.loggers:
-            logger.log_metrics(metrics, step=plan.round + 1)
+            logger.log_metrics(metrics, step=plan.round)
         self.log("train/loss", metrics["train/loss"], on_step=True, on_epoch=False, prog_bar=True, logger=False, batch_size=1)
 
     # ---- evaluation of the global model ---------------------------------------------------------
