@@ -121,7 +121,7 @@ class PerClientEvaluation(Callback):
             if len(data.client_holdout[cid]) == 0:
                 continue
             batch = move_data_to_device(data.client_holdout_batch(cid), pl_module.device)
-            _, logits, target = forward_loss(pl_module.model, None, batch)
+            _, logits, target = forward_loss(pl_module.model, batch)
             rows.append((cid, len(target), int((logits.argmax(-1) == target).sum())))
         if not rows:
             raise ValueError(
