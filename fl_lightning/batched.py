@@ -76,6 +76,8 @@ class BatchedExecution:
         return self.sequential.run(module, plan, broadcast, info)
 
     def run(self, module: FederatedModule, plan: RoundPlan, broadcast: Payload, info: RoundInfo) -> list[ClientResult]:
+        if len(plan.clients) == 0:
+            return []
         reason = self.unsupported_reason(module, plan)
         if reason is None:
             try:
