@@ -183,6 +183,9 @@ class FederatedModule(L.LightningModule):
         # small round), at the step Lightning gives this round's evaluation: the round index.
         for logger in self.loggers:
             logger.log_metrics(metrics, step=plan.round)
+        values = {k: torch.tensor(v) for k, v in metrics.items()}
+        self.trainer.callback_metrics.update(values)  # visible to callbacks (early stopping, targets)
+        self.trainer.logged_metrics.update(values)
         self.log("train/loss", metrics["train/loss"], on_step=True, on_epoch=False, prog_bar=True, logger=False, batch_size=1)
 
     # ---- evaluation of the global model ---------------------------------------------------------
