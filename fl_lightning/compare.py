@@ -77,6 +77,8 @@ def load_histories(sweep: Sweep, out: Path) -> dict[str, list[History]]:
         histories[name] = []
         for seed in sweep.seeds:
             run_dir = sweep.run_dir(out, name, seed)
+            if not (run_dir / INFO).is_file() or not (run_dir / "metrics.csv").is_file():
+                raise ValueError(f"run {name!r} seed {seed} has no finished logs in {run_dir}; run compare without --report-only")
             info = json.loads((run_dir / INFO).read_text())
             histories[name].append(History.from_csv(run_dir / "metrics.csv", info.get("model_bytes")))
     return histories

@@ -3,6 +3,9 @@
 import tempfile
 from pathlib import Path
 
+import pytest
+from lightning.pytorch.loggers import CSVLogger
+
 from fl_lightning.history import ACC, BYTES, PER_CLIENT, ROUND, UPLOADS, Cost, History, cost_to_target
 from fl_lightning.tables import cost_cell
 
@@ -49,3 +52,17 @@ def test_table_cells_mean_std_and_lower_bounds():
     cell, values = cost_cell([slow, never], 0.8, ROUND)
     assert cell == ">7 (1/2)" and values == [(True, 4.0), (False, 10.0)]
     assert cost_cell([fast, fast], 0.8, BYTES)[0] == "0.00 ± 0.00"  # 800 B in MB
+
+
+@pytest.mark.parametrize("algorithm, per_round", [("FedAvg", 2.0), ("SCAFFOLD", 4.0)])
+def test_communication_per_client_counts_model_sized_messages(tmp_path, algorithm, per_round):
+    """Table 1 of the parameter-tracking paper: FedAvg sends x down and Δx up (2), SCAFFOLD also c and Δc (4)."""
+    import fl_lightning.algorithms as algorithms
+    from fl_lightning.compare import model_bytes
+    from tests.conftest import tiny_datamodule, tiny_module, tiny_trainer
+
+    module = tiny_module(getattr(algorithms, algorithm)())
+    logger = CSVLogger(tmp_path, name="", version="log")
+    tiny_trainer(tmp_path, 3, logger=logger, log_every_n_steps=1).fit(module, datamodule=tiny_datamodule())
+    h = History.from_csv(tmp_path / "log" / "metrics.csv", model_bytes=model_bytes(module))
+    assert h.series(PER_CLIENT)[2].tolist() == [per_round, 2 * per_round, 3 * per_round]
