@@ -32,7 +32,11 @@ class _TrackedAdam(LocalAdam):
     """
 
     def __init__(
-        self, global_lr: float = 1.0, betas: tuple[float, float] = (0.9, 0.99), eps: float = 1e-8, tracking: int | float = 0.5
+        self,
+        global_lr: float = 1.0,
+        betas: tuple[float, float] = (0.9, 0.99),
+        eps: float = 1e-8,
+        tracking: int | float = 0.5,
     ) -> None:
         super().__init__(global_lr, betas, eps)
         self.tracking = TrackingSubset(tracking, name="algorithm tracking")

@@ -48,7 +48,8 @@ class FedLADA(LocalAdam):
 
     def client_step(self, params: TensorDict, local: NestedState, ctx: ClientContext) -> tuple[TensorDict, NestedState]:
         _, grad = ctx.grad(params)
-        return tracked_adam_step(params, grad, local, ctx.lr, self.betas, self.eps, step_shift=local["shift"], scale=self.a)
+        shift = local["shift"]
+        return tracked_adam_step(params, grad, local, ctx.lr, self.betas, self.eps, step_shift=shift, scale=self.a)
 
     def aggregate(
         self, x: TensorDict, uploads: Sequence[Payload], weights: Tensor, server_state: NestedState, info: RoundInfo

@@ -25,7 +25,9 @@ class TrackingSubset:
 
     def __init__(self, tracking: int | float, name: str = "tracking") -> None:
         if isinstance(tracking, bool) or not isinstance(tracking, (int, float)):
-            raise ValueError(f"{name} must be an int count >= 0 or a float fraction in [0, 1] of the active clients, got {tracking!r}")
+            raise ValueError(
+                f"{name} must be an int count >= 0 or a float fraction in [0, 1] of the active clients, got {tracking!r}"
+            )
         if isinstance(tracking, float) and not 0.0 <= tracking <= 1.0:
             raise ValueError(f"{name} as a fraction of the active clients must be in [0, 1], got {tracking}")
         if isinstance(tracking, int) and tracking < 0:

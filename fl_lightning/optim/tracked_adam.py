@@ -33,7 +33,9 @@ def adam_round_init(v: TensorDict) -> NestedState:
     }
 
 
-def adam_direction(grad: TensorDict, local: NestedState, betas: tuple[float, float], eps: float) -> tuple[TensorDict, NestedState]:
+def adam_direction(
+    grad: TensorDict, local: NestedState, betas: tuple[float, float], eps: float
+) -> tuple[TensorDict, NestedState]:
     """Moment updates and the AMSGrad direction Delta = m / (sqrt(max(v_hat, v)) + eps)."""
     beta1, beta2 = betas
     m, v, v_hat, direction = {}, {}, {}, {}
