@@ -207,7 +207,7 @@ def test_tracking_larger_than_the_active_set_is_rejected(tmp_path):
     [
         (lambda: FAdamET(tracking=1.5), "algorithm tracking as a fraction of the active clients must be in \\[0, 1\\]"),
         (lambda: FAdamGT(tracking=-1), "algorithm tracking must be >= 0"),
-        (lambda: LocalAdam(betas=(0.9, 1.0)), "algorithm betas must be two numbers in \\[0, 1\\)"),
+        (lambda: LocalAdam(beta2=1.0), "algorithm beta2 must be in \\[0, 1\\)"),
         (lambda: LocalAdam(eps=0.0), "algorithm eps must be > 0"),
         (lambda: FedLADA(a=1.5), "algorithm a .* must be in \\[0, 1\\]"),
     ],

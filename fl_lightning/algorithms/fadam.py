@@ -26,7 +26,7 @@ class _TrackedAdam(LocalAdam):
     """Shared part: tracking state y_i (client) and y (server), the subset Y_t, the server update.
 
     Args:
-        global_lr, betas, eps: as LocalAdam.
+        global_lr, beta1, beta2, eps: as LocalAdam.
         tracking: |Y_t|, an int count in [0, S] or a float fraction of S in [0, 1]
             (paper: Y = S/2, i.e. 0.5).
     """
@@ -34,11 +34,12 @@ class _TrackedAdam(LocalAdam):
     def __init__(
         self,
         global_lr: float = 1.0,
-        betas: tuple[float, float] = (0.9, 0.99),
+        beta1: float = 0.9,
+        beta2: float = 0.99,
         eps: float = 1e-8,
         tracking: int | float = 0.5,
     ) -> None:
-        super().__init__(global_lr, betas, eps)
+        super().__init__(global_lr, beta1, beta2, eps)
         self.tracking = TrackingSubset(tracking, name="algorithm tracking")
 
     def client_state_init(self, x: TensorDict) -> NestedState:

@@ -23,14 +23,14 @@ class FedLADA(LocalAdam):
     """LocalAdam amended by the global update estimate.
 
     Args:
-        global_lr, betas, eps: as LocalAdam.
+        global_lr, beta1, beta2, eps: as LocalAdam.
         a: weight of the local Adam direction, in [0, 1]; a = 1 is LocalAdam.
     """
 
     def __init__(
-        self, global_lr: float = 1.0, betas: tuple[float, float] = (0.9, 0.99), eps: float = 1e-8, a: float = 0.5
+        self, global_lr: float = 1.0, beta1: float = 0.9, beta2: float = 0.99, eps: float = 1e-8, a: float = 0.5
     ) -> None:
-        super().__init__(global_lr, betas, eps)
+        super().__init__(global_lr, beta1, beta2, eps)
         if not 0.0 <= a <= 1.0:
             raise ValueError(f"algorithm a (weight of the local Adam direction) must be in [0, 1], got {a}")
         self.a = float(a)

@@ -19,18 +19,19 @@ class LocalAdam(Algorithm):
 
     Args:
         global_lr: server lr eta_g.
-        betas: (beta1, beta2), each in [0, 1).
+        beta1: first-moment decay, in [0, 1).
+        beta2: second-moment decay, in [0, 1).
         eps: epsilon > 0 of the Adam denominator.
     """
 
-    def __init__(self, global_lr: float = 1.0, betas: tuple[float, float] = (0.9, 0.99), eps: float = 1e-8) -> None:
+    def __init__(self, global_lr: float = 1.0, beta1: float = 0.9, beta2: float = 0.99, eps: float = 1e-8) -> None:
         super().__init__(global_lr)
-        betas = tuple(float(b) for b in betas)
-        if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
-            raise ValueError(f"algorithm betas must be two numbers in [0, 1), got {betas}")
+        for name, beta in (("beta1", beta1), ("beta2", beta2)):
+            if not 0.0 <= beta < 1.0:
+                raise ValueError(f"algorithm {name} must be in [0, 1), got {beta}")
         if not eps > 0:
             raise ValueError(f"algorithm eps must be > 0, got {eps}")
-        self.betas, self.eps = betas, float(eps)
+        self.betas, self.eps = (float(beta1), float(beta2)), float(eps)
 
     def client_state_init(self, x: TensorDict) -> NestedState:
         return {"v": P.zeros_like(x)}
