@@ -132,11 +132,6 @@ class FederatedModule(L.LightningModule):
         self.comm_totals["bytes_down"] += bytes_down
         self.comm_totals["bytes_up"] += bytes_up
         self.comm_totals["client_uploads"] += len(results)
-        # The FAdam paper's "total communication per client": model-sized messages per active client,
-        # both directions (FedAvg 2 per round, SCAFFOLD 4, FAdamET/GT with Y = S/2 3.5).
-        model_bytes = max(1, payload_bytes({"x": broadcast["x"]}))
-        per_client = self.comm_totals.get("per_client", 0.0) + (bytes_down + bytes_up) / (model_bytes * len(results))
-        self.comm_totals["per_client"] = per_client
         metrics = {
             "train/loss": sum(r.mean_loss for r in results) / len(results),
             "train/consistency": local_consistency([u["delta"] for u in uploads]),
@@ -146,7 +141,6 @@ class FederatedModule(L.LightningModule):
             "comm/bytes_down": float(bytes_down),
             "comm/bytes_total": float(self.comm_totals["bytes_up"] + self.comm_totals["bytes_down"]),
             "comm/client_uploads_total": float(self.comm_totals["client_uploads"]),
-            "comm/per_client_total": float(per_client),
             "round": float(plan.round + 1),
         }
         self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1)

@@ -2,7 +2,8 @@
 
 from models.cnn import SmallCNN
 from models.fedavg_cnn import FedAvgCNN
+from models.linear import LinearRegression
 from models.mlp import MLP
 from models.resnet import ResNet18, ResNet18x64
 
-__all__ = ["MLP", "FedAvgCNN", "ResNet18", "ResNet18x64", "SmallCNN"]
+__all__ = ["MLP", "FedAvgCNN", "LinearRegression", "ResNet18", "ResNet18x64", "SmallCNN"]

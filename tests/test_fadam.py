@@ -182,7 +182,9 @@ def test_only_the_tracking_subset_refreshes_y_and_pays_for_it(tmp_path, tracking
     for k in y_server:
         torch.testing.assert_close(y_server[k], sum_y[k])  # y = (1/N) sum_i y_i over the whole population
     # Per active client and round: x and y down, delta up, y_i+ - y_i up for the Y/S that refresh.
-    assert module.comm_totals["per_client"] == pytest.approx(rounds * (3 + refreshed / clients_per_round))
+    model_bytes = P.num_bytes(module.global_params().values())
+    sent = module.comm_totals["bytes_up"] + module.comm_totals["bytes_down"]
+    assert sent / (model_bytes * clients_per_round) == pytest.approx(rounds * (3 + refreshed / clients_per_round))
 
 
 def test_tracking_subset_is_a_function_of_seed_and_round():
