@@ -127,7 +127,8 @@ class FederatedModule(L.LightningModule):
     # ---- one round ------------------------------------------------------------------------
     def training_step(self, plan: RoundPlan, batch_idx: int) -> None:
         data = self.datamodule
-        info = RoundInfo(round=plan.round, local_lr=self.local.lr_at(plan.round), num_clients=data.num_clients)
+        lr = self.local.lr_at(plan.round)
+        info = RoundInfo(round=plan.round, local_lr=lr, num_clients=data.num_clients, plan=plan)
         x = self.global_params()
         server_state = {n: {k: v.to(self.device) for k, v in td.items()} for n, td in self.server_state.items()}
         broadcast = self.algorithm.broadcast(x, server_state, info)

@@ -1,14 +1,17 @@
 """Federated algorithms, one small file each."""
 
 from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientResult, Payload, RoundInfo
+from fl_lightning.algorithms.fadam import FAdamET, FAdamGT
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.fedavg_svrg import FedAvgSVRG
 from fl_lightning.algorithms.fedcm import FedCM
 from fl_lightning.algorithms.feddyn import FedDyn
+from fl_lightning.algorithms.fedlada import FedLADA
 from fl_lightning.algorithms.fedmim import FedMIM
 from fl_lightning.algorithms.fedopt import FedAdam, FedAvgM, FedYogi
 from fl_lightning.algorithms.fedprox import FedProx
 from fl_lightning.algorithms.fedsam import FedSAM
+from fl_lightning.algorithms.local_adam import LocalAdam
 from fl_lightning.algorithms.scaffold import SCAFFOLD
 
 __all__ = [
@@ -16,16 +19,20 @@ __all__ = [
     "Algorithm",
     "ClientContext",
     "ClientResult",
+    "FAdamET",
+    "FAdamGT",
     "FedAdam",
     "FedAvg",
     "FedAvgM",
     "FedAvgSVRG",
     "FedCM",
     "FedDyn",
+    "FedLADA",
     "FedMIM",
     "FedProx",
     "FedSAM",
     "FedYogi",
+    "LocalAdam",
     "Payload",
     "RoundInfo",
 ]

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from fl_lightning import params as P
 from fl_lightning.params import TensorDict
+from fl_lightning.participation import RoundPlan
 from fl_lightning.state import NestedState
 
 Payload = dict[str, TensorDict]
@@ -40,6 +41,7 @@ class RoundInfo:
     local_lr: float  # this round's eta_l (after per-round decay)
     num_clients: int  # N, the population size
     local_steps: float = 0.0  # mean number of local steps of the round's clients (known at aggregation)
+    plan: RoundPlan | None = None  # the round's active clients and seeds (e.g. to draw a subset of them)
 
 
 @dataclass
