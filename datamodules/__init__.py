@@ -3,6 +3,7 @@
 from datamodules.federated import FederatedDataModule, RoundPlans
 from datamodules.partition import IID, Dirichlet, Partitioner, Shards
 from datamodules.sources import SOURCES, DataSource, load_source, register
+from datamodules.text import TASKS, TextDataModule
 
 __all__ = [
     "IID",
@@ -13,6 +14,8 @@ __all__ = [
     "Partitioner",
     "RoundPlans",
     "Shards",
+    "TASKS",
+    "TextDataModule",
     "load_source",
     "register",
 ]
