@@ -193,7 +193,7 @@ class TextDataModule(FederatedDataModule):
             return load_dataset(builder, data_files=self.data_files, cache_dir=self.cache_dir)
         return load_dataset(self.dataset_path or self.spec.path, self.spec.name, cache_dir=self.cache_dir)
 
-    def _tokenize(self, ds, tokenizer) -> TokenSequences:
+    def _tokenize(self, ds, tokenizer, tokenizer_digest: str) -> TokenSequences:
         missing = [c for c in (*self.spec.fields, "label") if c not in ds.column_names]
         if missing:
             raise ValueError(f"task {self.task!r} needs columns {missing} in its data; found {ds.column_names}")
@@ -210,7 +210,7 @@ class TextDataModule(FederatedDataModule):
             return {"input_ids": [ids or [eos] for ids in enc["input_ids"]], "label": batch["label"]}
 
         key = "|".join(
-            [_CACHE_VERSION, ds._fingerprint, _tokenizer_digest(tokenizer), str(max_length), repr(fields), repr(sep)]
+            [_CACHE_VERSION, ds._fingerprint, tokenizer_digest, str(max_length), repr(fields), repr(sep)]
         )
         tokenized = ds.map(
             encode,
@@ -223,9 +223,10 @@ class TextDataModule(FederatedDataModule):
 
     def build_source(self) -> DataSource:
         tokenizer = load_tokenizer(self.tokenizer_name, self.trust_remote_code)
+        digest = _tokenizer_digest(tokenizer)  # before use: calling it records truncation settings in its state
         raw = self._load_raw()
-        train = self._tokenize(raw[self.spec.train_split], tokenizer)
-        test = self._tokenize(raw[self.spec.eval_split], tokenizer)
+        train = self._tokenize(raw[self.spec.train_split], tokenizer, digest)
+        test = self._tokenize(raw[self.spec.eval_split], tokenizer, digest)
         k = self.spec.num_classes
         for split, data in (("train", train), (self.spec.eval_split, test)):
             if len(data) == 0:

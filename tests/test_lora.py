@@ -17,6 +17,15 @@ from tests.text_fixtures import Assets
 pytestmark = pytest.mark.filterwarnings("ignore")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models on a shared 2-core machine: one intra-op thread is ~5x faster than two contending."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
     return Assets(tmp_path_factory.mktemp("lora_assets"))

@@ -111,6 +111,7 @@ class Assets:
 
     def __init__(self, root: Path) -> None:
         self.root = root
+        root.mkdir(parents=True, exist_ok=True)
         self.sst2 = write_glue(root, "sst2", n_train=96, n_eval=32)
         self.qnli = write_glue(root, "qnli", n_train=64, n_eval=24, seed=1)
         self.news = write_20news(root, n_train=160, n_eval=40, seed=2)
