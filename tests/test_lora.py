@@ -12,7 +12,7 @@ from fl_lightning.algorithms import FedAvg
 from fl_lightning.export import ExportPretrained
 from models import LoRAClassifier
 from tests.conftest import tiny_trainer
-from tests.text_fixtures import Assets
+from tests.text_fixtures import shared_assets
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -28,7 +28,7 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
-    return Assets(tmp_path_factory.mktemp("lora_assets"))
+    return shared_assets(tmp_path_factory)
 
 
 def recording(algorithm):

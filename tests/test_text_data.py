@@ -9,14 +9,14 @@ import torch
 from datamodules import IID, TASKS, Dirichlet, TextDataModule
 from datamodules.text import load_tokenizer
 from fl_lightning import UniformSampling
-from tests.text_fixtures import Assets
+from tests.text_fixtures import shared_assets
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
-    return Assets(tmp_path_factory.mktemp("text_assets"))
+    return shared_assets(tmp_path_factory)
 
 
 def make(assets, task, files, num_clients=4, partition=None, **kw) -> TextDataModule:

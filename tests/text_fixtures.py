@@ -118,3 +118,13 @@ class Assets:
         self.tokenizer = write_tokenizer(root / "tokenizer", all_texts([self.sst2, self.qnli, self.news]))
         self.gpt2 = write_tiny_gpt2(root / "gpt2", self.tokenizer)
         self.cache = root / "hf_cache"
+
+
+_SHARED: dict[str, Assets] = {}
+
+
+def shared_assets(tmp_path_factory) -> Assets:
+    """One set of fixtures per test process, shared by the text/LoRA test modules."""
+    if "assets" not in _SHARED:
+        _SHARED["assets"] = Assets(tmp_path_factory.mktemp("text_assets"))
+    return _SHARED["assets"]
