@@ -213,3 +213,25 @@ def test_memory_grows_only_by_adapter_state_per_client(assets, tmp_path):
     (one, adapter, numel), (four, _, _) = sizes[1], sizes[4]
     assert one == adapter and four == 4 * adapter
     assert adapter < 0.2 * numel * 4, "adapter state should be a small fraction of the model"
+
+
+def test_export_rejects_models_without_save_pretrained(tmp_path):
+    from tests.conftest import tiny_datamodule, tiny_module
+
+    with pytest.raises(ValueError, match="save_pretrained"):
+        tiny_trainer(tmp_path, rounds=1, callbacks=[ExportPretrained(str(tmp_path / "x"))]).fit(
+            tiny_module(), datamodule=tiny_datamodule()
+        )
+    with pytest.raises(ValueError, match="every_n_rounds"):
+        ExportPretrained(every_n_rounds=0)
+
+
+def test_lora_settings_are_checked_and_gpt2_conv1d_is_handled(assets):
+    for kw, name in [({"rank": 0}, "rank"), ({"alpha": 0}, "alpha"), ({"dropout": 1.0}, "dropout"), ({"num_labels": 1}, "num_labels")]:
+        with pytest.raises(ValueError, match=name):
+            LoRAClassifier(str(assets.gpt2), **kw)
+    model = LoRAClassifier(str(assets.gpt2), num_labels=3, rank=2)
+    config = model.net.peft_config["default"]
+    assert config.fan_in_fan_out is True and set(config.target_modules) == {"c_attn"}
+    assert model.net.base_model.model.config.pad_token_id == model.net.base_model.model.config.eos_token_id
+    assert model.training and not any(p.requires_grad for n, p in model.named_parameters() if n not in adapter_names(model))
