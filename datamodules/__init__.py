@@ -1,21 +1,27 @@
 """Federated datamodules, partitioners and dataset sources."""
 
+from datamodules.augment import ColorPerturbation
 from datamodules.federated import FederatedDataModule, RoundPlans
-from datamodules.partition import IID, Dirichlet, Partitioner, Shards
+from datamodules.partition import IID, Dirichlet, Partitioner, QuantitySkew, Shards
 from datamodules.sources import SOURCES, DataSource, load_source, register
 from datamodules.text import TASKS, TextDataModule
+from datamodules.vision import SPECS, VisionDataModule
 
 __all__ = [
     "IID",
     "SOURCES",
+    "SPECS",
+    "ColorPerturbation",
     "DataSource",
     "Dirichlet",
     "FederatedDataModule",
     "Partitioner",
+    "QuantitySkew",
     "RoundPlans",
     "Shards",
     "TASKS",
     "TextDataModule",
+    "VisionDataModule",
     "load_source",
     "register",
 ]

@@ -1,7 +1,9 @@
 """Plain nn.Module builders; models never see federation."""
 
 from models.cnn import SmallCNN
+from models.fedavg_cnn import FedAvgCNN
 from models.gpt2_lora import LoRAClassifier
 from models.mlp import MLP
+from models.resnet import ResNet18, ResNet18x64
 
-__all__ = ["MLP", "LoRAClassifier", "SmallCNN"]
+__all__ = ["MLP", "FedAvgCNN", "LoRAClassifier", "ResNet18", "ResNet18x64", "SmallCNN"]
