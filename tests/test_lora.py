@@ -90,8 +90,19 @@ def adapter_names(model) -> set[str]:
     return {n for n, _ in model.named_parameters() if ".lora_" in n or ".modules_to_save." in n}
 
 
-def test_only_adapters_and_head_are_federated_stored_and_sent(assets, tmp_path):
-    module = lora_module(assets, recording(FedAvgWithState()))
+def _algorithms():
+    return {
+        "FedAvg": FedAvg,
+    }
+
+
+ALGORITHMS = list(_algorithms())
+
+
+@pytest.mark.parametrize("name", ["FedAvgWithState", *ALGORITHMS])
+def test_only_adapters_and_head_are_federated_stored_and_sent(assets, tmp_path, name):
+    algorithm = FedAvgWithState() if name == "FedAvgWithState" else _algorithms()[name]()
+    module = lora_module(assets, recording(algorithm))
     names = set(module.federated_names)
     assert names and names <= adapter_names(module.model)
     assert any(".lora_A." in n for n in names) and any(".lora_B." in n for n in names)
@@ -106,17 +117,19 @@ def test_only_adapters_and_head_are_federated_stored_and_sent(assets, tmp_path):
             for td in upload.values():
                 assert set(td) <= names
     stored = module.store.state_dict()
-    assert stored and {key.split("/", 2)[2] for key in stored} <= names
+    assert stored or name == "FedAvg"
+    assert {key.split("/", 2)[2] for key in stored} <= names
     after = dict(module.model.named_parameters())
     for n, p in base_before.items():
         assert torch.equal(after[n], p), f"frozen base tensor {n} changed"
     assert not all(torch.equal(x0[n], after[n]) for n in names), "the adapters did not train"
 
 
-def test_identical_clients_return_their_common_adapter(assets, tmp_path):
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_identical_clients_return_their_common_adapter(assets, tmp_path, name):
     """ALGORITHMS.md property 7: if all clients end with the same adapter, the global adapter is that adapter."""
     data_one = sst2(assets, num_clients=1, per_round=1)
-    one = lora_module(assets, recording(FedAvg()), batch_size=None, steps=2, epochs=None)
+    one = lora_module(assets, recording(_algorithms()[name]()), batch_size=None, steps=2, epochs=None)
     tiny_trainer(tmp_path / "one", rounds=1).fit(one, datamodule=data_one)
     rows = len(data_one.source.train)
 
@@ -127,7 +140,7 @@ def test_identical_clients_return_their_common_adapter(assets, tmp_path):
     files["train"] = str(tmp_path / "replicated.parquet")
     pd.concat([frame] * 3, ignore_index=True).to_parquet(files["train"])
     data_three = sst2(assets, num_clients=3, per_round=3, partition=Replicated(), data_files=files)
-    three = lora_module(assets, recording(FedAvg()), batch_size=None, steps=2, epochs=None)
+    three = lora_module(assets, recording(_algorithms()[name]()), batch_size=None, steps=2, epochs=None)
     tiny_trainer(tmp_path / "three", rounds=1).fit(three, datamodule=data_three)
     assert len(data_three.source.train) == 3 * rows
 
