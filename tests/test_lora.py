@@ -248,3 +248,21 @@ def test_lora_settings_are_checked_and_gpt2_conv1d_is_handled(assets):
     assert config.fan_in_fan_out is True and set(config.target_modules) == {"c_attn"}
     assert model.net.base_model.model.config.pad_token_id == model.net.base_model.model.config.eos_token_id
     assert model.training and not any(p.requires_grad for n, p in model.named_parameters() if n not in adapter_names(model))
+
+
+def test_lora_resume_is_bitwise_identical(assets, tmp_path):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    def run(directory, rounds, ckpt_path=None):
+        module = lora_module(assets, FedAvgWithState(), lr=0.1, steps=2, epochs=None, batch_size=8)
+        checkpoint = ModelCheckpoint(dirpath=directory / "ckpt", save_last=True, every_n_train_steps=1, save_top_k=0)
+        trainer = tiny_trainer(directory, rounds=rounds, enable_checkpointing=True, callbacks=[checkpoint])
+        trainer.fit(module, datamodule=sst2(assets, per_round=2), ckpt_path=ckpt_path)
+        return module
+
+    straight = run(tmp_path / "a", rounds=3)
+    run(tmp_path / "b", rounds=2)
+    resumed = run(tmp_path / "c", rounds=3, ckpt_path=str(tmp_path / "b" / "ckpt" / "last.ckpt"))
+    for (name, a), b in zip(straight.model.named_parameters(), resumed.model.parameters()):
+        assert torch.equal(a, b), name
+    assert len(straight.store) > 0 and straight.store.equal(resumed.store)
