@@ -2,5 +2,28 @@
 
 from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientResult, Payload, RoundInfo
 from fl_lightning.algorithms.fedavg import FedAvg
+from fl_lightning.algorithms.fedcm import FedCM
+from fl_lightning.algorithms.feddyn import FedDyn
+from fl_lightning.algorithms.fedmim import FedMIM
+from fl_lightning.algorithms.fedopt import FedAdam, FedAvgM, FedYogi
+from fl_lightning.algorithms.fedprox import FedProx
+from fl_lightning.algorithms.fedsam import FedSAM
+from fl_lightning.algorithms.scaffold import SCAFFOLD
 
-__all__ = ["Algorithm", "ClientContext", "ClientResult", "FedAvg", "Payload", "RoundInfo"]
+__all__ = [
+    "SCAFFOLD",
+    "Algorithm",
+    "ClientContext",
+    "ClientResult",
+    "FedAdam",
+    "FedAvg",
+    "FedAvgM",
+    "FedCM",
+    "FedDyn",
+    "FedMIM",
+    "FedProx",
+    "FedSAM",
+    "FedYogi",
+    "Payload",
+    "RoundInfo",
+]
