@@ -91,8 +91,11 @@ def adapter_names(model) -> set[str]:
 
 
 def _algorithms():
+    from fl_lightning.algorithms import SCAFFOLD
+
     return {
         "FedAvg": FedAvg,
+        "SCAFFOLD": SCAFFOLD,
     }
 
 
