@@ -2,13 +2,14 @@
 
 from datamodules.augment import ColorPerturbation
 from datamodules.federated import FederatedDataModule, RoundPlans
-from datamodules.partition import IID, Dirichlet, Partitioner, QuantitySkew, Shards
+from datamodules.partition import IID, Contiguous, Dirichlet, Partitioner, QuantitySkew, Shards
 from datamodules.sources import SOURCES, DataSource, load_source, register
 from datamodules.text import TASKS, TextDataModule
 from datamodules.vision import SPECS, VisionDataModule
 
 __all__ = [
     "IID",
+    "Contiguous",
     "SOURCES",
     "SPECS",
     "ColorPerturbation",

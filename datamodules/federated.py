@@ -160,43 +160,59 @@ class FederatedDataModule(L.LightningDataModule):
         """Transform a client's full-batch or holdout batch (default: unchanged)."""
         return batch
 
-    def client_batches(
+    def client_batch_indices(
         self, client_id: int, seed: int, batch_size: int | None, steps: int | None = None, epochs: int | None = None
-    ) -> Iterator[Any]:
-        """The client's minibatches for one round, shuffled by ``seed``, passed through ``augment``.
+    ) -> Iterator[Tensor]:
+        """Dataset indices of the client's minibatches for one round, shuffled by ``seed``.
 
         ``steps``: that many batches of ``batch_size`` drawn from reshuffled passes
         over the data. ``epochs``: full passes, the last batch of a pass smaller.
-        ``batch_size=None`` means the whole local set every step.
+        ``batch_size=None`` (or >= the client's size with ``steps``) means the whole
+        local set every step.
         """
-        generator = torch.Generator().manual_seed(derive_seed(seed, _AUGMENT_STREAM))
-        for batch in self._client_index_batches(client_id, seed, batch_size, steps, epochs):
-            yield self.augment(batch, client_id, generator)
-
-    def _client_index_batches(
-        self, client_id: int, seed: int, batch_size: int | None, steps: int | None, epochs: int | None
-    ) -> Iterator[Any]:
         indices = self.client_train[client_id]
         n = len(indices)
         num_steps = self.num_local_steps(client_id, batch_size, steps, epochs)
         if batch_size is None or (steps is not None and batch_size >= n):
-            full = self._gather(indices)
             for _ in range(num_steps):
-                yield full
+                yield indices
             return
         generator = torch.Generator().manual_seed(seed)
         if epochs is not None:
             for _ in range(epochs):
                 perm = indices[torch.randperm(n, generator=generator)]
                 for start in range(0, n, batch_size):
-                    yield self._gather(perm[start : start + batch_size])
+                    yield perm[start : start + batch_size]
             return
         perm, pos = indices[torch.randperm(n, generator=generator)], 0
         for _ in range(num_steps):
             if pos + batch_size > n:  # start a new pass; constant batch size keeps clients stackable
                 perm, pos = indices[torch.randperm(n, generator=generator)], 0
-            yield self._gather(perm[pos : pos + batch_size])
+            yield perm[pos : pos + batch_size]
             pos += batch_size
+
+    def client_batches(
+        self, client_id: int, seed: int, batch_size: int | None, steps: int | None = None, epochs: int | None = None
+    ) -> Iterator[Any]:
+        """The client's minibatches for one round (see ``client_batch_indices``), passed through ``augment``."""
+        generator = self.augment_generator(seed)
+        if batch_size is None or (steps is not None and batch_size >= len(self.client_train[client_id])):
+            full = self._gather(self.client_train[client_id])  # gathered once, reused every step
+            for _ in range(self.num_local_steps(client_id, batch_size, steps, epochs)):
+                yield self.augment(full, client_id, generator)
+            return
+        for indices in self.client_batch_indices(client_id, seed, batch_size, steps, epochs):
+            yield self.augment(self._gather(indices), client_id, generator)
+
+    @property
+    def augments_batches(self) -> bool:
+        """Whether ``augment`` is overridden (batched execution then transforms client by client)."""
+        return type(self).augment is not FederatedDataModule.augment
+
+    @staticmethod
+    def augment_generator(seed: int) -> torch.Generator:
+        """The generator ``augment`` draws from in a client's round (seeded by its round seed)."""
+        return torch.Generator().manual_seed(derive_seed(seed, _AUGMENT_STREAM))
 
     def client_full_batch(self, client_id: int) -> Any:
         return self.client_view(self._gather(self.client_train[client_id]), client_id)

@@ -159,3 +159,17 @@ class QuantitySkew(Partitioner):
         sizes = self.sizes(n, num_clients, rng)
         perm = rng.permutation(n)
         return self._as_tensors(np.split(perm, np.cumsum(sizes)[:-1]))
+
+
+class Contiguous(Partitioner):
+    """Deal the indices in order into N contiguous blocks of near-equal size (no shuffling).
+
+    For sources whose training set is already ordered by owner (e.g. ``least_squares``,
+    ``samples_per_agent`` rows per agent): with ``num_clients`` equal to the number of
+    owners each client gets exactly its owner's data.
+    """
+
+    def __call__(self, labels: Tensor, num_clients: int, seed: int) -> list[Tensor]:
+        if num_clients > len(labels):
+            raise ValueError(f"Contiguous: num_clients={num_clients} exceeds the {len(labels)} training samples")
+        return self._as_tensors(np.array_split(np.arange(len(labels)), num_clients))

@@ -90,3 +90,46 @@ def synthetic(
     y = rng.integers(0, num_classes, size=num_samples)
     x = means[y] + rng.normal(size=(num_samples, num_features))
     return _split(torch.tensor(x, dtype=torch.float32), torch.tensor(y, dtype=torch.int64), test_fraction, seed, num_classes)
+
+
+@register("least_squares")
+def least_squares(
+    num_agents: int = 18,
+    samples_per_agent: int = 50,
+    num_features: int = 5,
+    noise: float = 0.1,
+    feature_shift: float = 0.5,
+    theta_spread: float = 0.0,
+    test_per_agent: int = 10,
+    seed: int = 0,
+) -> DataSource:
+    """Per-agent linear regression data ``y = q theta_n + noise`` (the shape of Rostami & Kia, Sec. VI).
+
+    Agents are heterogeneous in their features: agent n draws ``q = s_n + 0.5 * U(0, 1)^d`` with its
+    own shift ``s_n ~ U(0, feature_shift)^d`` (so each local cost has its own curvature and
+    optimum). ``theta_n = theta + theta_spread * N(0, I)`` around a common ``theta ~ U(-1, 1)^d``
+    adds concept shift. The training set is ordered by agent, ``samples_per_agent`` rows each, and
+    ``train_labels`` holds the agent id of each row: use the ``Contiguous`` partitioner with
+    ``num_clients = num_agents`` to give every agent its own samples. Targets are float32 of
+    shape [n] (for ``LinearRegression.loss``).
+    """
+    if num_agents < 1 or samples_per_agent < 1 or num_features < 1 or test_per_agent < 1:
+        raise ValueError(
+            "least_squares needs num_agents, samples_per_agent, num_features, test_per_agent >= 1; got "
+            f"{num_agents}, {samples_per_agent}, {num_features}, {test_per_agent}"
+        )
+    if noise < 0 or feature_shift < 0 or theta_spread < 0:
+        raise ValueError(f"least_squares noise, feature_shift, theta_spread must be >= 0; got {noise}, {feature_shift}, {theta_spread}")
+    rng = np.random.default_rng(seed)
+    theta = rng.uniform(-1.0, 1.0, num_features)
+    parts: dict[str, list] = {"xtr": [], "ytr": [], "xte": [], "yte": []}
+    for _ in range(num_agents):
+        shift = rng.uniform(0.0, feature_shift, num_features)
+        theta_n = theta + theta_spread * rng.normal(size=num_features)
+        for split, count in (("tr", samples_per_agent), ("te", test_per_agent)):
+            q = shift + 0.5 * rng.uniform(0.0, 1.0, (count, num_features))
+            parts["x" + split].append(q)
+            parts["y" + split].append(q @ theta_n + noise * rng.normal(size=count))
+    x_train, y_train, x_test, y_test = (torch.tensor(np.concatenate(parts[k]), dtype=torch.float32) for k in ("xtr", "ytr", "xte", "yte"))
+    agents = torch.arange(num_agents, dtype=torch.int64).repeat_interleave(samples_per_agent)
+    return DataSource(TensorDataset(x_train, y_train), TensorDataset(x_test, y_test), agents, num_classes=1)

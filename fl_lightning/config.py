@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Literal
 
 
 @dataclass
@@ -16,6 +18,9 @@ class LocalTraining:
         epochs: E passes over the client's data per round (exclusive with ``steps``).
         batch_size: minibatch size >= 1; ``None`` uses the whole local set each step.
         weight_decay: L2 coefficient >= 0, added to every local gradient.
+        lr_schedule: ``"exponential"`` (round t uses ``lr * lr_decay**t``) or ``"inv_sqrt"``
+            (``lr / sqrt(t + 1)``, the 1/sqrt(k) step of k = t + 1 in Rostami & Kia's
+            FedAvg baseline; needs ``lr_decay = 1``).
     """
 
     lr: float = 0.1
@@ -24,6 +29,7 @@ class LocalTraining:
     epochs: int | None = None
     batch_size: int | None = 32
     weight_decay: float = 0.0
+    lr_schedule: Literal["exponential", "inv_sqrt"] = "exponential"
 
     def __post_init__(self) -> None:
         if not self.lr > 0:
@@ -40,6 +46,12 @@ class LocalTraining:
             raise ValueError(f"local.batch_size must be >= 1 (or null for full batch), got {self.batch_size}")
         if not self.weight_decay >= 0:
             raise ValueError(f"local.weight_decay must be >= 0, got {self.weight_decay}")
+        if self.lr_schedule not in ("exponential", "inv_sqrt"):
+            raise ValueError(f"local.lr_schedule must be 'exponential' or 'inv_sqrt', got {self.lr_schedule!r}")
+        if self.lr_schedule == "inv_sqrt" and self.lr_decay != 1:
+            raise ValueError(f"local.lr_decay must be 1 with lr_schedule 'inv_sqrt' (the schedules do not compose), got {self.lr_decay}")
 
     def lr_at(self, round_idx: int) -> float:
+        if self.lr_schedule == "inv_sqrt":
+            return self.lr / math.sqrt(round_idx + 1)
         return self.lr * self.lr_decay**round_idx

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
+from torch import Tensor
+
 from fl_lightning import params as P
 from fl_lightning.params import TensorDict
 
@@ -24,3 +27,12 @@ def local_consistency(deltas: Sequence[TensorDict]) -> float:
 def payload_bytes(payload: Payload) -> int:
     """Bytes of every tensor a message carries."""
     return sum(P.num_bytes(td.values()) for td in payload.values())
+
+
+def cep_radius(points: Tensor) -> float:
+    """Circular error probable: the median distance of points ``[R, d]`` from their mean
+    (Rostami & Kia, Sec. VI: the radius around the Monte Carlo mean holding half the runs)."""
+    points = torch.as_tensor(points, dtype=torch.float64)
+    if points.ndim != 2 or len(points) < 1:
+        raise ValueError(f"cep_radius needs points of shape [runs, dim] with runs >= 1, got {tuple(points.shape)}")
+    return float(torch.quantile(torch.linalg.vector_norm(points - points.mean(0), dim=1), 0.5))  # mean of the middle two if R is even

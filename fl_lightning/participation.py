@@ -7,6 +7,7 @@ replayed exactly after a resume or on another process.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Literal
@@ -96,3 +97,140 @@ class UniformSampling(Participation):
             sizes = client_sizes[clients].double()
             return clients, sizes / sizes.sum()
         return clients, torch.full((count,), 1.0 / count, dtype=torch.float64)
+
+
+# ---- independent (Bernoulli) activation with per-client probabilities --------------------------------
+_PROBABILITY_STREAM = 0x9B0
+
+
+def _check_probabilities(p: Tensor, num_clients: int, setting: str) -> Tensor:
+    """``p`` as a float64 vector of length N with every entry in (0, 1], else ``ValueError`` naming ``setting``."""
+    p = torch.as_tensor(p, dtype=torch.float64).reshape(-1)
+    if p.numel() == 1 and num_clients > 1:
+        p = p.expand(num_clients).clone()
+    if p.numel() != num_clients:
+        raise ValueError(f"{setting} has {p.numel()} activation probabilities but num_clients={num_clients}; give one per client")
+    bad = ~((p > 0) & (p <= 1))  # also catches NaN
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0])
+        raise ValueError(f"{setting}: activation probability of client {i} is {float(p[i])}; each must be in (0, 1]")
+    return p
+
+
+class ActivationProbabilities(ABC):
+    """Per-client activation probabilities p_n^k of round k (a vector of length N)."""
+
+    def validate(self, num_clients: int) -> None:
+        _check_probabilities(self(0, num_clients), num_clients, type(self).__name__)
+
+    @abstractmethod
+    def __call__(self, round_idx: int, num_clients: int) -> Tensor: ...
+
+
+class FixedProbabilities(ActivationProbabilities):
+    """The same given probabilities every round: one per client, or one value for all.
+
+    Args:
+        values: p_n for n = 0..N-1 (or a single p for every client), each in (0, 1].
+    """
+
+    def __init__(self, values: list[float] | float) -> None:
+        values = [values] if isinstance(values, (int, float)) else list(values)
+        _check_probabilities(torch.tensor(values, dtype=torch.float64), len(values), "FixedProbabilities.values")
+        self.values = torch.tensor(values, dtype=torch.float64)
+
+    def __call__(self, round_idx: int, num_clients: int) -> Tensor:
+        return _check_probabilities(self.values, num_clients, "FixedProbabilities.values")
+
+
+class UniformRandomProbabilities(ActivationProbabilities):
+    """p_n ~ U(low, high), drawn once per client from ``seed`` and then fixed for every round.
+
+    The draw depends only on ``(seed, n)``, not on the run's seed, so Monte Carlo runs over
+    the run seed share the same probabilities.
+
+    Args:
+        low, high: range, 0 < low <= high <= 1.
+        seed: seed of the draw.
+    """
+
+    def __init__(self, low: float = 0.2, high: float = 0.9, seed: int = 0) -> None:
+        if not 0 < low <= high <= 1:
+            raise ValueError(f"UniformRandomProbabilities needs 0 < low <= high <= 1, got low={low}, high={high}")
+        self.low, self.high, self.seed = low, high, seed
+
+    def __call__(self, round_idx: int, num_clients: int) -> Tensor:
+        generator = torch.Generator().manual_seed(derive_seed(self.seed, _PROBABILITY_STREAM))
+        u = torch.rand(num_clients, generator=generator, dtype=torch.float64)
+        return (self.low + (self.high - self.low) * u).clamp(min=self.low, max=self.high)
+
+
+class PeriodicProbabilities(ActivationProbabilities):
+    """Time-varying p_n^k = low + (high - low) * (1 + sin(2 pi k / period + phi_n)) / 2.
+
+    Each client oscillates between ``low`` and ``high`` with period ``period`` rounds and its own
+    phase phi_n ~ U(0, 2 pi) drawn from ``seed`` (e.g. devices available at different times of day).
+
+    Args:
+        low, high: range, 0 < low <= high <= 1.
+        period: rounds per cycle, > 0.
+        seed: seed of the phases.
+    """
+
+    def __init__(self, low: float = 0.1, high: float = 0.9, period: float = 20.0, seed: int = 0) -> None:
+        if not 0 < low <= high <= 1:
+            raise ValueError(f"PeriodicProbabilities needs 0 < low <= high <= 1, got low={low}, high={high}")
+        if not period > 0:
+            raise ValueError(f"PeriodicProbabilities period must be > 0 rounds, got {period}")
+        self.low, self.high, self.period, self.seed = low, high, period, seed
+
+    def __call__(self, round_idx: int, num_clients: int) -> Tensor:
+        generator = torch.Generator().manual_seed(derive_seed(self.seed, _PROBABILITY_STREAM))
+        phase = 2 * math.pi * torch.rand(num_clients, generator=generator, dtype=torch.float64)
+        wave = (1 + torch.sin(2 * math.pi * round_idx / self.period + phase)) / 2
+        return (self.low + (self.high - self.low) * wave).clamp(min=self.low, max=self.high)
+
+
+class BernoulliParticipation(Participation):
+    """Each client n is active in round k independently with probability p_n^k (Rostami & Kia, Alg. 1 l. 4).
+
+    The active set is a Bernoulli draw, not a fixed-size sample, and may be empty (the module then
+    leaves the model unchanged). Aggregation weights are ``1 / (N p_n^k)`` (Alg. 1 line 20), which
+    make the aggregate an unbiased estimate of the full-participation mean:
+    ``E[sum_n 1_n^k / (N p_n^k) * d_n] = (1/N) sum_n d_n``.
+
+    Args:
+        probabilities: the p_n^k: a list with one value per client, a single value for all
+            clients, or an ``ActivationProbabilities`` (random draw, time-varying schedule).
+        weighting: ``"inverse_probability"`` (1/(N p), unbiased) or ``"active_mean"``
+            (1/|A^k|, the biased plain average of the active clients, for comparison).
+    """
+
+    def __init__(
+        self,
+        probabilities: ActivationProbabilities | list[float] | float = 0.5,
+        weighting: Literal["inverse_probability", "active_mean"] = "inverse_probability",
+    ) -> None:
+        if not isinstance(probabilities, ActivationProbabilities):
+            probabilities = FixedProbabilities(probabilities)
+        if weighting not in ("inverse_probability", "active_mean"):
+            raise ValueError(f"BernoulliParticipation weighting must be 'inverse_probability' or 'active_mean', got {weighting!r}")
+        self.probabilities = probabilities
+        self.weighting = weighting
+
+    def probabilities_at(self, round_idx: int, num_clients: int) -> Tensor:
+        return _check_probabilities(
+            self.probabilities(round_idx, num_clients), num_clients, f"{type(self.probabilities).__name__} (round {round_idx})"
+        )
+
+    def validate(self, num_clients: int) -> None:
+        self.probabilities.validate(num_clients)
+
+    def sample(self, round_idx: int, client_sizes: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        num_clients = len(client_sizes)
+        p = self.probabilities_at(round_idx, num_clients)
+        active = torch.rand(num_clients, generator=generator, dtype=torch.float64) < p
+        clients = active.nonzero().reshape(-1)
+        if self.weighting == "active_mean":
+            return clients, torch.full((len(clients),), 1.0 / max(len(clients), 1), dtype=torch.float64)
+        return clients, 1.0 / (num_clients * p[clients])

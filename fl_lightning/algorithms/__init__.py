@@ -2,6 +2,7 @@
 
 from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientResult, Payload, RoundInfo
 from fl_lightning.algorithms.fedavg import FedAvg
+from fl_lightning.algorithms.fedavg_svrg import FedAvgSVRG
 from fl_lightning.algorithms.fedcm import FedCM
 from fl_lightning.algorithms.feddyn import FedDyn
 from fl_lightning.algorithms.fedmim import FedMIM
@@ -18,6 +19,7 @@ __all__ = [
     "FedAdam",
     "FedAvg",
     "FedAvgM",
+    "FedAvgSVRG",
     "FedCM",
     "FedDyn",
     "FedMIM",

@@ -4,6 +4,15 @@ from fl_lightning.optim.control import control_variate_option2
 from fl_lightning.optim.inertial import inertial_step
 from fl_lightning.optim.sam import sam_perturbation
 from fl_lightning.optim.sgd import sgd_step
+from fl_lightning.optim.svrg import svrg_direction, svrg_step
 from fl_lightning.optim.yogi import Yogi
 
-__all__ = ["Yogi", "control_variate_option2", "inertial_step", "sam_perturbation", "sgd_step"]
+__all__ = [
+    "Yogi",
+    "control_variate_option2",
+    "inertial_step",
+    "sam_perturbation",
+    "sgd_step",
+    "svrg_direction",
+    "svrg_step",
+]

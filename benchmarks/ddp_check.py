@@ -1,0 +1,55 @@
+"""Train FedAvg with the round's clients split over W processes (Lightning DDP, gloo on CPU)
+and save the final global parameters, to compare with a one-process run.
+
+    python benchmarks/ddp_check.py --devices 2 --out ddp.pt
+    python benchmarks/ddp_check.py --devices 1 --out single.pt
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import lightning as L  # noqa: E402
+import torch  # noqa: E402
+
+from datamodules import IID, FederatedDataModule  # noqa: E402
+from fl_lightning import FedAvg, FederatedModule, LocalTraining, UniformSampling  # noqa: E402
+from models import MLP  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--clients-per-round", type=int, default=10)
+    parser.add_argument("--execution", default="sequential")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    module = FederatedModule(MLP(32, 10, hidden=[64]), FedAvg(), LocalTraining(lr=0.05, steps=4, batch_size=16), execution=args.execution)
+    data = FederatedDataModule(
+        "synthetic", dict(num_samples=8000, num_features=32, num_classes=10, seed=0), num_clients=100,
+        partition=IID(), participation=UniformSampling(args.clients_per_round),
+    )  # fmt: skip
+    strategy = "ddp" if args.devices > 1 else "auto"
+    trainer = L.Trainer(
+        accelerator="cpu", devices=args.devices, strategy=strategy, max_steps=args.rounds, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+        num_sanity_val_steps=0,
+    )  # fmt: skip
+    start = time.perf_counter()
+    trainer.fit(module, datamodule=data)
+    seconds = time.perf_counter() - start
+    if trainer.global_rank == 0:
+        torch.save({"params": [p.detach() for p in module.model.parameters()], "seconds": seconds,
+                    "client_steps": args.rounds * args.clients_per_round * 4}, args.out)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""Results do not depend on how clients are executed (ALGORITHMS.md property 8)."""
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from datamodules import FederatedDataModule, IID
+from fl_lightning import FedAvg, FederatedModule, LocalTraining, UniformSampling
+from models import MLP, SmallCNN
+from tests.conftest import tiny_datamodule, tiny_trainer
+from tests.test_resume import StatefulFedAvg
+
+
+def _fit(tmp_path, model_fn, algorithm_fn, execution, data_fn=tiny_datamodule, rounds=3, local=None):
+    torch.manual_seed(0)
+    module = FederatedModule(
+        model_fn(), algorithm_fn(), local or LocalTraining(lr=0.1, steps=3, batch_size=8), execution=execution
+    )
+    tiny_trainer(tmp_path, rounds).fit(module, datamodule=data_fn())
+    return module
+
+
+def _digits():
+    return FederatedDataModule("digits", num_clients=10, partition=IID(), participation=UniformSampling(4))
+
+
+@pytest.mark.parametrize(
+    "model_fn, data_fn",
+    [(lambda: MLP(8, 3, hidden=[16]), tiny_datamodule), (lambda: SmallCNN(channels=4, hidden=16), _digits)],
+    ids=["mlp", "cnn"],
+)
+@pytest.mark.parametrize("algorithm_fn", [FedAvg, StatefulFedAvg], ids=["fedavg", "stateful"])
+def test_batched_equals_sequential(tmp_path, model_fn, data_fn, algorithm_fn):
+    seq = _fit(tmp_path, model_fn, algorithm_fn, "sequential", data_fn)
+    bat = _fit(tmp_path, model_fn, algorithm_fn, "batched", data_fn)
+    assert isinstance(bat.execution.local_execution.unsupported_reason(bat, _plan(bat)), type(None))
+    for a, b in zip(seq.model.parameters(), bat.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    sa, sb = seq.store.state_dict(), bat.store.state_dict()
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        torch.testing.assert_close(sa[k], sb[k], rtol=1e-5, atol=1e-6)
+
+
+def _plan(module):
+    return module.datamodule.participation.plan(0, module.datamodule.client_sizes, 0)
+
+
+class BatchNormMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+@pytest.mark.parametrize(
+    "model_fn, local, reason",
+    [
+        (BatchNormMLP, None, "BatchNorm running statistics"),
+        (lambda: MLP(8, 3), LocalTraining(lr=0.1, steps=None, epochs=1, batch_size=8), "local.epochs"),
+        (lambda: MLP(8, 3), LocalTraining(lr=0.1, steps=2, batch_size=1000), "fewer samples than local.batch_size"),
+    ],
+)
+def test_batched_falls_back_to_sequential_with_a_reason(tmp_path, caplog, model_fn, local, reason):
+    with caplog.at_level(logging.WARNING, logger="fl_lightning.batched"):
+        bat = _fit(tmp_path, model_fn, FedAvg, "batched", local=local)
+    assert reason in caplog.text
+    seq = _fit(tmp_path, model_fn, FedAvg, "sequential", local=local)
+    for a, b in zip(seq.model.parameters(), bat.model.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_unknown_execution_is_rejected():
+    with pytest.raises(ValueError, match="execution must be one of \\['batched', 'sequential'\\]"):
+        FederatedModule(MLP(8, 3), execution="parallel")
+
+
+class NoisyDataModule(FederatedDataModule):
+    """Per-client, per-round random input noise drawn from the augment generator."""
+
+    def augment(self, batch, client_id, generator):
+        x, y = batch
+        return x + 0.1 * torch.randn(x.shape, generator=generator) + client_id, y
+
+
+def test_batched_applies_per_client_augmentation_like_sequential(tmp_path):
+    def data():
+        return NoisyDataModule(
+            "synthetic", dict(num_samples=300, num_features=8, num_classes=3, seed=1), num_clients=6,
+            partition=IID(), participation=UniformSampling(3),
+        )  # fmt: skip
+
+    mlp = lambda: MLP(8, 3, hidden=[16])  # noqa: E731
+    seq = _fit(tmp_path, mlp, FedAvg, "sequential", data)
+    bat = _fit(tmp_path, mlp, FedAvg, "batched", data)
+    plain = _fit(tmp_path, mlp, FedAvg, "sequential")
+    for a, b, c in zip(seq.model.parameters(), bat.model.parameters(), plain.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        assert not torch.allclose(a, c)
