@@ -4,6 +4,7 @@ from datamodules.augment import ColorPerturbation
 from datamodules.federated import FederatedDataModule, RoundPlans
 from datamodules.partition import IID, Contiguous, Dirichlet, Partitioner, QuantitySkew, Shards
 from datamodules.sources import SOURCES, DataSource, load_source, register
+from datamodules.text import TASKS, TextDataModule
 from datamodules.vision import SPECS, VisionDataModule
 
 __all__ = [
@@ -19,6 +20,8 @@ __all__ = [
     "QuantitySkew",
     "RoundPlans",
     "Shards",
+    "TASKS",
+    "TextDataModule",
     "VisionDataModule",
     "load_source",
     "register",

@@ -2,9 +2,19 @@
 
 from models.cnn import SmallCNN
 from models.fedavg_cnn import FedAvgCNN
+from models.gpt2_lora import LoRAClassifier
 from models.least_squares import LinearLeastSquares
 from models.linear import LinearRegression
 from models.mlp import MLP
 from models.resnet import ResNet18, ResNet18x64
 
-__all__ = ["MLP", "FedAvgCNN", "LinearLeastSquares", "LinearRegression", "ResNet18", "ResNet18x64", "SmallCNN"]
+__all__ = [
+    "MLP",
+    "FedAvgCNN",
+    "LinearLeastSquares",
+    "LinearRegression",
+    "LoRAClassifier",
+    "ResNet18",
+    "ResNet18x64",
+    "SmallCNN",
+]

@@ -1,0 +1,242 @@
+"""Text classification: GLUE tasks and 20 Newsgroups, tokenized once, padded per batch.
+
+Data come through the ``datasets`` library: the hub dataset by default, or local
+files with the same columns (``data_files``, e.g. parquet) through the same code
+path. Tokenization is a ``Dataset.map`` with a fingerprint derived from the data,
+the tokenizer and the settings, so a second run reads it from the datasets cache.
+Token ids are then held as one flat tensor plus offsets (no per-sample Python
+objects), and each batch is padded to its longest sequence only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from datamodules.federated import FederatedDataModule
+from datamodules.partition import Partitioner
+from datamodules.sources import DataSource
+from fl_lightning.participation import Participation
+
+_CACHE_VERSION = "1"
+
+
+@dataclass(frozen=True)
+class TextTask:
+    """Where a task's data live and which columns hold its text."""
+
+    path: str  # hub dataset id
+    name: str | None  # hub configuration
+    fields: tuple[str, ...]  # one text column, or two for sentence pairs
+    num_classes: int
+    eval_split: str  # labelled split used as the global test set (GLUE's test labels are hidden)
+    train_split: str = "train"
+
+
+TASKS: dict[str, TextTask] = {
+    "sst2": TextTask("nyu-mll/glue", "sst2", ("sentence",), 2, "validation"),
+    "cola": TextTask("nyu-mll/glue", "cola", ("sentence",), 2, "validation"),
+    "mrpc": TextTask("nyu-mll/glue", "mrpc", ("sentence1", "sentence2"), 2, "validation"),
+    "qqp": TextTask("nyu-mll/glue", "qqp", ("question1", "question2"), 2, "validation"),
+    "qnli": TextTask("nyu-mll/glue", "qnli", ("question", "sentence"), 2, "validation"),
+    "rte": TextTask("nyu-mll/glue", "rte", ("sentence1", "sentence2"), 2, "validation"),
+    "mnli": TextTask("nyu-mll/glue", "mnli", ("premise", "hypothesis"), 3, "validation_matched"),
+    "20news": TextTask("SetFit/20_newsgroups", None, ("text",), 20, "test"),
+}
+
+_FILE_BUILDERS = {".parquet": "parquet", ".csv": "csv", ".json": "json", ".jsonl": "json", ".arrow": "arrow"}
+
+
+class TokenSequences(Dataset):
+    """Variable-length token sequences stored flat: sample i is ``ids[offsets[i]:offsets[i+1]]``."""
+
+    def __init__(self, ids: Tensor, offsets: Tensor, labels: Tensor) -> None:
+        self.ids, self.offsets, self.labels = ids, offsets, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> tuple[Tensor, int]:
+        return self.ids[self.offsets[i] : self.offsets[i + 1]], int(self.labels[i])
+
+    def lengths(self) -> Tensor:
+        return self.offsets[1:] - self.offsets[:-1]
+
+    def subset(self, order: Tensor) -> TokenSequences:
+        pieces = [self.ids[self.offsets[i] : self.offsets[i + 1]] for i in order.tolist()]
+        offsets = torch.zeros(len(pieces) + 1, dtype=torch.int64)
+        offsets[1:] = torch.cumsum(torch.tensor([len(p) for p in pieces], dtype=torch.int64), 0)
+        return TokenSequences(torch.cat(pieces) if pieces else self.ids[:0], offsets, self.labels[order])
+
+
+class PadCollate:
+    """``[(ids, label), ...]`` -> ``{"input_ids", "attention_mask", "labels"}``, right-padded to the longest."""
+
+    def __init__(self, pad_id: int) -> None:
+        self.pad_id = pad_id
+
+    def __call__(self, items: list[tuple[Tensor, int]]) -> dict[str, Tensor]:
+        length = max(len(ids) for ids, _ in items)
+        input_ids = torch.full((len(items), length), self.pad_id, dtype=torch.int64)
+        mask = torch.zeros((len(items), length), dtype=torch.int64)
+        for row, (ids, _) in enumerate(items):
+            input_ids[row, : len(ids)] = ids
+            mask[row, : len(ids)] = 1
+        labels = torch.tensor([label for _, label in items], dtype=torch.int64)
+        return {"input_ids": input_ids, "attention_mask": mask, "labels": labels}
+
+
+def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
+    """A tokenizer with a pad token (causal LMs lack one; the end-of-text token is used)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ValueError(f"tokenizer {name_or_path!r} has neither a pad nor an end-of-text token")
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def _tokenizer_digest(tokenizer) -> str:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    text = backend.to_str() if backend is not None else repr(sorted(tokenizer.get_vocab().items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _to_sequences(ds) -> TokenSequences:
+    """Arrow list column -> flat ids + offsets, without Python lists per sample."""
+    if getattr(ds, "_indices", None) is not None:
+        ds = ds.flatten_indices()
+    column = ds.data.column("input_ids").combine_chunks()
+    offsets = torch.from_numpy(column.offsets.to_numpy().astype("int64"))
+    ids = torch.from_numpy(column.flatten().to_numpy().astype("int64"))
+    labels = torch.from_numpy(ds.data.column("label").to_numpy().astype("int64"))
+    return TokenSequences(ids, offsets - offsets[0], labels)
+
+
+class TextDataModule(FederatedDataModule):
+    """A GLUE task or 20 Newsgroups partitioned among clients.
+
+    Args:
+        task: one of ``TASKS`` (sst2, cola, mrpc, qqp, qnli, rte, mnli, 20news).
+        tokenizer: hub id or local directory of the tokenizer (``"gpt2"``).
+        max_length: tokens kept per sample (longer texts are truncated), >= 2.
+        data_files: ``{split: path}`` of local files with the task's columns
+            (parquet/csv/json), read by ``datasets.load_dataset`` instead of the hub;
+            must hold the task's train split and its evaluation split.
+        dataset_path: hub id or local path overriding the task's default source.
+        cache_dir: the ``datasets`` cache directory (default: the library's).
+        pair_separator: text put in front of the second sentence of a pair.
+        trust_remote_code: passed to the tokenizer loader.
+        Other arguments as in ``FederatedDataModule``.
+    """
+
+    def __init__(
+        self,
+        task: str = "sst2",
+        tokenizer: str = "gpt2",
+        max_length: int = 128,
+        data_files: dict[str, str] | None = None,
+        dataset_path: str | None = None,
+        cache_dir: str | None = None,
+        pair_separator: str = "\n",
+        trust_remote_code: bool = False,
+        num_clients: int = 100,
+        partition: Partitioner | None = None,
+        participation: Participation | None = None,
+        holdout_fraction: float = 0.0,
+        eval_batch_size: int = 128,
+        seed: int = 0,
+    ) -> None:
+        if task not in TASKS:
+            raise ValueError(f"unknown text task {task!r}; allowed: {sorted(TASKS)}")
+        if max_length < 2:
+            raise ValueError(f"max_length must be >= 2, got {max_length}")
+        spec = TASKS[task]
+        if data_files is not None:
+            missing = {spec.train_split, spec.eval_split} - set(data_files)
+            if missing:
+                raise ValueError(
+                    f"data_files for task {task!r} must have the splits {spec.train_split!r} and "
+                    f"{spec.eval_split!r}; missing {sorted(missing)}"
+                )
+            suffixes = {Path(p).suffix for p in data_files.values()}
+            if len(suffixes) != 1 or next(iter(suffixes)) not in _FILE_BUILDERS:
+                raise ValueError(f"data_files must all be one of {sorted(_FILE_BUILDERS)}, got {sorted(suffixes)}")
+        super().__init__(
+            dataset=task,
+            num_clients=num_clients,
+            partition=partition,
+            participation=participation,
+            holdout_fraction=holdout_fraction,
+            eval_batch_size=eval_batch_size,
+            seed=seed,
+        )
+        self.task, self.spec = task, spec
+        self.tokenizer_name, self.max_length = tokenizer, max_length
+        self.data_files = dict(data_files) if data_files is not None else None
+        self.dataset_path, self.cache_dir = dataset_path, cache_dir
+        self.pair_separator, self.trust_remote_code = pair_separator, trust_remote_code
+
+    def _load_raw(self):
+        from datasets import load_dataset
+
+        if self.data_files is not None:
+            builder = _FILE_BUILDERS[Path(next(iter(self.data_files.values()))).suffix]
+            return load_dataset(builder, data_files=self.data_files, cache_dir=self.cache_dir)
+        return load_dataset(self.dataset_path or self.spec.path, self.spec.name, cache_dir=self.cache_dir)
+
+    def _tokenize(self, ds, tokenizer, tokenizer_digest: str) -> TokenSequences:
+        missing = [c for c in (*self.spec.fields, "label") if c not in ds.column_names]
+        if missing:
+            raise ValueError(f"task {self.task!r} needs columns {missing} in its data; found {ds.column_names}")
+        fields, sep, max_length = self.spec.fields, self.pair_separator, self.max_length
+        eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.pad_token_id
+
+        def encode(batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
+            first = [t or "" for t in batch[fields[0]]]
+            if len(fields) == 2:
+                second = [sep + (t or "") for t in batch[fields[1]]]
+                enc = tokenizer(first, second, truncation=True, max_length=max_length)
+            else:
+                enc = tokenizer(first, truncation=True, max_length=max_length)
+            return {"input_ids": [ids or [eos] for ids in enc["input_ids"]], "label": batch["label"]}
+
+        key = "|".join(
+            [_CACHE_VERSION, ds._fingerprint, tokenizer_digest, str(max_length), repr(fields), repr(sep)]
+        )
+        tokenized = ds.map(
+            encode,
+            batched=True,
+            remove_columns=ds.column_names,
+            new_fingerprint=hashlib.sha256(key.encode()).hexdigest()[:32],
+            desc=f"tokenizing {self.task}",
+        )
+        return _to_sequences(tokenized)
+
+    def build_source(self) -> DataSource:
+        tokenizer = load_tokenizer(self.tokenizer_name, self.trust_remote_code)
+        digest = _tokenizer_digest(tokenizer)  # before use: calling it records truncation settings in its state
+        raw = self._load_raw()
+        train = self._tokenize(raw[self.spec.train_split], tokenizer, digest)
+        test = self._tokenize(raw[self.spec.eval_split], tokenizer, digest)
+        k = self.spec.num_classes
+        for split, data in (("train", train), (self.spec.eval_split, test)):
+            if len(data) == 0:
+                raise ValueError(f"task {self.task!r}: split {split!r} is empty")
+            bad = (data.labels < 0) | (data.labels >= k)
+            if bool(bad.any()):
+                raise ValueError(
+                    f"task {self.task!r}: split {split!r} has labels outside [0, {k}) "
+                    f"(e.g. {int(data.labels[bad][0])}); unlabelled splits cannot be used"
+                )
+        # Length-sorted evaluation wastes almost no compute on padding; order does not change metrics.
+        test = test.subset(torch.argsort(test.lengths(), stable=True))
+        return DataSource(train, test, train.labels, k, collate_fn=PadCollate(tokenizer.pad_token_id))

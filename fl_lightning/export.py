@@ -1,0 +1,63 @@
+"""Export the global model in its library's own format (e.g. a peft adapter).
+
+Any model with ``save_pretrained(path)`` can be exported; for ``models.LoRAClassifier``
+that writes the global LoRA adapter and head, loadable with
+``peft.PeftModel.from_pretrained(base_model, path)``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+
+
+def export_pretrained(module: L.LightningModule, dirpath: str | Path) -> Path:
+    """Write ``module.model`` (the current global model) with its ``save_pretrained``."""
+    model = module.model
+    if not callable(getattr(model, "save_pretrained", None)):
+        raise ValueError(f"export needs a model with save_pretrained(path); {type(model).__name__} has none")
+    path = Path(dirpath)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    return path
+
+
+class ExportPretrained(L.Callback):
+    """Export the global model at the end of ``fit`` (and of ``validate``/``test``, so
+    ``fl-lightning validate --ckpt_path X`` exports a checkpoint's model).
+
+    Args:
+        dirpath: output directory (created); with ``every_n_rounds`` a
+            ``round_<r>`` subdirectory is added per intermediate export.
+        every_n_rounds: also export every that many rounds (``None``: only at the end).
+    """
+
+    def __init__(self, dirpath: str = "export", every_n_rounds: int | None = None) -> None:
+        if every_n_rounds is not None and every_n_rounds < 1:
+            raise ValueError(f"ExportPretrained every_n_rounds must be >= 1 or null, got {every_n_rounds}")
+        self.dirpath, self.every_n_rounds = dirpath, every_n_rounds
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if not callable(getattr(pl_module.model, "save_pretrained", None)):
+            raise ValueError(
+                f"ExportPretrained needs a model with save_pretrained(path); {type(pl_module.model).__name__} has none"
+            )
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.every_n_rounds and trainer.global_step % self.every_n_rounds == 0 and trainer.is_global_zero:
+            export_pretrained(pl_module, Path(self.dirpath) / f"round_{trainer.global_step}")
+
+    def _export(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.is_global_zero:
+            export_pretrained(pl_module, self.dirpath)
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        self._export(trainer, pl_module)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.state.fn == "validate":
+            self._export(trainer, pl_module)
+
+    def on_test_end(self, trainer, pl_module) -> None:
+        self._export(trainer, pl_module)

@@ -1,0 +1,95 @@
+"""GPT-2 (or another causal LM) for sequence classification with LoRA adapters (peft).
+
+Only the LoRA adapters and the classification head ``score`` are trainable, so
+they are the federated tensors; the base model is frozen and one copy of it
+serves every simulated client (the engine substitutes the adapter tensors with
+``torch.func.functional_call``).
+
+FedIT (Zhang et al. 2024) averages the factors A and B separately. Since
+``mean(B_i) mean(A_i) != mean(B_i A_i)``, the aggregated low-rank update is not
+the mean of the clients' updates. ``freeze_a=True`` keeps A at its (shared,
+random) initialisation and trains B only; the update ``B A`` is then linear in
+the federated tensors and averaging is exact: ``mean(B_i) A = mean(B_i A)``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torch import Tensor, nn
+
+_CONV1D_MODEL_TYPES = ("gpt2",)  # transformers' GPT-2 uses Conv1D (weights stored as [in, out])
+
+
+class LoRAClassifier(nn.Module):
+    """A pretrained causal LM with a classification head and LoRA adapters.
+
+    Args:
+        model_name_or_path: hub id or local directory of the base model (``"gpt2"``).
+        num_labels: classes of the task (must match the datamodule's ``num_classes``).
+        rank: LoRA rank r >= 1.
+        alpha: LoRA scaling numerator (the update is ``alpha / r * B A``), > 0.
+        dropout: dropout on the LoRA input, in [0, 1).
+        target_modules: names of the adapted modules; ``None`` uses peft's default
+            for the architecture (GPT-2: the fused attention projection ``c_attn``).
+        fan_in_fan_out: whether the targets store weights as ``[in, out]``; ``None``
+            decides from the architecture (true for GPT-2's ``Conv1D``).
+        freeze_a: train only B (A stays at its shared initialisation): exact averaging.
+        trust_remote_code: passed to transformers; leave off unless you trust the repository.
+    """
+
+    def __init__(
+        self,
+        model_name_or_path: str = "gpt2",
+        num_labels: int = 2,
+        rank: int = 8,
+        alpha: float = 16.0,
+        dropout: float = 0.05,
+        target_modules: list[str] | None = None,
+        fan_in_fan_out: bool | None = None,
+        freeze_a: bool = False,
+        trust_remote_code: bool = False,
+    ) -> None:
+        super().__init__()
+        if num_labels < 2:
+            raise ValueError(f"LoRAClassifier num_labels must be >= 2, got {num_labels}")
+        if rank < 1:
+            raise ValueError(f"LoRAClassifier rank must be >= 1, got {rank}")
+        if not alpha > 0:
+            raise ValueError(f"LoRAClassifier alpha must be > 0, got {alpha}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"LoRAClassifier dropout must be in [0, 1), got {dropout}")
+        from peft import LoraConfig, get_peft_model
+        from transformers import AutoModelForSequenceClassification
+
+        base = AutoModelForSequenceClassification.from_pretrained(
+            model_name_or_path, num_labels=num_labels, trust_remote_code=trust_remote_code
+        )
+        if base.config.pad_token_id is None:  # causal LMs have no pad token; the head finds the last non-pad token
+            eos = base.config.eos_token_id
+            base.config.pad_token_id = eos[0] if isinstance(eos, list) else eos
+        if fan_in_fan_out is None:
+            fan_in_fan_out = base.config.model_type in _CONV1D_MODEL_TYPES
+        config = LoraConfig(
+            task_type="SEQ_CLS",  # makes peft keep the head ``score`` trainable and save it with the adapter
+            r=rank,
+            lora_alpha=alpha,
+            lora_dropout=dropout,
+            target_modules=target_modules,
+            fan_in_fan_out=fan_in_fan_out,
+        )
+        self.net = get_peft_model(base, config)
+        if freeze_a:
+            for name, p in self.net.named_parameters():
+                if ".lora_A." in name:
+                    p.requires_grad_(False)
+        self.net.train()  # from_pretrained returns eval mode; a freshly built module trains (dropout on)
+        self.model_name_or_path = model_name_or_path
+        self.num_labels = num_labels
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        return self.net(input_ids=input_ids, attention_mask=attention_mask).logits
+
+    def save_pretrained(self, path: str | Path) -> None:
+        """Write the current adapter (and head) in peft's format, for ``PeftModel.from_pretrained``."""
+        self.net.save_pretrained(str(path))

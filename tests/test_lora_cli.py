@@ -1,0 +1,84 @@
+"""The shipped FedIT configs parse, and one runs end to end through the CLI parser on offline fixtures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from datamodules import TextDataModule
+from fl_lightning.cli import build_cli
+from fl_lightning.export import ExportPretrained
+from models import LoRAClassifier
+from tests.text_fixtures import Assets, shared_assets
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ["fedit_gpt2_sst2", "fedit_gpt2_20news", "fedit_gpt2_qqp", "fedit_gpt2_qnli"]
+PAPER = {  # (eta_l, eta_g, classes, task) from the seed's Table C.1
+    "fedit_gpt2_sst2": (1e-3, 0.3, 2, "sst2"),
+    "fedit_gpt2_20news": (5e-3, 0.1, 20, "20news"),
+    "fedit_gpt2_qqp": (1e-4, 0.3, 2, "qqp"),
+    "fedit_gpt2_qnli": (3e-5, 0.3, 2, "qnli"),
+}
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    return shared_assets(tmp_path_factory)
+
+
+def offline(assets: Assets, files: dict[str, str]) -> list[str]:
+    return [
+        "--model.model.init_args.model_name_or_path", str(assets.gpt2),
+        "--data.init_args.tokenizer", str(assets.tokenizer),
+        "--data.init_args.data_files", json.dumps(files),
+        "--data.init_args.cache_dir", str(assets.cache),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_fedit_configs_hold_the_paper_settings(assets, name):
+    lr_l, lr_g, classes, task = PAPER[name]
+    files = {"train": assets.sst2["train"], "validation": assets.sst2["validation"], "test": assets.sst2["validation"]}
+    cli = build_cli(["--config", str(ROOT / "configs" / f"{name}.yaml"), *offline(assets, files)], run=False)
+    module, data = cli.model, cli.datamodule
+    assert isinstance(module.model, LoRAClassifier) and module.model.num_labels == classes
+    assert isinstance(data, TextDataModule) and data.task == task
+    assert module.local.lr == lr_l and module.local.epochs == 1 and module.local.weight_decay == 1e-8
+    assert module.algorithm.global_lr == lr_g
+    assert data.num_clients == 100 and data.participation.clients_per_round == 10 and data.partition.alpha == 0.1
+    assert any(isinstance(c, ExportPretrained) for c in cli.trainer.callbacks)
+    assert all(".lora_" in n or ".modules_to_save." in n for n in module.federated_names)
+
+
+def test_sst2_config_runs_through_the_cli_and_exports_a_peft_adapter(assets, tmp_path, monkeypatch):
+    from peft import PeftModel
+    from transformers import AutoModelForSequenceClassification
+
+    args = [
+        "--config", str(ROOT / "configs" / "fedit_gpt2_sst2.yaml"), *offline(assets, assets.sst2),
+        "--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--trainer.accelerator", "cpu",
+        "--data.init_args.num_clients", "4", "--data.init_args.partition.init_args.alpha", "1.0",
+        "--data.init_args.participation.init_args.clients_per_round", "2",
+    ]  # fmt: skip
+    monkeypatch.chdir(tmp_path)  # the config's run directories are relative
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny model on a shared CPU
+    try:  # in-process (the console script's import time would dominate); test_cli covers the script itself
+        cli = build_cli(args, run=False)
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    finally:
+        torch.set_num_threads(threads)
+    run = tmp_path / "runs" / "fedit_gpt2_sst2"
+    rows = (run / "version_0" / "metrics.csv").read_text()
+    assert "val/acc" in rows
+    base = AutoModelForSequenceClassification.from_pretrained(str(assets.gpt2), num_labels=2)
+    adapter = PeftModel.from_pretrained(base, str(run / "adapter"))
+    ckpt = torch.load(run / "version_0" / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    key = next(k for k in ckpt if ".lora_B." in k)
+    named = dict(adapter.named_parameters())
+    assert torch.equal(named[key.removeprefix("model.net.")], ckpt[key])
