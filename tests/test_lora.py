@@ -91,9 +91,12 @@ def adapter_names(model) -> set[str]:
 
 
 def _algorithms():
-    from fl_lightning.algorithms import SCAFFOLD
+    from fl_lightning.algorithms import SCAFFOLD, FAdamET, FAdamGT, LocalAdam
 
-    return {
+    return {  # FedIT-* = the Adam family on the adapters, Y = S (seed sec. 6.3)
+        "FedIT-Adam": lambda: LocalAdam(global_lr=0.3),
+        "FedIT-AdamET": lambda: FAdamET(global_lr=0.3, tracking=1.0),
+        "FedIT-AdamGT": lambda: FAdamGT(global_lr=0.3, tracking=1.0),
         "FedAvg": FedAvg,
         "SCAFFOLD": SCAFFOLD,
     }

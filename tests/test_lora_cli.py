@@ -49,7 +49,8 @@ def test_fedit_configs_hold_the_paper_settings(assets, name):
     assert isinstance(module.model, LoRAClassifier) and module.model.num_labels == classes
     assert isinstance(data, TextDataModule) and data.task == task
     assert module.local.lr == lr_l and module.local.epochs == 1 and module.local.weight_decay == 1e-8
-    assert module.algorithm.global_lr == lr_g
+    assert module.algorithm.global_lr == lr_g and type(module.algorithm).__name__ == "LocalAdam"
+    assert tuple(module.algorithm.betas) == (0.9, 0.99) and module.algorithm.eps == 1e-8
     assert data.num_clients == 100 and data.participation.clients_per_round == 10 and data.partition.alpha == 0.1
     assert any(isinstance(c, ExportPretrained) for c in cli.trainer.callbacks)
     assert all(".lora_" in n or ".modules_to_save." in n for n in module.federated_names)
@@ -82,3 +83,31 @@ def test_sst2_config_runs_through_the_cli_and_exports_a_peft_adapter(assets, tmp
     key = next(k for k in ckpt if ".lora_B." in k)
     named = dict(adapter.named_parameters())
     assert torch.equal(named[key.removeprefix("model.net.")], ckpt[key])
+
+
+@pytest.mark.parametrize("task", ["sst2", "20news", "qqp", "qnli"])
+def test_fedit_sweeps_resolve_to_the_paper_runs(assets, task):
+    import yaml
+
+    name = f"fedit_gpt2_{task}"
+    spec = yaml.safe_load((ROOT / "configs" / f"{name}_sweep.yaml").read_text())
+    assert spec["base"] == f"configs/{name}.yaml" and len(spec["seeds"]) == 4
+    lr_l, lr_g = PAPER[name][:2]
+    assert spec["targets"] == [{"sst2": 0.85}.get(task, 0.75)]
+    expected = {"FedIT-Adam": "LocalAdam", "FedIT-AdamET": "FAdamET", "FedIT-AdamGT": "FAdamGT"}
+    if task == "sst2":
+        expected.update(FedAvg="FedAvg", SCAFFOLD="SCAFFOLD")
+    assert set(spec["runs"]) == set(expected)
+    files = {"train": assets.sst2["train"], "validation": assets.sst2["validation"], "test": assets.sst2["validation"]}
+    for run_name, run in spec["runs"].items():
+        args = ["--config", str(ROOT / spec["base"]), *offline(assets, files)]
+        for key, value in {**spec["overrides"], **run}.items():
+            args += [f"--{key}", json.dumps(value) if isinstance(value, (dict, list)) else str(value)]
+        cli = build_cli(args, run=False)
+        algorithm = cli.model.algorithm
+        assert type(algorithm).__name__ == expected[run_name]
+        if run_name.startswith("FedIT"):
+            assert algorithm.global_lr == lr_g and cli.model.local.lr == lr_l
+            assert tuple(algorithm.betas) == (0.9, 0.99) and algorithm.eps == 1e-8
+        if run_name in ("FedIT-AdamET", "FedIT-AdamGT"):
+            assert algorithm.tracking.count(10) == 10, "Y = S"
