@@ -59,6 +59,8 @@ class BatchedExecution:
         local, data = module.local, module.datamodule
         if local.steps is None:
             return "local.epochs gives clients different numbers of steps; use local.steps"
+        if plan.max_steps is not None and bool((plan.max_steps < local.steps).any()):
+            return "stragglers run fewer local steps than the others"
         if any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats for m in module.model.modules()):
             return "BatchNorm running statistics are module state that vmap cannot update per client"
         if not getattr(module.algorithm, "batchable", True):
@@ -84,6 +86,10 @@ class BatchedExecution:
                 return self._run_batched(module, plan, broadcast, info)
             except NotImplementedError as error:
                 reason = str(error)
+            except ValueError:
+                raise
+            except Exception as error:  # a failing client: rerun one by one to isolate it
+                reason = f"a client raised ({error!r}); the round is rerun client by client"
         return self._fallback(reason, module, plan, broadcast, info)
 
     def _run_batched(self, module: FederatedModule, plan: RoundPlan, broadcast: Payload, info: RoundInfo) -> list[ClientResult]:

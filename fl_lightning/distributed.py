@@ -38,7 +38,8 @@ class DistributedExecution:
             return self.local_execution.run(module, plan, broadcast, info)
         rank, world = dist.get_rank(), dist.get_world_size()
         mine = list(range(rank, len(plan.clients), world))
-        sub_plan = RoundPlan(plan.round, plan.clients[mine], plan.weights[mine], plan.seeds[mine])
+        max_steps = None if plan.max_steps is None else plan.max_steps[mine]
+        sub_plan = RoundPlan(plan.round, plan.clients[mine], plan.weights[mine], plan.seeds[mine], max_steps)
         results = self.local_execution.run(module, sub_plan, broadcast, info) if mine else []
         gathered: list[list[ClientResult] | None] = [None] * world
         dist.all_gather_object(gathered, [(r.client_id, _to_cpu(r.upload), _to_cpu(r.client_state), r.num_steps, r.mean_loss) for r in results])

@@ -7,6 +7,7 @@ parameters, so no per-client model copies exist.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,10 @@ from fl_lightning import params as P
 from fl_lightning.algorithms.base import ClientContext, ClientResult, Payload, RoundInfo
 from fl_lightning.params import TensorDict
 from fl_lightning.participation import RoundPlan
+
+from fl_lightning.faults import ClientError
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from fl_lightning.module import FederatedModule
@@ -115,17 +120,34 @@ class SequentialExecution:
     """Train the active clients one after another."""
 
     def run(self, module: FederatedModule, plan: RoundPlan, broadcast: Payload, info: RoundInfo) -> list[ClientResult]:
-        return [
-            self.run_client(module, int(cid), int(seed), broadcast, info) for cid, seed in zip(plan.clients, plan.seeds)
-        ]
+        """Results of the clients that completed; a client that raises is left out (see ``ClientFaults``).
+
+        A ``ValueError`` signals a bad setting, not a client fault: it always propagates.
+        """
+        results = []
+        for i, (cid, seed) in enumerate(zip(plan.clients.tolist(), plan.seeds.tolist())):
+            budget = None if plan.max_steps is None else int(plan.max_steps[i])
+            try:
+                results.append(self.run_client(module, cid, seed, broadcast, info, budget))
+            except ValueError:
+                raise
+            except Exception as error:
+                if module.faults.fail_fast:
+                    raise ClientError(f"round {info.round}: client {cid} failed: {error!r}") from error
+                log.warning("round %d: client %d failed and is left out of the aggregate: %r", info.round, cid, error)
+        return results
 
     @staticmethod
-    def run_client(module: FederatedModule, client_id: int, seed: int, broadcast: Payload, info: RoundInfo) -> ClientResult:
+    def run_client(
+        module: FederatedModule, client_id: int, seed: int, broadcast: Payload, info: RoundInfo, max_steps: int | None = None
+    ) -> ClientResult:
         algorithm, data, local, model = module.algorithm, module.datamodule, module.local, module.model
         device, swap = module.device, module.parameter_swap
         seed_client(seed, device)
         client_state = module.client_state(client_id, broadcast["x"])
         num_steps = data.num_local_steps(client_id, local.batch_size, local.steps, local.epochs)
+        if max_steps is not None:  # a straggler stops early
+            num_steps = min(num_steps, max_steps)
 
         def full_grad(params: TensorDict) -> TensorDict:
             batch = to_device(data.client_full_batch(client_id), device)
@@ -136,7 +158,7 @@ class SequentialExecution:
         local_state = algorithm.client_init(params, ctx)
         losses: list[float] = []
         batches = data.client_batches(client_id, seed, local.batch_size, local.steps, local.epochs)
-        for step, batch in enumerate(batches):
+        for step, batch in zip(range(num_steps), batches):
             ctx.step = step
             ctx.grad = make_grad_fn(model, swap, to_device(batch, device), local.weight_decay, losses)
             params, local_state = algorithm.client_step(params, local_state, ctx)

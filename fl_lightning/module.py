@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import warnings
 from typing import Any, Literal
 
@@ -15,12 +16,14 @@ from fl_lightning.algorithms import Algorithm, FedAvg, RoundInfo
 from fl_lightning.batched import BatchedExecution
 from fl_lightning.config import LocalTraining
 from fl_lightning.distributed import DistributedExecution
+from fl_lightning.faults import ClientFaults, DivergenceError, first_non_finite
 from fl_lightning.execution import ParameterSwap, SequentialExecution, forward_loss
 from fl_lightning.metrics import local_consistency, payload_bytes
 from fl_lightning.params import TensorDict
 from fl_lightning.participation import RoundPlan
 from fl_lightning.state import ClientStore, NestedState, flatten_state, unflatten_state
 
+log = logging.getLogger(__name__)
 _CKPT_KEY = "federated"
 EXECUTIONS = {"sequential": SequentialExecution, "batched": BatchedExecution}
 
@@ -57,6 +60,7 @@ class FederatedModule(L.LightningModule):
             cannot batch, e.g. BatchNorm or clients smaller than the batch size).
         store: where per-client state lives: in memory (default) or a
             ``DiskClientStore`` for large populations.
+        faults: simulated client dropout, stragglers and failure handling.
     """
 
     def __init__(
@@ -67,6 +71,7 @@ class FederatedModule(L.LightningModule):
         personal: list[str] | None = None,
         execution: Literal["sequential", "batched"] = "sequential",
         store: ClientStore | None = None,
+        faults: ClientFaults = ClientFaults(),
     ) -> None:
         super().__init__()
         quiet_known_warnings()
@@ -79,6 +84,7 @@ class FederatedModule(L.LightningModule):
         if not self.federated_names:
             raise ValueError("the model has no trainable parameters left to federate (check `personal` patterns)")
         self.store = store if store is not None else ClientStore()
+        self.faults = faults
         self.server_state: NestedState | None = None
         if execution not in EXECUTIONS:
             raise ValueError(f"execution must be one of {sorted(EXECUTIONS)}, got {execution!r}")
@@ -132,13 +138,21 @@ class FederatedModule(L.LightningModule):
         x = self.global_params()
         server_state = {n: {k: v.to(self.device) for k, v in td.items()} for n, td in self.server_state.items()}
         broadcast = self.algorithm.broadcast(x, server_state, info)
+        selected, plan = plan, self._inject_faults(plan)
         results = self.execution.run(self, plan, broadcast, info)
+        self._fault_counts = {"faults/dropped": len(selected.clients) - len(plan.clients),
+                              "faults/failed": len(plan.clients) - len(results)}  # fmt: skip
         if not results:
             self._empty_round(plan, broadcast)
             return
+        for result in results:
+            bad = first_non_finite(result.upload)
+            if bad is not None:
+                raise DivergenceError(f"round {plan.round}: client {result.client_id} sent a non-finite update ({bad})")
         info.local_steps = sum(r.num_steps for r in results) / len(results)
         uploads = [r.upload for r in results]
-        pseudo_grad, self.server_state = self.algorithm.aggregate(x, uploads, plan.weights, server_state, info)
+        weights = self._survivor_weights(selected, results)
+        pseudo_grad, self.server_state = self.algorithm.aggregate(x, uploads, weights, server_state, info)
         for result in results:
             self.store.put(result.client_id, result.client_state)
 
@@ -147,7 +161,37 @@ class FederatedModule(L.LightningModule):
         for name, param in zip(self.federated_names, self.federated_parameters()):
             param.grad = pseudo_grad[name].to(param.dtype)
         optimizer.step()
+        bad = first_non_finite({"x": self.global_params()})
+        if bad is not None:
+            raise DivergenceError(f"round {plan.round}: the global model became non-finite ({bad})")
         self._log_round(plan, broadcast, uploads, results)
+
+    def _inject_faults(self, plan: RoundPlan) -> RoundPlan:
+        """Drop and slow down clients as ``self.faults`` draws them from their round seeds."""
+        if not self.faults.active:
+            return plan
+        data, local = self.datamodule, self.local
+        keep, budgets = [], []
+        for i, (cid, seed) in enumerate(zip(plan.clients.tolist(), plan.seeds.tolist())):
+            steps = data.num_local_steps(cid, local.batch_size, local.steps, local.epochs)
+            dropped, budget = self.faults.draw(seed, steps)
+            if dropped:
+                log.warning("round %d: client %d dropped out (never reported)", plan.round, cid)
+                continue
+            keep.append(i)
+            budgets.append(budget)
+        self._stragglers = sum(b < data.num_local_steps(int(plan.clients[i]), local.batch_size, local.steps, local.epochs)
+                               for i, b in zip(keep, budgets))  # fmt: skip
+        return RoundPlan(plan.round, plan.clients[keep], plan.weights[keep], plan.seeds[keep], torch.tensor(budgets, dtype=torch.int64))
+
+    @staticmethod
+    def _survivor_weights(selected: RoundPlan, results) -> torch.Tensor:
+        """The plan weights of the clients that reported, rescaled to the selected set's total."""
+        weight_of = dict(zip(selected.clients.tolist(), selected.weights.tolist()))
+        weights = torch.tensor([weight_of[r.client_id] for r in results], dtype=torch.float64)
+        if len(results) < len(selected.clients) and float(weights.sum()) > 0:
+            weights = weights * (float(selected.weights.sum()) / float(weights.sum()))
+        return weights
 
     def _empty_round(self, plan: RoundPlan, broadcast) -> None:
         """No client was active (possible under Bernoulli activation): x, the server state and the
@@ -179,7 +223,10 @@ class FederatedModule(L.LightningModule):
             "comm/bytes_total": float(self.comm_totals["bytes_up"] + self.comm_totals["bytes_down"]),
             "comm/client_uploads_total": float(self.comm_totals["client_uploads"]),
             "round": float(plan.round + 1),
+            **getattr(self, "_fault_counts", {}),
         }
+        if self.faults.active:
+            metrics["faults/stragglers"] = float(getattr(self, "_stragglers", 0))
         # Straight to the loggers (`self.log` costs milliseconds per key, a real share of a
         # small round), at the step Lightning gives this round's evaluation: the round index.
         for logger in self.loggers:

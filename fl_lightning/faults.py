@@ -1,0 +1,76 @@
+"""Simulated client faults and divergence checks.
+
+A selected client may drop out (never reports), straggle (completes only part of
+its local steps) or raise. Every fault is drawn from the client's round seed, so a
+run with faults is as reproducible, and as resumable, as one without.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from fl_lightning.params import TensorDict
+from fl_lightning.participation import derive_seed
+
+_FAULT_STREAM = 0xFA17
+
+
+class DivergenceError(RuntimeError):
+    """A client update or the global model became NaN or Inf."""
+
+
+class ClientError(RuntimeError):
+    """A client's local training raised while ``fail_fast`` is set."""
+
+
+@dataclass
+class ClientFaults:
+    """Failures injected into the round's selected clients.
+
+    Args:
+        dropout: probability in [0, 1) that a selected client never reports.
+        straggler: probability in [0, 1] that a client completes only part of its local steps.
+        straggler_min_fraction: a straggler completes a uniform fraction in
+            [straggler_min_fraction, 1) of its steps (at least one step); in (0, 1].
+        fail_fast: stop the run when a client's training raises; otherwise the client
+            is left out of that round's aggregate (weights renormalised, its state untouched).
+    """
+
+    dropout: float = 0.0
+    straggler: float = 0.0
+    straggler_min_fraction: float = 0.1
+    fail_fast: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"faults.dropout must be in [0, 1), got {self.dropout}")
+        if not 0.0 <= self.straggler <= 1.0:
+            raise ValueError(f"faults.straggler must be in [0, 1], got {self.straggler}")
+        if not 0.0 < self.straggler_min_fraction <= 1.0:
+            raise ValueError(f"faults.straggler_min_fraction must be in (0, 1], got {self.straggler_min_fraction}")
+
+    @property
+    def active(self) -> bool:
+        return self.dropout > 0 or self.straggler > 0
+
+    def draw(self, client_seed: int, num_steps: int) -> tuple[bool, int]:
+        """``(dropped, steps to run)`` for one client in one round."""
+        u = torch.rand(3, generator=torch.Generator().manual_seed(derive_seed(client_seed, _FAULT_STREAM))).tolist()
+        if u[0] < self.dropout:
+            return True, 0
+        if u[1] < self.straggler:
+            fraction = self.straggler_min_fraction + (1 - self.straggler_min_fraction) * u[2]
+            return False, max(1, min(num_steps, math.floor(fraction * num_steps)))
+        return False, num_steps
+
+
+def first_non_finite(tensors: dict[str, TensorDict]) -> str | None:
+    """Name (``"payload/param"``) of the first tensor holding a NaN or Inf, else None."""
+    for part, td in tensors.items():
+        for name, t in td.items():
+            if not bool(torch.isfinite(t).all()):
+                return f"{part}/{name}"
+    return None

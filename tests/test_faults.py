@@ -1,0 +1,113 @@
+"""Client faults (dropout, stragglers, raising clients) and divergence."""
+
+import logging
+
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from fl_lightning import FedAvg, FederatedModule, LocalTraining
+from fl_lightning.faults import ClientError, ClientFaults, DivergenceError
+from models import MLP
+from tests.conftest import tiny_datamodule, tiny_trainer
+from tests.test_resume import StatefulFedAvg
+
+BROKEN = 2
+
+
+class BrokenClient(StatefulFedAvg):
+    """Client BROKEN always raises during local training."""
+
+    def client_step(self, params, local, ctx):
+        if ctx.client_id == BROKEN:
+            raise RuntimeError("sensor offline")
+        return super().client_step(params, local, ctx)
+
+
+class DivergesAtRound2(FedAvg):
+    def client_finish(self, params, local, ctx):
+        upload, state = super().client_finish(params, local, ctx)
+        if ctx.info.round == 2:
+            upload["delta"] = {k: v * float("nan") for k, v in upload["delta"].items()}
+        return upload, state
+
+
+def _module(algorithm, faults=ClientFaults(), local=None, execution="sequential"):
+    torch.manual_seed(0)
+    return FederatedModule(
+        MLP(8, 3, hidden=[16]), algorithm, local or LocalTraining(lr=0.1, steps=4, batch_size=8), faults=faults,
+        execution=execution,
+    )  # fmt: skip
+
+
+def test_dropout_and_a_raising_client_do_not_stop_training(tmp_path, caplog):
+    module = _module(BrokenClient(), ClientFaults(dropout=0.3))
+    with caplog.at_level(logging.WARNING):
+        trainer = tiny_trainer(tmp_path, rounds=5)
+        trainer.fit(module, datamodule=tiny_datamodule(num_clients=6, clients_per_round=6))
+    assert trainer.global_step == 5
+    assert f"client {BROKEN} failed and is left out of the aggregate: RuntimeError('sensor offline')" in caplog.text
+    assert "dropped out (never reported)" in caplog.text
+    assert "round 0:" in caplog.text
+    assert BROKEN not in module.store, "a failing client's state must stay untouched"
+    assert len(module.store) == 5
+
+
+def test_fail_fast_stops_with_the_clients_error(tmp_path):
+    module = _module(BrokenClient(), ClientFaults(fail_fast=True))
+    with pytest.raises(ClientError, match=f"round 0: client {BROKEN} failed: RuntimeError\\('sensor offline'\\)"):
+        tiny_trainer(tmp_path, rounds=3).fit(module, datamodule=tiny_datamodule(num_clients=6, clients_per_round=6))
+
+
+def test_survivor_weights_are_renormalised():
+    from fl_lightning.algorithms import ClientResult
+    from fl_lightning.participation import RoundPlan
+
+    plan = RoundPlan(0, torch.tensor([1, 4, 7]), torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64), torch.zeros(3))
+    results = [ClientResult(c, {}, {}, 1, 0.0) for c in (1, 7)]
+    weights = FederatedModule._survivor_weights(plan, results)
+    torch.testing.assert_close(weights, torch.tensor([0.5, 0.2], dtype=torch.float64) / 0.7)
+
+
+def test_stragglers_complete_part_of_their_steps():
+    faults = ClientFaults(straggler=1.0, straggler_min_fraction=0.5)
+    draws = [faults.draw(seed, 10) for seed in range(200)]
+    assert all(not dropped and 5 <= steps < 10 for dropped, steps in draws)
+    assert len({steps for _, steps in draws}) > 1
+    assert faults.draw(7, 10) == faults.draw(7, 10), "faults are reproducible from the client seed"
+    never = ClientFaults(dropout=0.0)
+    assert never.draw(3, 10) == (False, 10)
+
+
+def test_straggler_run_is_reproducible_and_batched_falls_back(tmp_path):
+    faults = ClientFaults(straggler=0.5, straggler_min_fraction=0.25)
+    results = []
+    for execution in ("sequential", "batched"):
+        module = _module(FedAvg(), faults, execution=execution)
+        tiny_trainer(tmp_path, rounds=3).fit(module, datamodule=tiny_datamodule())
+        results.append([p.detach() for p in module.model.parameters()])
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
+def test_divergence_stops_naming_round_and_client_and_keeps_the_last_good_checkpoint(tmp_path):
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True, every_n_train_steps=1, save_top_k=0)
+    trainer = tiny_trainer(tmp_path, rounds=5, enable_checkpointing=True, callbacks=[checkpoint])
+    with pytest.raises(DivergenceError, match="round 2: client \\d+ sent a non-finite update \\(delta/"):
+        trainer.fit(_module(DivergesAtRound2()), datamodule=tiny_datamodule())
+    good = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)
+    assert good["global_step"] == 2
+    assert all(torch.isfinite(t).all() for t in good["state_dict"].values())
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(dropout=1.0), "faults.dropout must be in \\[0, 1\\)"),
+        (dict(straggler=-0.1), "faults.straggler must be in \\[0, 1\\]"),
+        (dict(straggler_min_fraction=0.0), "faults.straggler_min_fraction must be in \\(0, 1\\]"),
+    ],
+)
+def test_bad_fault_settings_are_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ClientFaults(**kwargs)
