@@ -38,6 +38,19 @@ def _essential(message: str) -> str:
     return "; ".join(reasons) or message
 
 
+def with_safe_loading(argv: list[str]) -> list[str]:
+    """Checkpoints are loaded with ``weights_only=True`` unless the command line says otherwise.
+
+    Everything fl-lightning writes into a checkpoint (tensors, numbers, strings) loads
+    that way; a checkpoint needing arbitrary unpickling is refused rather than executed.
+    """
+    if argv[:1] and argv[0] in ("fit", "validate", "test", "predict") and not any(
+        a.startswith("--weights_only") for a in argv
+    ):
+        return [*argv, "--weights_only", "true"]
+    return argv
+
+
 def main(args: list[str] | None = None) -> None:
     """Console entry point: a bad setting ends with one line naming it (exit code 2).
 
@@ -53,7 +66,7 @@ def main(args: list[str] | None = None) -> None:
 
             compare_main(argv[1:])
         else:
-            build_cli(args)
+            build_cli(with_safe_loading(argv))
     except ValueError as error:
         if os.environ.get("FL_LIGHTNING_TRACEBACK"):
             raise
