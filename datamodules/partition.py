@@ -46,8 +46,8 @@ class Dirichlet(Partitioner):
     """
 
     def __init__(self, alpha: float = 0.5, min_size: int = 2, max_retries: int = 1000):
-        if not alpha > 0:
-            raise ValueError(f"Dirichlet alpha must be > 0, got {alpha}")
+        if not 0 < alpha < np.inf:
+            raise ValueError(f"Dirichlet alpha must be > 0 and finite, got {alpha}")
         if min_size < 1:
             raise ValueError(f"Dirichlet min_size must be >= 1, got {min_size}")
         if max_retries < 1:

@@ -32,8 +32,8 @@ class LocalTraining:
     lr_schedule: Literal["exponential", "inv_sqrt"] = "exponential"
 
     def __post_init__(self) -> None:
-        if not self.lr > 0:
-            raise ValueError(f"local.lr must be > 0, got {self.lr}")
+        if not 0 < self.lr < math.inf:
+            raise ValueError(f"local.lr must be > 0 and finite, got {self.lr}")
         if not 0 < self.lr_decay <= 1:
             raise ValueError(f"local.lr_decay must be in (0, 1], got {self.lr_decay}")
         if (self.steps is None) == (self.epochs is None):
@@ -44,7 +44,7 @@ class LocalTraining:
             raise ValueError(f"local.epochs must be >= 1, got {self.epochs}")
         if self.batch_size is not None and self.batch_size < 1:
             raise ValueError(f"local.batch_size must be >= 1 (or null for full batch), got {self.batch_size}")
-        if not self.weight_decay >= 0:
+        if not 0 <= self.weight_decay < math.inf:
             raise ValueError(f"local.weight_decay must be >= 0, got {self.weight_decay}")
         if self.lr_schedule not in ("exponential", "inv_sqrt"):
             raise ValueError(f"local.lr_schedule must be 'exponential' or 'inv_sqrt', got {self.lr_schedule!r}")
