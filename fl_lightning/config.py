@@ -16,6 +16,8 @@ class LocalTraining:
         epochs: E passes over the client's data per round (exclusive with ``steps``).
         batch_size: minibatch size >= 1; ``None`` uses the whole local set each step.
         weight_decay: L2 coefficient >= 0, added to every local gradient.
+        personal_lr: step size gamma_v of personal tensors, > 0 (``None``: same as
+            ``lr``); decays with ``lr_decay`` like ``lr``. Used by personalization algorithms.
     """
 
     lr: float = 0.1
@@ -24,6 +26,7 @@ class LocalTraining:
     epochs: int | None = None
     batch_size: int | None = 32
     weight_decay: float = 0.0
+    personal_lr: float | None = None
 
     def __post_init__(self) -> None:
         if not self.lr > 0:
@@ -40,6 +43,12 @@ class LocalTraining:
             raise ValueError(f"local.batch_size must be >= 1 (or null for full batch), got {self.batch_size}")
         if not self.weight_decay >= 0:
             raise ValueError(f"local.weight_decay must be >= 0, got {self.weight_decay}")
+        if self.personal_lr is not None and not self.personal_lr > 0:
+            raise ValueError(f"local.personal_lr must be > 0 (or null for local.lr), got {self.personal_lr}")
 
     def lr_at(self, round_idx: int) -> float:
         return self.lr * self.lr_decay**round_idx
+
+    def personal_lr_at(self, round_idx: int) -> float:
+        base = self.lr if self.personal_lr is None else self.personal_lr
+        return base * self.lr_decay**round_idx

@@ -46,7 +46,10 @@ class FederatedModule(L.LightningModule):
             are the federated tensors.
         algorithm: the federated algorithm (default FedAvg).
         local: local training settings.
-        personal: glob patterns of parameter names kept per client (never sent).
+        personal: glob patterns of parameter names, or module paths (``"head"``),
+            kept per client and never sent. Each client's values live in
+            ``personal_store`` (initialised from the model's values) and are trained
+            by algorithms with ``supports_personal`` (FedAvgP, ScaffoldP, FedSim, FedAlt).
     """
 
     def __init__(
@@ -66,7 +69,14 @@ class FederatedModule(L.LightningModule):
         self.federated_names = P.federated_names(model, self.personal)
         if not self.federated_names:
             raise ValueError("the model has no trainable parameters left to federate (check `personal` patterns)")
+        self.personal_names = P.personal_names(model, self.personal)
+        if self.personal_names and not self.algorithm.supports_personal:
+            raise ValueError(
+                f"personal={self.personal} selects {self.personal_names} but algorithm "
+                f"{type(self.algorithm).__name__} does not train personal tensors; use FedAvgP, FedSim, ScaffoldP or FedAlt"
+            )
         self.store = ClientStore()
+        self.personal_store = ClientStore()  # {"v": {name: tensor}} per client that has trained
         self.server_state: NestedState | None = None
         self.execution = SequentialExecution()
         self.comm_totals = {"bytes_up": 0, "bytes_down": 0, "client_uploads": 0}
@@ -93,6 +103,14 @@ class FederatedModule(L.LightningModule):
         state = self.store.get(client_id, lambda: self.algorithm.client_state_init(x))
         return {n: {k: v.to(self.device) for k, v in td.items()} for n, td in state.items()}
 
+    def client_personal(self, client_id: int) -> TensorDict:
+        """Client ``client_id``'s personal tensors v_i: stored values, else the model's initial ones ({} if none)."""
+        if not self.personal_names:
+            return {}
+        named = dict(self.model.named_parameters())
+        state = self.personal_store.get(client_id, lambda: {"v": {n: named[n].detach() for n in self.personal_names}})
+        return {k: v.to(self.device) for k, v in state["v"].items()}
+
     def setup(self, stage: str) -> None:
         if self.server_state is None:
             self.server_state = self.algorithm.server_state_init(P.detach_clone(self.global_params()))
@@ -108,8 +126,12 @@ class FederatedModule(L.LightningModule):
     def training_step(self, plan: RoundPlan, batch_idx: int) -> None:
         data = self.datamodule
         info = RoundInfo(round=plan.round, local_lr=self.local.lr_at(plan.round), num_clients=data.num_clients)
+        if self.personal_names:
+            info.personal_lr = self.local.personal_lr_at(plan.round)
         x = self.global_params()
         server_state = {n: {k: v.to(self.device) for k, v in td.items()} for n, td in self.server_state.items()}
+        if self.algorithm.warmup_pass and plan.round == 0:
+            server_state = self._warmup(x, server_state, info)
         broadcast = self.algorithm.broadcast(x, server_state, info)
         results = self.execution.run(self, plan, broadcast, info)
         info.local_steps = sum(r.num_steps for r in results) / len(results)
@@ -117,6 +139,8 @@ class FederatedModule(L.LightningModule):
         pseudo_grad, self.server_state = self.algorithm.aggregate(x, uploads, plan.weights, server_state, info)
         for result in results:
             self.store.put(result.client_id, result.client_state)
+            if result.personal:
+                self.personal_store.put(result.client_id, {"v": result.personal})
 
         optimizer = self.optimizers()
         optimizer.zero_grad()
@@ -124,6 +148,19 @@ class FederatedModule(L.LightningModule):
             param.grad = pseudo_grad[name].to(param.dtype)
         optimizer.step()
         self._log_round(plan, broadcast, uploads, results)
+
+    def _warmup(self, x: TensorDict, server_state: NestedState, info: RoundInfo) -> NestedState:
+        """The algorithm's pass over all N clients before round 0 (e.g. Scaffold-P's c_i^0, c^0)."""
+        broadcast = self.algorithm.broadcast(x, server_state, info)
+        outputs = self.execution.run_warmup(self, broadcast, info)
+        uploads = [upload for upload, _ in outputs]
+        server_state = self.algorithm.server_warmup(x, uploads, server_state, info)
+        for client_id, (_, state) in enumerate(outputs):
+            self.store.put(client_id, state)
+        self.comm_totals["bytes_down"] += payload_bytes(broadcast) * len(outputs)
+        self.comm_totals["bytes_up"] += sum(payload_bytes(u) for u in uploads)
+        self.comm_totals["client_uploads"] += len(outputs)
+        return server_state
 
     def _log_round(self, plan: RoundPlan, broadcast, uploads, results) -> None:
         bytes_down = payload_bytes(broadcast) * len(results)
@@ -164,6 +201,7 @@ class FederatedModule(L.LightningModule):
             "client_store": self.store.state_dict(),
             "server_state": flatten_state(self.server_state or {}),
             "comm_totals": dict(self.comm_totals),
+            "personal_store": self.personal_store.state_dict(),
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -173,3 +211,4 @@ class FederatedModule(L.LightningModule):
         self.store.load_state_dict(state["client_store"])
         self.server_state = unflatten_state(state["server_state"])
         self.comm_totals = dict(state["comm_totals"])
+        self.personal_store.load_state_dict(state.get("personal_store", {}))

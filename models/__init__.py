@@ -2,5 +2,6 @@
 
 from models.cnn import SmallCNN
 from models.mlp import MLP
+from models.split_logistic import SplitLogistic
 
-__all__ = ["MLP", "SmallCNN"]
+__all__ = ["MLP", "SmallCNN", "SplitLogistic"]
