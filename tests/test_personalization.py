@@ -112,6 +112,24 @@ def test_scaffoldp_without_personal_tensors_is_scaffold(tmp_path, warm_start):
             torch.testing.assert_close(module.store.get(cid, None)["c"][name], c_i[cid][name], rtol=1e-5, atol=1e-6)
 
 
+def test_scaffoldp_without_personal_tensors_is_the_scaffold_algorithm(tmp_path):
+    """Against the framework's SCAFFOLD (issue 4) once it is merged; the reference above covers it until then."""
+    import fl_lightning.algorithms as algorithms
+
+    if not hasattr(algorithms, "SCAFFOLD"):
+        pytest.skip("fl_lightning.algorithms.SCAFFOLD not merged yet")
+    local = LocalTraining(lr=0.05, steps=4, batch_size=8, lr_decay=0.95)
+    runs = {}
+    for name, algorithm in {"scaffold": algorithms.SCAFFOLD(global_lr=0.8), "scaffoldp": ScaffoldP(eta_u=0.8, warm_start=False)}.items():
+        runs[name] = tiny_module(algorithm, local)
+        tiny_trainer(tmp_path / name, rounds=4).fit(runs[name], datamodule=tiny_datamodule(num_clients=6, clients_per_round=3))
+    for a, b in zip(runs["scaffold"].model.parameters(), runs["scaffoldp"].model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    for name, c in runs["scaffold"].server_state["c"].items():
+        torch.testing.assert_close(runs["scaffoldp"].server_state["c"][name], c, rtol=1e-6, atol=1e-7)
+    assert runs["scaffold"].comm_totals == runs["scaffoldp"].comm_totals
+
+
 def test_scaffoldp_server_control_variate_is_the_mean_of_all_client_variates(tmp_path):
     """c = (1/n) sum_i c_i over all n clients, after the warm start and every round (clients never seen hold 0)."""
     module = split_module(ScaffoldP(), LocalTraining(lr=0.05, steps=3, batch_size=8))
