@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _value(v) -> str:
-    return json.dumps(v) if isinstance(v, (dict, list)) else str(v)
+    return json.dumps(v) if isinstance(v, (dict, list, bool)) or v is None else str(v)
 
 
 def fit_args(sweep: dict, name: str, seed: int, out: Path) -> list[str]:
