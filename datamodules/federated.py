@@ -16,6 +16,7 @@ from datamodules.sources import SOURCES, DataSource, load_source
 from fl_lightning.participation import Participation, RoundPlan, UniformSampling, derive_seed
 
 _HOLDOUT_STREAM = 0x401D
+_AUGMENT_STREAM = 0xA06
 
 
 def _identity(x: Any) -> Any:
@@ -147,15 +148,34 @@ class FederatedDataModule(L.LightningDataModule):
         n = int(self.client_sizes[client_id])
         return epochs * (1 if batch_size is None else math.ceil(n / batch_size))
 
+    def augment(self, batch: Any, client_id: int, generator: torch.Generator) -> Any:
+        """Transform one training minibatch of ``client_id`` (default: unchanged).
+
+        ``generator`` is seeded from the client's round seed, so an augmentation
+        drawn from it is fixed by (seed, round, client).
+        """
+        return batch
+
+    def client_view(self, batch: Any, client_id: int) -> Any:
+        """Transform a client's full-batch or holdout batch (default: unchanged)."""
+        return batch
+
     def client_batches(
         self, client_id: int, seed: int, batch_size: int | None, steps: int | None = None, epochs: int | None = None
     ) -> Iterator[Any]:
-        """The client's minibatches for one round, shuffled by ``seed``.
+        """The client's minibatches for one round, shuffled by ``seed``, passed through ``augment``.
 
         ``steps``: that many batches of ``batch_size`` drawn from reshuffled passes
         over the data. ``epochs``: full passes, the last batch of a pass smaller.
         ``batch_size=None`` means the whole local set every step.
         """
+        generator = torch.Generator().manual_seed(derive_seed(seed, _AUGMENT_STREAM))
+        for batch in self._client_index_batches(client_id, seed, batch_size, steps, epochs):
+            yield self.augment(batch, client_id, generator)
+
+    def _client_index_batches(
+        self, client_id: int, seed: int, batch_size: int | None, steps: int | None, epochs: int | None
+    ) -> Iterator[Any]:
         indices = self.client_train[client_id]
         n = len(indices)
         num_steps = self.num_local_steps(client_id, batch_size, steps, epochs)
@@ -179,7 +199,7 @@ class FederatedDataModule(L.LightningDataModule):
             pos += batch_size
 
     def client_full_batch(self, client_id: int) -> Any:
-        return self._gather(self.client_train[client_id])
+        return self.client_view(self._gather(self.client_train[client_id]), client_id)
 
     def client_holdout_batch(self, client_id: int) -> Any:
-        return self._gather(self.client_holdout[client_id])
+        return self.client_view(self._gather(self.client_holdout[client_id]), client_id)

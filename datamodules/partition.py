@@ -107,3 +107,55 @@ class Shards(Partitioner):
         shards = np.array_split(order, num_shards)
         deal = rng.permutation(num_shards).reshape(num_clients, self.shards_per_client)
         return self._as_tensors([np.concatenate([shards[s] for s in row]) for row in deal])
+
+
+class QuantitySkew(Partitioner):
+    """Quantity skew: client sizes vary, labels are IID within a client.
+
+    Client shares are drawn once, ``p ~ Dir(alpha)`` (``distribution="dirichlet"``)
+    or ``p_i ∝ exp(N(0, sigma^2))`` (``"lognormal"``, as in LEAF/FedProx-style
+    unbalanced splits); every client gets ``min_size`` samples plus its share of
+    the rest (largest-remainder rounding, so the sizes sum to n exactly), cut
+    from one random permutation.
+
+    Args:
+        distribution: ``"dirichlet"`` or ``"lognormal"``.
+        alpha: Dirichlet concentration, > 0 (small: very unequal sizes).
+        sigma: log-normal spread, >= 0 (0: equal sizes).
+        min_size: smallest client, >= 1.
+    """
+
+    def __init__(self, distribution: str = "lognormal", alpha: float = 1.0, sigma: float = 1.0, min_size: int = 1):
+        if distribution not in ("dirichlet", "lognormal"):
+            raise ValueError(f"QuantitySkew distribution must be 'dirichlet' or 'lognormal', got {distribution!r}")
+        if not alpha > 0:
+            raise ValueError(f"QuantitySkew alpha must be > 0, got {alpha}")
+        if not sigma >= 0:
+            raise ValueError(f"QuantitySkew sigma must be >= 0, got {sigma}")
+        if min_size < 1:
+            raise ValueError(f"QuantitySkew min_size must be >= 1, got {min_size}")
+        self.distribution, self.alpha, self.sigma, self.min_size = distribution, alpha, sigma, min_size
+
+    def sizes(self, n: int, num_clients: int, rng: np.random.Generator) -> np.ndarray:
+        if n < num_clients * self.min_size:
+            raise ValueError(
+                f"{n} training samples cannot give num_clients={num_clients} clients min_size={self.min_size} each"
+            )
+        if self.distribution == "dirichlet":
+            shares = rng.dirichlet(np.full(num_clients, self.alpha))
+        else:
+            shares = rng.lognormal(0.0, self.sigma, num_clients)
+            shares = shares / shares.sum()
+        rest = n - num_clients * self.min_size
+        raw = shares * rest
+        sizes = np.floor(raw).astype(np.int64)
+        short = rest - int(sizes.sum())
+        sizes[np.argsort(-(raw - sizes), kind="stable")[:short]] += 1
+        return sizes + self.min_size
+
+    def __call__(self, labels: Tensor, num_clients: int, seed: int) -> list[Tensor]:
+        n = len(labels)
+        rng = np.random.default_rng(seed)
+        sizes = self.sizes(n, num_clients, rng)
+        perm = rng.permutation(n)
+        return self._as_tensors(np.split(perm, np.cumsum(sizes)[:-1]))

@@ -41,10 +41,19 @@ def _essential(message: str) -> str:
 def main(args: list[str] | None = None) -> None:
     """Console entry point: a bad setting ends with one line naming it (exit code 2).
 
+    ``fl-lightning compare --config SWEEP.yaml --out DIR`` runs a sweep (fl_lightning/compare.py);
+    every other subcommand (fit, validate, test, ...) is LightningCLI's.
+
     Set ``FL_LIGHTNING_TRACEBACK=1`` to see the full traceback instead.
     """
+    argv = sys.argv[1:] if args is None else list(args)
     try:
-        build_cli(args)
+        if argv[:1] == ["compare"]:  # not a LightningCLI subcommand: runs many fits, see fl_lightning/compare.py
+            from fl_lightning.compare import main as compare_main
+
+            compare_main(argv[1:])
+        else:
+            build_cli(args)
     except ValueError as error:
         if os.environ.get("FL_LIGHTNING_TRACEBACK"):
             raise

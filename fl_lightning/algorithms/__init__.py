@@ -3,16 +3,32 @@
 from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientResult, Payload, RoundInfo
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.fedavg_p import FedAlt, FedAvgP, FedSim
+from fl_lightning.algorithms.fedcm import FedCM
+from fl_lightning.algorithms.feddyn import FedDyn
+from fl_lightning.algorithms.fedmim import FedMIM
+from fl_lightning.algorithms.fedopt import FedAdam, FedAvgM, FedYogi
+from fl_lightning.algorithms.fedprox import FedProx
+from fl_lightning.algorithms.fedsam import FedSAM
+from fl_lightning.algorithms.scaffold import SCAFFOLD
 from fl_lightning.algorithms.scaffold_p import ScaffoldP
 
 __all__ = [
+    "SCAFFOLD",
     "Algorithm",
     "ClientContext",
     "ClientResult",
+    "FedAdam",
     "FedAlt",
     "FedAvg",
+    "FedAvgM",
     "FedAvgP",
+    "FedCM",
+    "FedDyn",
+    "FedMIM",
+    "FedProx",
+    "FedSAM",
     "FedSim",
+    "FedYogi",
     "Payload",
     "RoundInfo",
     "ScaffoldP",

@@ -1,0 +1,195 @@
+"""`fl-lightning compare`: a sweep of two tiny configs x two seeds gives plots, CSVs and tables
+whose numbers are the run logs' numbers; the sweep file is validated before anything trains."""
+
+import csv
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from fl_lightning.callbacks import target_key
+from fl_lightning.cli import main
+from fl_lightning.compare import INFO, run_one
+from fl_lightning.history import History
+from fl_lightning.sweep import load_sweep
+
+BASE = {
+    "seed_everything": 0,
+    "trainer": {
+        "max_steps": 6,
+        "val_check_interval": 2,
+        "check_val_every_n_epoch": None,
+        "log_every_n_steps": 1,
+        "num_sanity_val_steps": 0,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "enable_checkpointing": False,
+    },
+    "model": {
+        "model": {"class_path": "models.MLP", "init_args": {"in_features": 8, "num_classes": 3, "hidden": [16]}},
+        "local": {"lr": 0.1, "steps": 3, "batch_size": 8},
+    },
+    "data": {
+        "class_path": "datamodules.FederatedDataModule",
+        "init_args": {
+            "dataset": "synthetic",
+            "dataset_args": {"num_samples": 300, "num_features": 8, "num_classes": 3, "seed": 1},
+            "num_clients": 6,
+            "partition": {"class_path": "datamodules.Dirichlet", "init_args": {"alpha": 0.5, "min_size": 5}},
+            "participation": {"class_path": "fl_lightning.participation.UniformSampling", "init_args": {"clients_per_round": 3}},
+        },
+    },
+}
+
+
+def write_sweep(tmp_path: Path, **changes) -> Path:
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(BASE))
+    sweep = {
+        "base": str(tmp_path / "base.yaml"),
+        "seeds": [0, 1],
+        "runs": {"K=3": {}, "K=1 lr=0.3": {"model.local.steps": 1, "model.local.lr": 0.3}},
+        "targets": [0.4, 0.999],
+        **changes,
+    }
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(sweep, sort_keys=False))
+    return path
+
+
+def logged(run_dir: Path, column: str) -> list[float]:
+    with open(run_dir / "metrics.csv") as f:
+        return [float(r[column]) for r in csv.DictReader(f) if r.get(column)]
+
+
+def test_compare_writes_plots_and_tables_with_the_logged_numbers(tmp_path):
+    sweep_path = write_sweep(tmp_path)
+    out = tmp_path / "out"
+    main(["compare", "--config", str(sweep_path), "--out", str(out)])
+
+    for name in ("acc_vs_rounds", "acc_vs_comm_per_client", "acc_vs_client_uploads", "acc_vs_bytes", "train_loss", "train_consistency"):
+        assert (out / "plots" / f"{name}.png").stat().st_size > 1000
+        assert (out / "plots" / f"{name}.csv").is_file()
+    assert (out / "overview.png").is_file()
+    runs = {"K=3": out / "runs" / "K=3", "K=1 lr=0.3": out / "runs" / "K=1_lr=0.3"}
+
+    with open(out / "summary.csv") as f:
+        rows = list(csv.DictReader(f))
+
+    def summary(row: str, run: str, target: str = "") -> list[float]:
+        hits = [r for r in rows if r["row"] == row and r["run"] == run and r["target"] == target]
+        return [float(r["value"]) for r in sorted(hits, key=lambda r: int(r["seed"]))]
+
+    md = (out / "summary.md").read_text()
+    for run, run_root in runs.items():
+        seeds = [run_root / "seed0", run_root / "seed1"]
+        accs = [logged(s, "val/acc") for s in seeds]
+        assert all(len(a) == 3 for a in accs)  # evaluations after rounds 2, 4, 6
+        final = [a[-1] for a in accs]
+        assert summary("Final test accuracy", run) == final
+        assert summary("Best test accuracy", run) == [max(a) for a in accs]
+        assert f"{np.mean(final):.4f} ± {np.std(final, ddof=1):.4f}" in md
+
+        # rounds to 0.4: the table equals what the TargetAccuracy callback logged during the runs
+        callback_rounds = [logged(s, target_key(0.4)) for s in seeds]
+        table_rounds = summary("Total global iterations (rounds)", run, "0.4")
+        expected = [next(2.0 * (i + 1) for i, a in enumerate(acc) if a >= 0.4) if max(acc) >= 0.4 else 6.0 for acc in accs]
+        assert table_rounds == expected
+        assert [c[0] if c else 6.0 for c in callback_rounds] == expected
+        assert not any(logged(s, target_key(0.999)) for s in seeds)
+        # FedAvg sends one model down and one up per participating client and round
+        assert summary("Total communication per client (model-sized messages)", run, "0.4") == [2 * r for r in expected]
+        assert summary("Client uploads (total)", run, "0.4") == [3 * r for r in expected]
+        never = summary("Total global iterations (rounds)", run, "0.999")
+        assert never == [6.0, 6.0]
+
+        # the plotted mean/std at each evaluation round are the seeds' logged accuracies
+        with open(out / "plots" / "acc_vs_rounds.csv") as f:
+            plotted = [r for r in csv.DictReader(f) if r["run"] == run]
+        assert [float(r["round"]) for r in plotted] == [2.0, 4.0, 6.0]
+        for i, r in enumerate(plotted):
+            assert float(r["val/acc mean"]) == pytest.approx(np.mean([a[i] for a in accs]), abs=1e-12)
+            assert float(r["val/acc std"]) == pytest.approx(np.std([a[i] for a in accs], ddof=1), abs=1e-12)
+    assert "| Total global iterations (rounds) | 0.999 | >6 | >6 |" in md
+
+    # --reuse: a finished run with the same arguments is not trained again
+    info = out / "runs" / "K=3" / "seed0" / INFO
+    before = info.stat().st_mtime_ns
+    assert run_one(load_sweep(sweep_path), "K=3", 0, out, reuse=True)["rounds"] == 6
+    assert info.stat().st_mtime_ns == before
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"algorithms": {}}, r"unknown key\(s\) \['algorithms'\]"),
+        ({"runs": {}}, "runs must be a non-empty mapping"),
+        ({"seeds": []}, "seeds must be a non-empty list"),
+        ({"seeds": [0, -1]}, "seeds must be integers >= 0"),
+        ({"seeds": [1, 1]}, "seeds must be distinct"),
+        ({"seeds": [0.5]}, "seeds must be integers >= 0"),
+        ({"targets": [80]}, r"targets must be a list of accuracies in \(0, 1\]"),
+        ({"base": "no/such.yaml"}, "base config 'no/such.yaml' not found"),
+        ({"overrides": {"seed_everything": 3}}, "seed_everything is set by compare"),
+        ({"runs": {"a": {"trainer.logger": "x"}}}, r"runs.a: trainer.logger is set by compare"),
+        ({"runs": {"a": {"not a key": 1}}}, "is not a dotted CLI key"),
+        ({"runs": {"a b": {}, "a_b": {}}}, "share the directory name"),
+    ],
+)
+def test_bad_sweep_files_are_rejected_with_the_setting_named(tmp_path, changes, message):
+    with pytest.raises(ValueError, match=message):
+        load_sweep(write_sweep(tmp_path, **changes))
+
+
+def test_the_shipped_sweep_files_are_valid():
+    for path in sorted((Path(__file__).resolve().parents[1] / "configs").glob("*sweep*.yaml")) + [
+        Path(__file__).resolve().parents[1] / "configs" / "compare_quickstart.yaml"
+    ]:
+        sweep = load_sweep(path)
+        assert sweep.base.is_file() and sweep.runs and sweep.targets, path
+
+
+def test_compare_cli_reports_bad_sweeps_and_bad_run_configs_in_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["compare", "--config", str(write_sweep(tmp_path, seeds=[])), "--out", str(tmp_path / "o")])
+    assert exit_.value.code == 2
+    assert "fl-lightning: error: sweep" in capsys.readouterr().err
+    # a bad value inside a run fails before any run trains
+    bad = write_sweep(tmp_path, runs={"ok": {}, "bad": {"model.local.lr": -1.0}})
+    with pytest.raises(SystemExit) as exit_:
+        main(["compare", "--config", str(bad), "--out", str(tmp_path / "o")])
+    assert exit_.value.code == 2
+    assert "local.lr must be > 0" in capsys.readouterr().err
+    assert not (tmp_path / "o" / "runs").exists()
+
+
+def test_history_merges_training_and_evaluation_rows(tmp_path):
+    (tmp_path / "metrics.csv").write_text(
+        "comm/bytes_total,comm/client_uploads_total,round,step,val/acc\n"
+        "10,1,1,0,\n20,2,2,1,\n,,,1,0.5\n"
+    )
+    history = History.from_csv(tmp_path / "metrics.csv", model_bytes=5)
+    assert history.records[1] == {
+        "comm/bytes_total": 20.0,
+        "comm/client_uploads_total": 2.0,
+        "round": 2.0,
+        "val/acc": 0.5,
+        "comm/per_client_total": 4.0,
+    }
+    assert math.isnan(History().final())
+
+
+def test_sweep_wandb_key_adds_a_wandb_logger_next_to_the_csv_logger(tmp_path):
+    from lightning.pytorch.loggers import CSVLogger, WandbLogger
+
+    from fl_lightning.compare import _build
+    from fl_lightning.sweep import run_args
+
+    sweep = load_sweep(write_sweep(tmp_path, wandb={"project": "fl-test", "offline": True}))
+    cli = _build(run_args(sweep, "K=1 lr=0.3", 1, tmp_path / "out"))
+    csv_logger, wandb = cli.trainer.loggers
+    assert isinstance(csv_logger, CSVLogger) and isinstance(wandb, WandbLogger)
+    assert Path(csv_logger.log_dir) == tmp_path / "out" / "runs" / "K=1_lr=0.3" / "seed1"
+    assert wandb._wandb_init["group"] == "K=1 lr=0.3" and wandb._wandb_init["project"] == "fl-test"
+    assert cli.model.local.steps == 1 and cli.model.local.lr == 0.3 and cli.datamodule.seed == 1
