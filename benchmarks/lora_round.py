@@ -119,7 +119,7 @@ def main() -> None:
     from fl_lightning.execution import make_grad_fn
 
     batch = next(data.client_batches(0, seed=0, batch_size=args.batch_size, steps=1))
-    grad = make_grad_fn(module.model, batch, 1e-8)
+    grad = make_grad_fn(module.model, module.parameter_swap, batch, 1e-8)
     grad(module.global_params())  # warm-up
     t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(3):

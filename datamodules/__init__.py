@@ -6,6 +6,7 @@ from datamodules.partition import IID, Contiguous, Dirichlet, Partitioner, Quant
 from datamodules.sources import SOURCES, DataSource, load_source, register
 from datamodules.text import TASKS, TextDataModule
 from datamodules.vision import SPECS, VisionDataModule
+from datamodules import binary  # noqa: F401,E402  (registers binary_digits, binary_mnist)
 
 __all__ = [
     "IID",

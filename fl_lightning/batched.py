@@ -63,6 +63,8 @@ class BatchedExecution:
             return "stragglers run fewer local steps than the others"
         if any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats for m in module.model.modules()):
             return "BatchNorm running statistics are module state that vmap cannot update per client"
+        if module.personal_names:
+            return "personal tensors are trained client by client"
         if not getattr(module.algorithm, "batchable", True):
             return f"{type(module.algorithm).__name__} declares batchable = False"
         if not isinstance(data.source.train, TensorDataset):

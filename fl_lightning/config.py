@@ -21,6 +21,8 @@ class LocalTraining:
         lr_schedule: ``"exponential"`` (round t uses ``lr * lr_decay**t``) or ``"inv_sqrt"``
             (``lr / sqrt(t + 1)``, the 1/sqrt(k) step of k = t + 1 in Rostami & Kia's
             FedAvg baseline; needs ``lr_decay = 1``).
+        personal_lr: step size gamma_v of personal tensors, > 0 (``None``: same as
+            ``lr``); decays with ``lr_decay`` like ``lr``. Used by personalization algorithms.
     """
 
     lr: float = 0.1
@@ -30,6 +32,7 @@ class LocalTraining:
     batch_size: int | None = 32
     weight_decay: float = 0.0
     lr_schedule: Literal["exponential", "inv_sqrt"] = "exponential"
+    personal_lr: float | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.lr < math.inf:
@@ -50,8 +53,14 @@ class LocalTraining:
             raise ValueError(f"local.lr_schedule must be 'exponential' or 'inv_sqrt', got {self.lr_schedule!r}")
         if self.lr_schedule == "inv_sqrt" and self.lr_decay != 1:
             raise ValueError(f"local.lr_decay must be 1 with lr_schedule 'inv_sqrt' (the schedules do not compose), got {self.lr_decay}")
+        if self.personal_lr is not None and not self.personal_lr > 0:
+            raise ValueError(f"local.personal_lr must be > 0 (or null for local.lr), got {self.personal_lr}")
 
     def lr_at(self, round_idx: int) -> float:
         if self.lr_schedule == "inv_sqrt":
             return self.lr / math.sqrt(round_idx + 1)
         return self.lr * self.lr_decay**round_idx
+
+    def personal_lr_at(self, round_idx: int) -> float:
+        base = self.lr if self.personal_lr is None else self.personal_lr
+        return base * self.lr_decay**round_idx

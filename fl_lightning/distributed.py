@@ -42,11 +42,11 @@ class DistributedExecution:
         sub_plan = RoundPlan(plan.round, plan.clients[mine], plan.weights[mine], plan.seeds[mine], max_steps)
         results = self.local_execution.run(module, sub_plan, broadcast, info) if mine else []
         gathered: list[list[ClientResult] | None] = [None] * world
-        dist.all_gather_object(gathered, [(r.client_id, _to_cpu(r.upload), _to_cpu(r.client_state), r.num_steps, r.mean_loss) for r in results])
+        dist.all_gather_object(gathered, [(r.client_id, _to_cpu(r.upload), _to_cpu(r.client_state), r.num_steps, r.mean_loss, _to_cpu(r.personal)) for r in results])
         device = module.device
         by_position: dict[int, ClientResult] = {}
         for r, part in enumerate(gathered):
-            for position, (cid, upload, state, steps, loss) in zip(range(r, len(plan.clients), world), part):
+            for position, (cid, upload, state, steps, loss, personal) in zip(range(r, len(plan.clients), world), part):
                 upload = {n: {k: v.to(device) for k, v in td.items()} for n, td in upload.items()}
-                by_position[position] = ClientResult(cid, upload, state, steps, loss)
+                by_position[position] = ClientResult(cid, upload, state, steps, loss, personal)
         return [by_position[i] for i in range(len(plan.clients))]

@@ -19,10 +19,12 @@ from torch import Tensor, nn
 
 from fl_lightning import params as P
 from fl_lightning.algorithms.base import ClientContext, ClientResult, Payload, RoundInfo
-from fl_lightning.params import TensorDict
-from fl_lightning.participation import RoundPlan
-
 from fl_lightning.faults import ClientError
+from fl_lightning.params import TensorDict
+from fl_lightning.participation import RoundPlan, derive_seed
+from fl_lightning.state import NestedState
+
+_WARMUP_STREAM = 0x3A4D
 
 log = logging.getLogger(__name__)
 
@@ -62,17 +64,28 @@ def forward_loss(model: nn.Module, batch: Any) -> tuple[Tensor, Tensor, Tensor]:
     """Loss, outputs and targets of ``model`` on a batch.
 
     A batch is ``(inputs..., target)`` or a dict with ``labels`` (Hugging Face style).
-    The loss is ``model.loss(outputs, target)`` if the model defines it, else cross-entropy.
+    The loss is ``model.loss(outputs, target)`` if the model defines it, else cross-entropy,
+    plus ``outputs.penalty`` if the model's output carries one (a regularizer of the
+    parameters, computed in ``forward`` where ``params`` are substituted).
     """
     if isinstance(batch, dict):
         target = batch["labels"]
-        out = model(**{k: v for k, v in batch.items() if k != "labels"})
+        raw = model(**{k: v for k, v in batch.items() if k != "labels"})
     else:
         *inputs, target = batch
-        out = model(*inputs)
-    out = getattr(out, "logits", out)
+        raw = model(*inputs)
+    out = getattr(raw, "logits", raw)
     loss = model.loss(out, target) if hasattr(model, "loss") else F.cross_entropy(out, target)
+    penalty = getattr(raw, "penalty", None)
+    if penalty is not None:
+        loss = loss + penalty
     return loss, out, target
+
+
+def forward_loss_at(model: nn.Module, params: TensorDict, batch: Any) -> tuple[Tensor, Tensor, Tensor]:
+    """``forward_loss`` with ``params`` substituted for the model's parameters of those names."""
+    with ParameterSwap(model, list(params))(params):
+        return forward_loss(model, batch)
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
@@ -145,6 +158,7 @@ class SequentialExecution:
         device, swap = module.device, module.parameter_swap
         seed_client(seed, device)
         client_state = module.client_state(client_id, broadcast["x"])
+        personal = module.client_personal(client_id)
         num_steps = data.num_local_steps(client_id, local.batch_size, local.steps, local.epochs)
         if max_steps is not None:  # a straggler stops early
             num_steps = min(num_steps, max_steps)
@@ -153,8 +167,9 @@ class SequentialExecution:
             batch = to_device(data.client_full_batch(client_id), device)
             return make_grad_fn(model, swap, batch, local.weight_decay)(params)[1]
 
-        ctx = ClientContext(client_id, broadcast, client_state, info, num_steps, full_grad=full_grad)
+        ctx = ClientContext(client_id, broadcast, client_state, info, num_steps, full_grad=full_grad, personal=personal)
         params = P.detach_clone(broadcast["x"])
+        params.update(P.detach_clone(personal))  # personal tensors train beside the shared ones, never leave
         local_state = algorithm.client_init(params, ctx)
         losses: list[float] = []
         batches = data.client_batches(client_id, seed, local.batch_size, local.steps, local.epochs)
@@ -162,6 +177,33 @@ class SequentialExecution:
             ctx.step = step
             ctx.grad = make_grad_fn(model, swap, to_device(batch, device), local.weight_decay, losses)
             params, local_state = algorithm.client_step(params, local_state, ctx)
-        upload, new_state = algorithm.client_finish(params, local_state, ctx)
+        shared = {k: params[k] for k in broadcast["x"]} if personal else params
+        upload, new_state = algorithm.client_finish(shared, local_state, ctx)
+        new_personal = algorithm.personal_finish(params, local_state, ctx) if personal else {}
         mean_loss = sum(losses) / len(losses) if losses else float("nan")
-        return ClientResult(client_id, upload, new_state, num_steps, mean_loss)
+        return ClientResult(client_id, upload, new_state, num_steps, mean_loss, new_personal)
+
+    def run_warmup(self, module: FederatedModule, broadcast: Payload, info: RoundInfo) -> list[tuple[Payload, NestedState]]:
+        """Every client's ``client_warmup`` (upload, state), in client-id order."""
+        return [self.warmup_client(module, cid, broadcast, info) for cid in range(info.num_clients)]
+
+    @staticmethod
+    def warmup_client(
+        module: FederatedModule, client_id: int, broadcast: Payload, info: RoundInfo
+    ) -> tuple[Payload, NestedState]:
+        algorithm, data, local, model = module.algorithm, module.datamodule, module.local, module.model
+        seed = derive_seed(data.seed, client_id, _WARMUP_STREAM)  # fresh samples xi^{-1}, addressable
+        seed_client(seed, module.device)
+        num_steps = data.num_local_steps(client_id, local.batch_size, local.steps, local.epochs)
+
+        def mean_grad(params: TensorDict) -> TensorDict:
+            batches = data.client_batches(client_id, seed, local.batch_size, local.steps, local.epochs)
+            swap, device = module.parameter_swap, module.device
+            grads = [make_grad_fn(model, swap, to_device(b, device), local.weight_decay)(params)[1] for b in batches]
+            return P.mean(grads)
+
+        personal = module.client_personal(client_id)
+        client_state = module.client_state(client_id, broadcast["x"])
+        ctx = ClientContext(client_id, broadcast, client_state, info, num_steps, personal=personal, mean_grad=mean_grad)
+        params = {**P.detach_clone(broadcast["x"]), **P.detach_clone(personal)}
+        return algorithm.client_warmup(params, ctx)

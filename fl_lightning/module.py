@@ -53,7 +53,10 @@ class FederatedModule(L.LightningModule):
             are the federated tensors.
         algorithm: the federated algorithm (default FedAvg).
         local: local training settings.
-        personal: glob patterns of parameter names kept per client (never sent).
+        personal: glob patterns of parameter names, or module paths (``"head"``),
+            kept per client and never sent. Each client's values live in
+            ``personal_store`` (initialised from the model's values) and are trained
+            by algorithms with ``supports_personal`` (FedAvgP, ScaffoldP, FedSim, FedAlt).
         execution: ``"sequential"`` trains the round's clients one after another;
             ``"batched"`` trains them together with torch.func.vmap (same results to
             float tolerance; falls back to sequential, with a logged reason, where it
@@ -83,13 +86,20 @@ class FederatedModule(L.LightningModule):
         self.federated_names = P.federated_names(model, self.personal)
         if not self.federated_names:
             raise ValueError("the model has no trainable parameters left to federate (check `personal` patterns)")
+        self.personal_names = P.personal_names(model, self.personal)
+        if self.personal_names and not self.algorithm.supports_personal:
+            raise ValueError(
+                f"personal={self.personal} selects {self.personal_names} but algorithm "
+                f"{type(self.algorithm).__name__} does not train personal tensors; use FedAvgP, FedSim, ScaffoldP or FedAlt"
+            )
         self.store = store if store is not None else ClientStore()
         self.faults = faults
+        self.personal_store = ClientStore()  # {"v": {name: tensor}} per client that has trained
         self.server_state: NestedState | None = None
         if execution not in EXECUTIONS:
             raise ValueError(f"execution must be one of {sorted(EXECUTIONS)}, got {execution!r}")
         self.execution = DistributedExecution(EXECUTIONS[execution]())
-        self.parameter_swap = ParameterSwap(model, self.federated_names)
+        self.parameter_swap = ParameterSwap(model, self.federated_names + self.personal_names)
         self.comm_totals = {"bytes_up": 0, "bytes_down": 0, "client_uploads": 0}
         self.val_loss, self.val_acc = MeanMetric(), MeanMetric()
         self.test_loss, self.test_acc = MeanMetric(), MeanMetric()
@@ -114,6 +124,14 @@ class FederatedModule(L.LightningModule):
         state = self.store.get(client_id, lambda: self.algorithm.client_state_init(x))
         return {n: {k: v.to(self.device) for k, v in td.items()} for n, td in state.items()}
 
+    def client_personal(self, client_id: int) -> TensorDict:
+        """Client ``client_id``'s personal tensors v_i: stored values, else the model's initial ones ({} if none)."""
+        if not self.personal_names:
+            return {}
+        named = dict(self.model.named_parameters())
+        state = self.personal_store.get(client_id, lambda: {"v": {n: named[n].detach() for n in self.personal_names}})
+        return {k: v.to(self.device) for k, v in state["v"].items()}
+
     def setup(self, stage: str) -> None:
         if self.server_state is None:
             self.server_state = self.algorithm.server_state_init(P.detach_clone(self.global_params()))
@@ -135,8 +153,12 @@ class FederatedModule(L.LightningModule):
         data = self.datamodule
         lr = self.local.lr_at(plan.round)
         info = RoundInfo(round=plan.round, local_lr=lr, num_clients=data.num_clients, plan=plan)
+        if self.personal_names:
+            info.personal_lr = self.local.personal_lr_at(plan.round)
         x = self.global_params()
         server_state = {n: {k: v.to(self.device) for k, v in td.items()} for n, td in self.server_state.items()}
+        if self.algorithm.warmup_pass and plan.round == 0:
+            server_state = self._warmup(x, server_state, info)
         broadcast = self.algorithm.broadcast(x, server_state, info)
         selected, plan = plan, self._inject_faults(plan)
         results = self.execution.run(self, plan, broadcast, info)
@@ -155,6 +177,8 @@ class FederatedModule(L.LightningModule):
         pseudo_grad, self.server_state = self.algorithm.aggregate(x, uploads, weights, server_state, info)
         for result in results:
             self.store.put(result.client_id, result.client_state)
+            if result.personal:
+                self.personal_store.put(result.client_id, {"v": result.personal})
 
         optimizer = self.optimizers()
         optimizer.zero_grad()
@@ -207,6 +231,19 @@ class FederatedModule(L.LightningModule):
         optimizer.step()
         self._log_round(plan, broadcast, [], [])
 
+    def _warmup(self, x: TensorDict, server_state: NestedState, info: RoundInfo) -> NestedState:
+        """The algorithm's pass over all N clients before round 0 (e.g. Scaffold-P's c_i^0, c^0)."""
+        broadcast = self.algorithm.broadcast(x, server_state, info)
+        outputs = self.execution.run_warmup(self, broadcast, info)
+        uploads = [upload for upload, _ in outputs]
+        server_state = self.algorithm.server_warmup(x, uploads, server_state, info)
+        for client_id, (_, state) in enumerate(outputs):
+            self.store.put(client_id, state)
+        self.comm_totals["bytes_down"] += payload_bytes(broadcast) * len(outputs)
+        self.comm_totals["bytes_up"] += sum(payload_bytes(u) for u in uploads)
+        self.comm_totals["client_uploads"] += len(outputs)
+        return server_state
+
     def _log_round(self, plan: RoundPlan, broadcast, uploads, results) -> None:
         bytes_down = payload_bytes(broadcast) * len(results)
         bytes_up = sum(payload_bytes(u) for u in uploads)
@@ -256,6 +293,7 @@ class FederatedModule(L.LightningModule):
             "client_store": self.store.checkpoint_state(self.global_step),
             "server_state": flatten_state(self.server_state or {}),
             "comm_totals": dict(self.comm_totals),
+            "personal_store": self.personal_store.state_dict(),
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -265,3 +303,4 @@ class FederatedModule(L.LightningModule):
         self.store.load_checkpoint_state(state["client_store"])
         self.server_state = unflatten_state(state["server_state"])
         self.comm_totals = dict(state["comm_totals"])
+        self.personal_store.load_state_dict(state.get("personal_store", {}))

@@ -16,26 +16,26 @@ from torch import Tensor, nn
 TensorDict = dict[str, Tensor]
 
 
+def matches(name: str, patterns: Sequence[str]) -> bool:
+    """True if ``name`` matches a glob in ``patterns`` or lies under a module path in it.
+
+    ``"head"`` matches ``head.weight`` and ``head.bias``; ``"*.bias"`` matches every bias.
+    """
+    return any(fnmatch.fnmatchcase(name, pat) or name.startswith(pat + ".") for pat in patterns)
+
+
 def federated_names(model: nn.Module, personal_patterns: Sequence[str] = ()) -> list[str]:
     """Names of the trainable parameters shared through the server.
 
-    Trainable means ``requires_grad``; a name matching any glob in
-    ``personal_patterns`` stays on the client and is excluded.
+    Trainable means ``requires_grad``; a name matching ``personal_patterns``
+    (see ``matches``) stays on the client and is excluded.
     """
-    return [
-        name
-        for name, p in model.named_parameters()
-        if p.requires_grad and not any(fnmatch.fnmatchcase(name, pat) for pat in personal_patterns)
-    ]
+    return [name for name, p in model.named_parameters() if p.requires_grad and not matches(name, personal_patterns)]
 
 
 def personal_names(model: nn.Module, personal_patterns: Sequence[str]) -> list[str]:
     """Names of trainable parameters that match ``personal_patterns`` (kept per client)."""
-    return [
-        name
-        for name, p in model.named_parameters()
-        if p.requires_grad and any(fnmatch.fnmatchcase(name, pat) for pat in personal_patterns)
-    ]
+    return [name for name, p in model.named_parameters() if p.requires_grad and matches(name, personal_patterns)]
 
 
 def detach_clone(td: TensorDict) -> TensorDict:

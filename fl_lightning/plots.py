@@ -70,6 +70,9 @@ def draw(ax, data: Mapping[str, Mapping[str, np.ndarray]], figure: Figure) -> No
         ax.fill_between(curve["x"], curve["mean"] - curve["std"], curve["mean"] + curve["std"], color=line.get_color(), alpha=0.2, lw=0)
     ax.set_xlabel(label(figure.x))
     ax.set_ylabel(label(figure.metric))
+    means = np.concatenate([np.asarray(c["mean"], dtype=float) for c in data.values()]) if data else np.array([])
+    if means.size and (means > 0).all() and means.max() > 1e3 * means.min():  # e.g. gradient norms: span decades
+        ax.set_yscale("log")
     ax.grid(alpha=0.3)
 
 

@@ -7,6 +7,7 @@ from models.least_squares import LinearLeastSquares
 from models.linear import LinearRegression
 from models.mlp import MLP
 from models.resnet import ResNet18, ResNet18x64
+from models.split_logistic import SplitLogistic
 
 __all__ = [
     "MLP",
@@ -17,4 +18,5 @@ __all__ = [
     "ResNet18",
     "ResNet18x64",
     "SmallCNN",
+    "SplitLogistic",
 ]

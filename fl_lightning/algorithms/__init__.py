@@ -4,6 +4,7 @@ from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientResult,
 from fl_lightning.algorithms.fadam import FAdamET, FAdamGT
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.fedavg_svrg import FedAvgSVRG
+from fl_lightning.algorithms.fedavg_p import FedAlt, FedAvgP, FedSim
 from fl_lightning.algorithms.fedcm import FedCM
 from fl_lightning.algorithms.feddyn import FedDyn
 from fl_lightning.algorithms.fedlada import FedLADA
@@ -13,6 +14,7 @@ from fl_lightning.algorithms.fedprox import FedProx
 from fl_lightning.algorithms.fedsam import FedSAM
 from fl_lightning.algorithms.local_adam import LocalAdam
 from fl_lightning.algorithms.scaffold import SCAFFOLD
+from fl_lightning.algorithms.scaffold_p import ScaffoldP
 
 __all__ = [
     "SCAFFOLD",
@@ -22,17 +24,21 @@ __all__ = [
     "FAdamET",
     "FAdamGT",
     "FedAdam",
+    "FedAlt",
     "FedAvg",
     "FedAvgM",
     "FedAvgSVRG",
+    "FedAvgP",
     "FedCM",
     "FedDyn",
     "FedLADA",
     "FedMIM",
     "FedProx",
     "FedSAM",
+    "FedSim",
     "FedYogi",
     "LocalAdam",
     "Payload",
     "RoundInfo",
+    "ScaffoldP",
 ]

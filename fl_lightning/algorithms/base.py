@@ -12,12 +12,20 @@ An algorithm holds no tensors between rounds. Per round the module calls
 
 Client rules take and return tensor dicts and use only elementwise tensor ops,
 so they also run on clients stacked along a leading dimension.
+
+Personal tensors (partial personalization): if the model has personal tensors
+and the algorithm sets ``supports_personal``, ``params`` in the client rule
+holds the shared *and* the client's personal tensors (``ctx.personal`` has the
+personal values at the start of the round, so ``ctx.personal.keys()`` names
+them); ``ctx.grad`` differentiates both. ``client_finish`` sees only the shared
+tensors, and ``personal_finish`` returns the personal tensors the client keeps.
+Without personal tensors nothing of this is visible.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -42,6 +50,7 @@ class RoundInfo:
     num_clients: int  # N, the population size
     local_steps: float = 0.0  # mean number of local steps of the round's clients (known at aggregation)
     plan: RoundPlan | None = None  # the round's active clients and seeds (e.g. to draw a subset of them)
+    personal_lr: float | None = None  # this round's gamma_v for personal tensors (None: local_lr)
 
 
 @dataclass
@@ -56,10 +65,17 @@ class ClientContext:
     grad: GradFn = None  # minibatch loss and gradient (weight decay included) at given params
     full_grad: Callable[[TensorDict], TensorDict] = None  # gradient over the client's whole training set
     step: int = 0
+    personal: TensorDict = field(default_factory=dict)  # the client's personal tensors at the start of the round
+    mean_grad: Callable[[TensorDict], TensorDict] = None  # mean minibatch gradient over the round's K batches
 
     @property
     def lr(self) -> float:
         return self.info.local_lr
+
+    @property
+    def personal_lr(self) -> float:
+        """gamma_v, the step size of personal tensors (``local.personal_lr``, default ``lr``)."""
+        return self.info.local_lr if self.info.personal_lr is None else self.info.personal_lr
 
 
 @dataclass
@@ -69,6 +85,7 @@ class ClientResult:
     client_state: NestedState
     num_steps: int
     mean_loss: float
+    personal: TensorDict = field(default_factory=dict)  # the client's new personal tensors (never uploaded)
 
 
 class Algorithm:
@@ -78,7 +95,11 @@ class Algorithm:
         global_lr: the server learning rate eta_g.
     """
 
-    #: Names of the broadcast entries besides ``x`` (for documentation and byte counts).
+    #: Whether the client rule handles personal tensors in ``params`` (see the module docstring).
+    supports_personal: bool = False
+    #: Whether every client runs ``client_warmup`` before the first round (e.g. Scaffold-P's c_i^0).
+    warmup_pass: bool = False
+
     def __init__(self, global_lr: float = 1.0) -> None:
         if not global_lr > 0:
             raise ValueError(f"algorithm global_lr must be > 0, got {global_lr}")
@@ -107,6 +128,21 @@ class Algorithm:
     def client_finish(self, params: TensorDict, local: NestedState, ctx: ClientContext) -> tuple[Payload, NestedState]:
         """Upload ``{"delta": x_i - x}`` and keep the client state unchanged."""
         return {"delta": P.sub(params, ctx.broadcast["x"])}, ctx.client_state
+
+    def personal_finish(self, params: TensorDict, local: NestedState, ctx: ClientContext) -> TensorDict:
+        """The personal tensors the client keeps: ``v_{i,K}`` (the values after the last step)."""
+        return {k: params[k] for k in ctx.personal}
+
+    # ---- optional warm-up pass over all clients before round 0 -----------------
+    def client_warmup(self, params: TensorDict, ctx: ClientContext) -> tuple[Payload, NestedState]:
+        """Upload and initial state of one client (``ctx.mean_grad`` averages K fresh minibatches)."""
+        return {}, ctx.client_state
+
+    def server_warmup(
+        self, x: TensorDict, uploads: Sequence[Payload], server_state: NestedState, info: RoundInfo
+    ) -> NestedState:
+        """Initial server state from every client's warm-up upload (clients in id order)."""
+        return server_state
 
     # ---- server update ----------------------------------------------------------
     def aggregate(
