@@ -55,6 +55,9 @@ class BatchedExecution:
         self.sequential = SequentialExecution()
         self._reported: set[str] = set()
 
+    def run_warmup(self, module: FederatedModule, broadcast: Payload, info: RoundInfo):
+        return self.sequential.run_warmup(module, broadcast, info)
+
     def unsupported_reason(self, module: FederatedModule, plan: RoundPlan) -> str | None:
         local, data = module.local, module.datamodule
         if local.steps is None:

@@ -33,6 +33,10 @@ class DistributedExecution:
     def __init__(self, local_execution) -> None:
         self.local_execution = local_execution
 
+    def run_warmup(self, module: FederatedModule, broadcast: Payload, info: RoundInfo):
+        """A pass over all N clients (e.g. Scaffold-P's initialisation): every rank runs it whole."""
+        return self.local_execution.run_warmup(module, broadcast, info)
+
     def run(self, module: FederatedModule, plan: RoundPlan, broadcast: Payload, info: RoundInfo) -> list[ClientResult]:
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
             return self.local_execution.run(module, plan, broadcast, info)
