@@ -13,10 +13,15 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 ROUNDS, EVERY = 8, 2
-CONFIGS = ["quickstart", "scaffold_digits", "fadam_gt_digits", "scaffold_p_digits"]
+CONFIGS = {  # config -> extra CLI arguments
+    "quickstart": [],
+    "scaffold_digits": [],
+    "fadam_gt_digits": [],
+    "personalization_logistic": ["--model.algorithm", "fl_lightning.algorithms.ScaffoldP"],  # Scaffold-P
+}
 
 
-def _command(config: Path, run_dir: Path, ckpt: Path | None = None) -> list[str]:
+def _command(config: Path, run_dir: Path, ckpt: Path | None = None, extra: tuple[str, ...] = ()) -> list[str]:
     exe = Path(sys.executable).with_name("fl-lightning")
     args = [
         str(exe), "fit", "--config", str(config),
@@ -28,7 +33,7 @@ def _command(config: Path, run_dir: Path, ckpt: Path | None = None) -> list[str]
         "--data.init_args.num_clients", "8", "--data.init_args.participation.init_args.clients_per_round", "3",
         "--model.local.steps", "2",
     ]  # fmt: skip
-    return args + (["--ckpt_path", str(ckpt)] if ckpt else [])
+    return args + list(extra) + (["--ckpt_path", str(ckpt)] if ckpt else [])
 
 
 def _env():
@@ -62,15 +67,13 @@ def _assert_equal(a, b, path="") -> None:
         assert a == b, path
 
 
-@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize("name", list(CONFIGS))
 def test_sigkill_and_resume_equals_uninterrupted(tmp_path, name):
-    config = ROOT / "configs" / f"{name}.yaml"
-    if not config.exists():
-        pytest.skip(f"{config.name} not in this checkout")
-    straight = subprocess.run(_command(config, tmp_path / "a"), cwd=tmp_path, env=_env(), capture_output=True, text=True)
+    config, extra = ROOT / "configs" / f"{name}.yaml", tuple(CONFIGS[name])
+    straight = subprocess.run(_command(config, tmp_path / "a", extra=extra), cwd=tmp_path, env=_env(), capture_output=True, text=True)
     assert straight.returncode == 0, straight.stderr[-3000:]
 
-    proc = subprocess.Popen(_command(config, tmp_path / "b"), cwd=tmp_path, env=_env(), stderr=subprocess.PIPE)
+    proc = subprocess.Popen(_command(config, tmp_path / "b", extra=extra), cwd=tmp_path, env=_env(), stderr=subprocess.PIPE)
     last = tmp_path / "b" / "last.ckpt"
     deadline = time.time() + 600
     while _step_of(last) < EVERY and proc.poll() is None and time.time() < deadline:
@@ -80,7 +83,7 @@ def test_sigkill_and_resume_equals_uninterrupted(tmp_path, name):
     killed_at = _step_of(last)
     assert EVERY <= killed_at < ROUNDS, f"kill landed outside the run (checkpoint at {killed_at})"
 
-    resumed = subprocess.run(_command(config, tmp_path / "b", ckpt=last), cwd=tmp_path, env=_env(), capture_output=True, text=True)
+    resumed = subprocess.run(_command(config, tmp_path / "b", ckpt=last, extra=extra), cwd=tmp_path, env=_env(), capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert _step_of(tmp_path / "a" / "last.ckpt") == _step_of(last) == ROUNDS
     _assert_equal(_federated_state(tmp_path / "a" / "last.ckpt"), _federated_state(last))
