@@ -8,6 +8,7 @@ from torch import nn
 
 from datamodules import FederatedDataModule, IID
 from fl_lightning import FedAvg, FederatedModule, LocalTraining, UniformSampling
+from fl_lightning.algorithms import SCAFFOLD, FAdamGT, FedMIM
 from models import MLP, SmallCNN
 from tests.conftest import tiny_datamodule, tiny_trainer
 from tests.test_resume import StatefulFedAvg
@@ -31,7 +32,9 @@ def _digits():
     [(lambda: MLP(8, 3, hidden=[16]), tiny_datamodule), (lambda: SmallCNN(channels=4, hidden=16), _digits)],
     ids=["mlp", "cnn"],
 )
-@pytest.mark.parametrize("algorithm_fn", [FedAvg, StatefulFedAvg], ids=["fedavg", "stateful"])
+@pytest.mark.parametrize(
+    "algorithm_fn", [FedAvg, StatefulFedAvg, SCAFFOLD, FedMIM], ids=["fedavg", "stateful", "scaffold", "fedmim"]
+)
 def test_batched_equals_sequential(tmp_path, model_fn, data_fn, algorithm_fn):
     seq = _fit(tmp_path, model_fn, algorithm_fn, "sequential", data_fn)
     bat = _fit(tmp_path, model_fn, algorithm_fn, "batched", data_fn)
@@ -101,3 +104,14 @@ def test_batched_applies_per_client_augmentation_like_sequential(tmp_path):
     for a, b, c in zip(seq.model.parameters(), bat.model.parameters(), plain.model.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
         assert not torch.allclose(a, c)
+
+
+def test_rules_branching_on_the_client_id_run_sequentially_under_batched(tmp_path):
+    """FAdamGT picks the tracking subset by client id: batched execution must fall back, exactly."""
+    mlp = lambda: MLP(8, 3, hidden=[16])  # noqa: E731
+    seq = _fit(tmp_path, mlp, lambda: FAdamGT(tracking=0.5), "sequential")
+    bat = _fit(tmp_path, mlp, lambda: FAdamGT(tracking=0.5), "batched")
+    assert "batchable = False" in bat.execution.local_execution.unsupported_reason(bat, _plan(bat))
+    for a, b in zip(seq.model.parameters(), bat.model.parameters()):
+        assert torch.equal(a, b)
+    assert seq.store.equal(bat.store)

@@ -100,6 +100,10 @@ class Algorithm:
     #: Whether every client runs ``client_warmup`` before the first round (e.g. Scaffold-P's c_i^0).
     warmup_pass: bool = False
 
+    #: Batched execution stacks clients under vmap, where ``ctx.client_id`` is not known:
+    #: a rule that branches on the client's id sets this to False (it then runs sequentially).
+    batchable = True
+
     def __init__(self, global_lr: float = 1.0) -> None:
         if not global_lr > 0:
             raise ValueError(f"algorithm global_lr must be > 0, got {global_lr}")

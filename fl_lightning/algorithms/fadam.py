@@ -31,6 +31,9 @@ class _TrackedAdam(LocalAdam):
             (paper: Y = S/2, i.e. 0.5).
     """
 
+    #: Whether a client refreshes y_i depends on its id (membership in Y_t): clients are run one by one.
+    batchable = False
+
     def __init__(
         self,
         global_lr: float = 1.0,
