@@ -10,6 +10,7 @@ from torch import Tensor
 from fl_lightning import params as P
 from fl_lightning.algorithms.base import ClientContext, Payload, RoundInfo
 from fl_lightning.algorithms.fedavg_p import FedAvgP, split_sgd_step
+from fl_lightning.algorithms.scaffold import SCAFFOLD
 from fl_lightning.params import TensorDict
 from fl_lightning.state import NestedState
 
@@ -31,14 +32,10 @@ class ScaffoldP(FedAvgP):
         self.warm_start = warm_start
         self.warmup_pass = warm_start
 
-    def client_state_init(self, x: TensorDict) -> NestedState:
-        return {"c": P.zeros_like(x)}
-
-    def server_state_init(self, x: TensorDict) -> NestedState:
-        return {"c": P.zeros_like(x)}
-
-    def broadcast(self, x: TensorDict, server_state: NestedState, info: RoundInfo) -> Payload:
-        return {"x": x, "c": server_state["c"]}
+    # SCAFFOLD's control-variate state and broadcast; x holds only the shared part u here.
+    client_state_init = SCAFFOLD.client_state_init
+    server_state_init = SCAFFOLD.server_state_init
+    broadcast = SCAFFOLD.broadcast
 
     def client_step(self, params: TensorDict, local: NestedState, ctx: ClientContext) -> tuple[TensorDict, NestedState]:
         _, grad = ctx.grad(params)
