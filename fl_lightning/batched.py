@@ -20,7 +20,7 @@ from torch.utils.data import TensorDataset
 
 from fl_lightning import params as P
 from fl_lightning.algorithms.base import ClientContext, ClientResult, Payload, RoundInfo
-from fl_lightning.execution import SequentialExecution, forward_loss, to_device
+from fl_lightning.execution import SequentialExecution, forward_loss, seed_client, to_device
 from fl_lightning.params import TensorDict
 from fl_lightning.participation import RoundPlan
 
@@ -110,7 +110,7 @@ class BatchedExecution:
         augments = getattr(data, "augments_batches", True)
         generators = [data.augment_generator(int(s)) for s in plan.seeds]
         # Different randomness per client (dropout); the CPU generator seeded from the round's first client.
-        torch.manual_seed(int(plan.seeds[0]))
+        seed_client(int(plan.seeds[0]), device)
 
         def context(state: Any, step: int, grad=None) -> ClientContext:
             return ClientContext(-1, broadcast, state, info, num_steps, grad=grad, full_grad=_no_full_grad, step=step)

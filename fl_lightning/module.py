@@ -160,12 +160,15 @@ class FederatedModule(L.LightningModule):
         if self.algorithm.warmup_pass and plan.round == 0:
             server_state = self._warmup(x, server_state, info)
         broadcast = self.algorithm.broadcast(x, server_state, info)
-        selected, plan = plan, self._inject_faults(plan)
+        selected = plan
+        plan, stragglers = self._inject_faults(plan)
         results = self.execution.run(self, plan, broadcast, info)
-        self._fault_counts = {"faults/dropped": len(selected.clients) - len(plan.clients),
-                              "faults/failed": len(plan.clients) - len(results)}  # fmt: skip
+        fault_metrics = {"faults/dropped": len(selected.clients) - len(plan.clients),
+                         "faults/failed": len(plan.clients) - len(results)}  # fmt: skip
+        if self.faults.active:
+            fault_metrics["faults/stragglers"] = stragglers
         if not results:
-            self._empty_round(plan, broadcast)
+            self._empty_round(plan, broadcast, fault_metrics)
             return
         for result in results:
             bad = first_non_finite(result.upload)
@@ -188,14 +191,17 @@ class FederatedModule(L.LightningModule):
         bad = first_non_finite({"x": self.global_params()})
         if bad is not None:
             raise DivergenceError(f"round {plan.round}: the global model became non-finite ({bad})")
-        self._log_round(plan, broadcast, uploads, results)
+        self._log_round(plan, broadcast, uploads, results, fault_metrics)
 
-    def _inject_faults(self, plan: RoundPlan) -> RoundPlan:
-        """Drop and slow down clients as ``self.faults`` draws them from their round seeds."""
+    def _inject_faults(self, plan: RoundPlan) -> tuple[RoundPlan, int]:
+        """Drop and slow down clients as ``self.faults`` draws them from their round seeds.
+
+        Returns the plan of the clients that will report and the number of stragglers.
+        """
         if not self.faults.active:
-            return plan
+            return plan, 0
         data, local = self.datamodule, self.local
-        keep, budgets = [], []
+        keep, budgets, stragglers = [], [], 0
         for i, (cid, seed) in enumerate(zip(plan.clients.tolist(), plan.seeds.tolist())):
             steps = data.num_local_steps(cid, local.batch_size, local.steps, local.epochs)
             dropped, budget = self.faults.draw(seed, steps)
@@ -204,9 +210,9 @@ class FederatedModule(L.LightningModule):
                 continue
             keep.append(i)
             budgets.append(budget)
-        self._stragglers = sum(b < data.num_local_steps(int(plan.clients[i]), local.batch_size, local.steps, local.epochs)
-                               for i, b in zip(keep, budgets))  # fmt: skip
-        return RoundPlan(plan.round, plan.clients[keep], plan.weights[keep], plan.seeds[keep], torch.tensor(budgets, dtype=torch.int64))
+            stragglers += budget < steps
+        budget_tensor = torch.tensor(budgets, dtype=torch.int64)
+        return RoundPlan(plan.round, plan.clients[keep], plan.weights[keep], plan.seeds[keep], budget_tensor), stragglers
 
     @staticmethod
     def _survivor_weights(selected: RoundPlan, results) -> torch.Tensor:
@@ -217,7 +223,7 @@ class FederatedModule(L.LightningModule):
             weights = weights * (float(selected.weights.sum()) / float(weights.sum()))
         return weights
 
-    def _empty_round(self, plan: RoundPlan, broadcast) -> None:
+    def _empty_round(self, plan: RoundPlan, broadcast, fault_metrics: dict[str, int]) -> None:
         """No client was active (possible under Bernoulli activation): x, the server state and the
         client store stay as they are, and the round is logged with ``train/clients = 0``.
 
@@ -229,7 +235,7 @@ class FederatedModule(L.LightningModule):
         optimizer = self.optimizers()
         optimizer.zero_grad(set_to_none=True)
         optimizer.step()
-        self._log_round(plan, broadcast, [], [])
+        self._log_round(plan, broadcast, [], [], fault_metrics)
 
     def _warmup(self, x: TensorDict, server_state: NestedState, info: RoundInfo) -> NestedState:
         """The algorithm's pass over all N clients before round 0 (e.g. Scaffold-P's c_i^0, c^0)."""
@@ -244,7 +250,7 @@ class FederatedModule(L.LightningModule):
         self.comm_totals["client_uploads"] += len(outputs)
         return server_state
 
-    def _log_round(self, plan: RoundPlan, broadcast, uploads, results) -> None:
+    def _log_round(self, plan: RoundPlan, broadcast, uploads, results, fault_metrics: dict[str, int]) -> None:
         bytes_down = payload_bytes(broadcast) * len(results)
         bytes_up = sum(payload_bytes(u) for u in uploads)
         self.comm_totals["bytes_down"] += bytes_down
@@ -260,10 +266,8 @@ class FederatedModule(L.LightningModule):
             "comm/bytes_total": float(self.comm_totals["bytes_up"] + self.comm_totals["bytes_down"]),
             "comm/client_uploads_total": float(self.comm_totals["client_uploads"]),
             "round": float(plan.round + 1),
-            **getattr(self, "_fault_counts", {}),
+            **{k: float(v) for k, v in fault_metrics.items()},
         }
-        if self.faults.active:
-            metrics["faults/stragglers"] = float(getattr(self, "_stragglers", 0))
         # Straight to the loggers (`self.log` costs milliseconds per key, a real share of a
         # small round), at the step Lightning gives this round's evaluation: the round index.
         for logger in self.loggers:

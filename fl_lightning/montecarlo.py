@@ -73,6 +73,7 @@ def _cli_value(value) -> str:
 def run_one(config: str, overrides: dict, seed: int) -> tuple[list[float], float, np.ndarray, float]:
     """One fit; returns (f(theta^k) per round incl. k = 0, f*, final flat params, mean active clients)."""
     import torch
+    from lightning.pytorch import Callback
 
     from fl_lightning.callbacks import GlobalCost
     from fl_lightning.cli import build_cli
@@ -93,14 +94,13 @@ def run_one(config: str, overrides: dict, seed: int) -> tuple[list[float], float
         trainer.callbacks.append(cost)
     cost.optimum = True
     active: list[int] = []
+
+    class CountActiveClients(Callback):
+        def on_train_batch_end(self, trainer, *args) -> None:
+            active.append(int(trainer.callback_metrics["train/clients"]))
+
+    trainer.callbacks.append(CountActiveClients())
     module = cli.model
-    original = module._log_round
-
-    def count_clients(plan, *a, **k):
-        active.append(len(plan.clients))
-        return original(plan, *a, **k)
-
-    module._log_round = count_clients
     trainer.fit(module, datamodule=cli.datamodule)
     final = torch.cat([v.reshape(-1) for v in cost.final_params.values()]).double().numpy()
     return cost.history, cost.optimal_cost, final, float(np.mean(active))
