@@ -184,18 +184,30 @@ class FederatedDataModule(L.LightningDataModule):
                 for start in range(0, n, batch_size):
                     yield perm[start : start + batch_size]
             return
-        perm, pos = indices[torch.randperm(n, generator=generator)], 0
-        for _ in range(num_steps):
-            if pos + batch_size > n:  # start a new pass; constant batch size keeps clients stackable
-                perm, pos = indices[torch.randperm(n, generator=generator)], 0
-            yield perm[pos : pos + batch_size]
-            pos += batch_size
+        yield from self._step_batches(indices, generator, batch_size, num_steps)
+
+    @staticmethod
+    def _step_batches(indices: Tensor, generator: torch.Generator, batch_size: int, num_steps: int) -> Tensor:
+        """``[num_steps, batch_size]`` indices: whole batches from reshuffled passes over ``indices``
+        (a pass's remainder is skipped, so the batch size is constant and clients stack)."""
+        per_pass = len(indices) // batch_size
+        passes = [indices[torch.randperm(len(indices), generator=generator)][: per_pass * batch_size]
+                  for _ in range(-(-num_steps // per_pass))]  # fmt: skip
+        return (passes[0] if len(passes) == 1 else torch.cat(passes)).view(-1, batch_size)[:num_steps]
+
+    def client_batch_index_matrix(self, client_id: int, seed: int, batch_size: int, steps: int) -> Tensor:
+        """``client_batch_indices`` for ``steps`` local steps as one ``[steps, batch_size]`` tensor
+        (requires ``batch_size`` <= the client's size)."""
+        indices = self.client_train[client_id]
+        if batch_size > len(indices):
+            raise ValueError(f"client {client_id} holds {len(indices)} samples, fewer than batch_size={batch_size}")
+        return self._step_batches(indices, torch.Generator().manual_seed(seed), batch_size, steps)
 
     def client_batches(
         self, client_id: int, seed: int, batch_size: int | None, steps: int | None = None, epochs: int | None = None
     ) -> Iterator[Any]:
         """The client's minibatches for one round (see ``client_batch_indices``), passed through ``augment``."""
-        generator = self.augment_generator(seed)
+        generator = self.augment_generator(seed) if self.augments_batches else None  # seeding costs ~15 us
         if batch_size is None or (steps is not None and batch_size >= len(self.client_train[client_id])):
             full = self._gather(self.client_train[client_id])  # gathered once, reused every step
             for _ in range(self.num_local_steps(client_id, batch_size, steps, epochs)):

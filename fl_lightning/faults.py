@@ -8,10 +8,13 @@ run with faults is as reproducible, and as resumable, as one without.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
+from fl_lightning import params as P
 from fl_lightning.params import TensorDict
 from fl_lightning.participation import derive_seed
 
@@ -71,6 +74,32 @@ def first_non_finite(tensors: dict[str, TensorDict]) -> str | None:
     """Name (``"payload/param"``) of the first tensor holding a NaN or Inf, else None."""
     for part, td in tensors.items():
         for name, t in td.items():
-            if not bool(torch.isfinite(t).all()):
+            if not is_finite(t):
                 return f"{part}/{name}"
     return None
+
+
+def all_finite(payloads: Sequence[dict[str, TensorDict]]) -> bool:
+    """Whether every tensor of every payload is finite, with few ops for many clients
+    (payloads may differ in their parts, e.g. a tracking upload from some clients only).
+
+    The per-tensor scan of ``first_non_finite`` then only runs to name a culprit.
+    """
+    groups: dict[tuple[str, str], list[TensorDict]] = {}
+    for payload in payloads:
+        for part, td in payload.items():
+            for name in td:
+                groups.setdefault((part, name), []).append(td)
+    return all(is_finite(t) for (_, name), tds in groups.items() for t in P.across(tds, name))
+
+
+def is_finite(tensor: Tensor) -> bool:
+    """No NaN or Inf in ``tensor``: its min and max are finite (NaN propagates through both).
+
+    ``aminmax`` is one fast reduction; ``isfinite(t).all()`` is ~20x slower on CPU.
+    """
+    if tensor.numel() == 0:
+        return True
+    if not tensor.is_floating_point():
+        return True
+    return bool(torch.isfinite(torch.stack(torch.aminmax(tensor))).all())

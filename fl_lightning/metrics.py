@@ -16,12 +16,21 @@ Payload = dict[str, TensorDict]
 def local_consistency(deltas: Sequence[TensorDict]) -> float:
     """(1/S) sum_i ||x_i - xbar||^2 with xbar the mean client model (FedMIM paper, Fig. 2b).
 
-    Computed from the uploads delta_i = x_i - x, since x_i - xbar = delta_i - mean(delta).
+    Computed from the uploads delta_i = x_i - x, since x_i - xbar = delta_i - mean(delta);
+    small tensors of all clients are stacked (a metric of every round: few ops, not S per tensor).
     """
     if not deltas:
         return 0.0
-    centre = P.mean(deltas)
-    return float(sum(P.sq_norm(P.sub(d, centre)) for d in deltas) / len(deltas))
+    total = torch.zeros((), dtype=torch.float64)
+    for name in deltas[0]:
+        parts = P.across(deltas, name)
+        if len(parts) == 1 and len(deltas) > 1:
+            spread = (parts[0] - parts[0].mean(0)).reshape(-1)
+            total += torch.dot(spread, spread).double()
+        else:
+            centre = sum(t.double() for t in parts) / len(parts)
+            total += sum((t.double() - centre).square().sum() for t in parts)
+    return float(total / len(deltas))
 
 
 def payload_bytes(payload: Payload) -> int:

@@ -16,7 +16,7 @@ from fl_lightning.algorithms import Algorithm, FedAvg, RoundInfo
 from fl_lightning.batched import BatchedExecution
 from fl_lightning.config import LocalTraining
 from fl_lightning.distributed import DistributedExecution
-from fl_lightning.faults import ClientFaults, DivergenceError, first_non_finite
+from fl_lightning.faults import ClientFaults, DivergenceError, all_finite, first_non_finite
 from fl_lightning.execution import ParameterSwap, SequentialExecution, forward_loss
 from fl_lightning.metrics import local_consistency, payload_bytes
 from fl_lightning.params import TensorDict
@@ -170,10 +170,11 @@ class FederatedModule(L.LightningModule):
         if not results:
             self._empty_round(plan, broadcast, fault_metrics)
             return
-        for result in results:
-            bad = first_non_finite(result.upload)
-            if bad is not None:
-                raise DivergenceError(f"round {plan.round}: client {result.client_id} sent a non-finite update ({bad})")
+        if not all_finite([r.upload for r in results]):
+            for result in results:
+                bad = first_non_finite(result.upload)
+                if bad is not None:
+                    raise DivergenceError(f"round {plan.round}: client {result.client_id} sent a non-finite update ({bad})")
         info.local_steps = sum(r.num_steps for r in results) / len(results)
         uploads = [r.upload for r in results]
         weights = self._survivor_weights(selected, results)
@@ -188,7 +189,7 @@ class FederatedModule(L.LightningModule):
         for name, param in zip(self.federated_names, self.federated_parameters()):
             param.grad = pseudo_grad[name].to(param.dtype)
         optimizer.step()
-        bad = first_non_finite({"x": self.global_params()})
+        bad = None if all_finite([{"x": self.global_params()}]) else first_non_finite({"x": self.global_params()})
         if bad is not None:
             raise DivergenceError(f"round {plan.round}: the global model became non-finite ({bad})")
         self._log_round(plan, broadcast, uploads, results, fault_metrics)
@@ -275,7 +276,7 @@ class FederatedModule(L.LightningModule):
         values = {k: torch.tensor(v) for k, v in metrics.items()}
         self.trainer.callback_metrics.update(values)  # visible to callbacks (early stopping, targets)
         self.trainer.logged_metrics.update(values)
-        self.log("train/loss", metrics["train/loss"], on_step=True, on_epoch=False, prog_bar=True, logger=False, batch_size=1)
+        self.trainer.progress_bar_metrics["train/loss"] = metrics["train/loss"]
 
     # ---- evaluation of the global model ---------------------------------------------------------
     def _evaluate(self, batch: Any, loss_metric: MeanMetric, acc_metric: MeanMetric, prefix: str) -> None:

@@ -60,14 +60,25 @@ def scale(a: TensorDict, factor: float | Tensor) -> TensorDict:
 
 
 def weighted_sum(dicts: Sequence[TensorDict], weights: Sequence[float] | Tensor) -> TensorDict:
-    """Sum_i weights[i] * dicts[i], accumulated in the dicts' dtype."""
+    """Sum_i weights[i] * dicts[i], accumulated in the dicts' dtype.
+
+    Small tensors of all dicts are stacked and contracted with the weights in one op
+    (per-op overhead, not arithmetic, dominates aggregating small models); large ones
+    are accumulated in place, tensor by tensor, without a stacked copy.
+    """
     if len(dicts) == 0:
         raise ValueError("weighted_sum needs at least one tensor dict")
     weights = [float(w) for w in weights]
-    out = {k: v * weights[0] for k, v in dicts[0].items()}
-    for d, w in zip(dicts[1:], weights[1:]):
-        for k, v in d.items():
-            out[k].add_(v, alpha=w)
+    out = {}
+    for k in dicts[0]:
+        parts = across(dicts, k)
+        if len(parts) == 1 and len(dicts) > 1:
+            stacked = parts[0]
+            out[k] = torch.tensordot(torch.tensor(weights, dtype=stacked.dtype, device=stacked.device), stacked, dims=1)
+            continue
+        out[k] = parts[0] * weights[0]
+        for part, w in zip(parts[1:], weights[1:]):
+            out[k].add_(part, alpha=w)
     return out
 
 
@@ -82,3 +93,17 @@ def sq_norm(td: TensorDict) -> Tensor:
 
 def num_bytes(tensors: Iterable[Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
+
+
+STACK_LIMIT = 1 << 22
+"""Elements up to which per-client tensors are stacked for one vectorized op; above
+it the per-tensor ops' arithmetic outweighs their dispatch and stacking would copy."""
+
+
+def across(dicts: Sequence[TensorDict], name: str) -> list[Tensor]:
+    """Tensor ``name`` of every dict: as one stacked ``[S, ...]`` tensor if small, else one per dict."""
+    tensors = [d[name] for d in dicts]
+    if len(tensors) > 1 and tensors[0].numel() * len(tensors) <= STACK_LIMIT:
+        return [torch.stack(tensors)]
+    return tensors
+

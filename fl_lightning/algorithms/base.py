@@ -104,6 +104,12 @@ class Algorithm:
     #: a rule that branches on the client's id sets this to False (it then runs sequentially).
     batchable = True
 
+    #: Whether ``client_init``/``client_step``/``client_finish`` use only elementwise tensor ops
+    #: (no norms, sums or other reductions over a tensor), so that batched execution can apply
+    #: them once to all clients' stacked tensors instead of per client under vmap (much faster).
+    #: A subclass that adds a reduction must set it back to False.
+    elementwise = False
+
     def __init__(self, global_lr: float = 1.0) -> None:
         if not global_lr > 0:
             raise ValueError(f"algorithm global_lr must be > 0, got {global_lr}")

@@ -11,6 +11,8 @@ from fl_lightning.state import NestedState
 class FedAvg(Algorithm):
     """Local SGD; the aggregation weights w_i come from the round plan (uniform or by sample count)."""
 
+    elementwise = True
+
     def client_step(self, params: TensorDict, local: NestedState, ctx: ClientContext) -> tuple[TensorDict, NestedState]:
         _, grad = ctx.grad(params)
         return sgd_step(params, grad, ctx.lr), local

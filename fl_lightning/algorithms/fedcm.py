@@ -26,6 +26,8 @@ class FedCM(Algorithm):
         global_lr: server learning rate.
     """
 
+    elementwise = True
+
     def __init__(self, a: float = 0.1, global_lr: float = 1.0) -> None:
         super().__init__(global_lr)
         if not 0 < a <= 1:

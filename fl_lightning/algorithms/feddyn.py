@@ -25,6 +25,8 @@ class FedDyn(Algorithm):
         global_lr: server learning rate applied to the pseudo-gradient x - x_new.
     """
 
+    elementwise = True
+
     def __init__(self, alpha: float = 0.01, global_lr: float = 1.0) -> None:
         super().__init__(global_lr)
         if not alpha > 0:

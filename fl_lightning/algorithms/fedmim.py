@@ -43,6 +43,8 @@ class FedMIM(Algorithm):
         global_lr: server learning rate (1 in the paper).
     """
 
+    elementwise = True
+
     def __init__(
         self,
         inertial_steps: int = 2,

@@ -17,6 +17,8 @@ class FedProx(Algorithm):
         global_lr: server learning rate.
     """
 
+    elementwise = True
+
     def __init__(self, mu: float = 0.01, global_lr: float = 1.0) -> None:
         super().__init__(global_lr)
         if not mu >= 0:

@@ -24,6 +24,8 @@ class LocalAdam(Algorithm):
         eps: epsilon > 0 of the Adam denominator.
     """
 
+    elementwise = True
+
     def __init__(self, global_lr: float = 1.0, beta1: float = 0.9, beta2: float = 0.99, eps: float = 1e-8) -> None:
         super().__init__(global_lr)
         for name, beta in (("beta1", beta1), ("beta2", beta2)):

@@ -20,6 +20,8 @@ class SCAFFOLD(Algorithm):
     so c stays the mean of all N clients' c_i (unseen clients hold c_i = 0).
     """
 
+    elementwise = True
+
     def client_state_init(self, x: TensorDict) -> NestedState:
         return {"c": P.zeros_like(x)}
 
