@@ -8,7 +8,8 @@ from torch import nn
 
 from datamodules import FederatedDataModule, IID
 from fl_lightning import FedAvg, FederatedModule, LocalTraining, UniformSampling
-from fl_lightning.algorithms import SCAFFOLD, FAdamGT, FedMIM
+from fl_lightning.algorithms import SCAFFOLD, FAdamGT, FedCM, FedDyn, FedLADA, FedMIM, FedProx, FedSAM, LocalAdam
+from fl_lightning.batched import BatchedExecution
 from models import MLP, SmallCNN
 from tests.conftest import tiny_datamodule, tiny_trainer
 from tests.test_resume import StatefulFedAvg
@@ -33,7 +34,7 @@ def _digits():
     ids=["mlp", "cnn"],
 )
 @pytest.mark.parametrize(
-    "algorithm_fn", [FedAvg, StatefulFedAvg, SCAFFOLD, FedMIM], ids=["fedavg", "stateful", "scaffold", "fedmim"]
+    "algorithm_fn", [FedAvg, StatefulFedAvg, SCAFFOLD, FedMIM, FedSAM], ids=["fedavg", "stateful", "scaffold", "fedmim", "fedsam"]
 )
 def test_batched_equals_sequential(tmp_path, model_fn, data_fn, algorithm_fn):
     seq = _fit(tmp_path, model_fn, algorithm_fn, "sequential", data_fn)
@@ -115,3 +116,68 @@ def test_rules_branching_on_the_client_id_run_sequentially_under_batched(tmp_pat
     for a, b in zip(seq.model.parameters(), bat.model.parameters()):
         assert torch.equal(a, b)
     assert seq.store.equal(bat.store)
+
+
+@pytest.mark.parametrize(
+    "algorithm_fn",
+    [lambda: FedProx(mu=0.1), lambda: FedDyn(alpha=0.1), lambda: FedCM(a=0.5), LocalAdam, lambda: FedLADA(a=0.5)],
+    ids=["fedprox", "feddyn", "fedcm", "localadam", "fedlada"],
+)
+def test_elementwise_rules_give_sequential_results_when_stacked(tmp_path, algorithm_fn):
+    """Every rule declaring ``elementwise = True`` is applied once to all stacked clients."""
+    assert algorithm_fn().elementwise
+    mlp = lambda: MLP(8, 3, hidden=[16])  # noqa: E731
+    seq = _fit(tmp_path, mlp, algorithm_fn, "sequential")
+    bat = _fit(tmp_path, mlp, algorithm_fn, "batched")
+    for a, b in zip(seq.model.parameters(), bat.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    sa, sb = seq.store.state_dict(), bat.store.state_dict()
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        torch.testing.assert_close(sa[k], sb[k], rtol=1e-5, atol=1e-5)
+
+
+def test_rules_with_reductions_run_under_vmap(tmp_path, monkeypatch):
+    """FedSAM normalises its gradient per client: it must not see the stacked tensors."""
+    calls = {"vmapped": 0, "elementwise": 0}
+    for name in calls:
+        original = getattr(BatchedExecution, f"_{name}_rule")
+
+        def spy(self, *args, _original=original, _name=name, **kwargs):
+            calls[_name] += 1
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(BatchedExecution, f"_{name}_rule", spy)
+    _fit(tmp_path, lambda: MLP(8, 3, hidden=[16]), FedSAM, "batched")
+    assert calls == {"vmapped": 3, "elementwise": 0}
+    _fit(tmp_path, lambda: MLP(8, 3, hidden=[16]), FedAvg, "batched")
+    assert calls == {"vmapped": 3, "elementwise": 3}
+
+
+class SmoothedMLP(MLP):
+    """A model with its own loss: batched execution evaluates it under vmap."""
+
+    def loss(self, logits, target):
+        return torch.nn.functional.cross_entropy(logits, target, label_smoothing=0.2)
+
+
+def test_batched_uses_the_models_own_loss(tmp_path):
+    model = lambda: SmoothedMLP(8, 3, hidden=[16])  # noqa: E731
+    seq = _fit(tmp_path, model, FedAvg, "sequential")
+    bat = _fit(tmp_path, model, FedAvg, "batched")
+    plain = _fit(tmp_path, lambda: MLP(8, 3, hidden=[16]), FedAvg, "batched")
+    for a, b, c in zip(seq.model.parameters(), bat.model.parameters(), plain.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        assert not torch.allclose(a, c)
+
+
+def test_index_matrix_matches_the_sequential_batches():
+    data = tiny_datamodule(num_clients=5)
+    data.setup()
+    for client in range(5):
+        for batch_size, steps in [(2, 9), (4, 3), (3, 20), (8, 7)]:
+            rows = list(data.client_batch_indices(client, 7 + client, batch_size, steps))
+            matrix = data.client_batch_index_matrix(client, 7 + client, batch_size, steps)
+            assert torch.equal(torch.stack(rows), matrix)
+    with pytest.raises(ValueError, match="fewer than batch_size=1000"):
+        data.client_batch_index_matrix(0, 0, 1000, 2)
