@@ -1,73 +1,151 @@
 """Throughput and memory of federated execution against a bare PyTorch FedAvg loop.
 
-    python benchmarks/run.py --out results.json [--quick]
+    python benchmarks/run.py --out results.json [--quick] [--workloads mlp,cnn,lora]
 
-Each (workload, execution, clients_per_round) row runs in a fresh subprocess so
-``peak_rss_mb`` is that configuration's own peak. ``ratio_vs_bare`` divides the
-row's client-steps/s by the bare loop's on the same workload and S, measured in
-the same invocation. Rows: ``{workload, execution, clients_per_round,
-client_steps_per_s, peak_rss_mb, ratio_vs_bare}``.
+Workloads: ``mlp`` (synthetic data, 100 clients, S = 10 and 50), ``cnn`` (digits
+SmallCNN, 50 clients, S = 20), ``lora`` (the tiny test GPT-2 with LoRA adapters on
+SST-2-schema data written locally, 20 clients, S = 5). Every workload runs K = 4
+(LoRA: 2) local SGD steps of batch 16 (LoRA: 8) per client and round.
+
+Executions: ``bare`` is the reference, a hand-written sequential FedAvg loop in
+this file; ``sequential`` and ``batched`` run FedAvg through ``FederatedModule``
+and ``Trainer.fit``; ``ddp2`` is sequential execution with the round's clients
+split over 2 DDP processes (gloo). bare/sequential/batched of one workload run in
+one process, interleaved and repeated (the best of each is kept), so machine noise
+hits them alike; ``ratio_vs_bare`` divides a row's client-steps/s by the bare
+loop's of the same workload and S in this invocation. The first round of every
+run is a warm-up and is not timed. ``peak_rss_mb`` is the process's peak resident
+memory during that row (the kernel's high-water mark, reset before each row).
+
+JSON rows: ``{workload, execution, clients_per_round, client_steps_per_s,
+peak_rss_mb, ratio_vs_bare}``; ``ddp2`` rows also carry ``ratio_vs_sequential``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
+import os
 import subprocess
 import sys
+import tempfile
 import time
+import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-NUM_CLIENTS, LOCAL_STEPS, BATCH, LR = 100, 4, 16, 0.05
-
+LR = 0.05
 WORKLOADS = {
-    # name: (dataset args, model builder spec)
-    "mlp": dict(dataset="synthetic", dataset_args=dict(num_samples=8000, num_features=32, num_classes=10, seed=0)),
-    "cnn": dict(dataset="digits", dataset_args={}),
+    # name: clients, clients-per-round settings, local steps, batch size
+    "mlp": dict(num_clients=100, plan=[10, 50], steps=4, batch=16),
+    "cnn": dict(num_clients=50, plan=[20], steps=4, batch=16),
+    "lora": dict(num_clients=20, plan=[5], steps=2, batch=8),
 }
 
 
-def _build_model(workload: str):
+# ---- memory -----------------------------------------------------------------------------------
+def reset_peak_rss() -> None:
+    """Reset the kernel's resident-set high-water mark of this process (Linux >= 4.0)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def peak_rss_mb() -> float:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+# ---- workloads ----------------------------------------------------------------------------------
+def _text_assets() -> Path:
+    """SST-2-schema parquet files, a BPE tokenizer trained on them and a tiny random GPT-2 (offline)."""
+    from tests.text_fixtures import all_texts, write_glue, write_tiny_gpt2, write_tokenizer
+
+    root = Path(os.environ.get("FL_BENCH_TEXT_DIR") or tempfile.mkdtemp(prefix="fl_bench_text_"))
+    root.mkdir(parents=True, exist_ok=True)
+    if not (root / "gpt2" / "config.json").exists():
+        files = write_glue(root, "sst2", n_train=640, n_eval=32)
+        write_tokenizer(root / "tok", all_texts([files]))
+        write_tiny_gpt2(root / "gpt2", root / "tok")
+    return root
+
+
+def build(workload: str, clients_per_round: int):
+    """(model, datamodule) of a workload, seeded: every execution starts from the same model."""
     import torch
 
-    from models import MLP, SmallCNN
-
-    torch.manual_seed(0)
-    return MLP(32, 10, hidden=[64]) if workload == "mlp" else SmallCNN()
-
-
-def _datamodule(workload: str, clients_per_round: int):
     from datamodules import IID, FederatedDataModule
     from fl_lightning import UniformSampling
 
     spec = WORKLOADS[workload]
-    data = FederatedDataModule(
-        num_clients=NUM_CLIENTS if workload == "mlp" else 50,
-        partition=IID(),
-        participation=UniformSampling(clients_per_round),
-        **spec,
-    )
+    common = dict(num_clients=spec["num_clients"], partition=IID(), participation=UniformSampling(clients_per_round))
+    if workload == "lora":
+        from datamodules import TextDataModule
+        from models import LoRAClassifier
+
+        root = _text_assets()
+        data = TextDataModule(
+            task="sst2", tokenizer=str(root / "tok"), max_length=32, cache_dir=str(root / "cache"),
+            data_files={"train": str(root / "sst2_train.parquet"), "validation": str(root / "sst2_validation.parquet")},
+            **common,
+        )  # fmt: skip
+        data.setup()
+        torch.manual_seed(0)
+        return LoRAClassifier(str(root / "gpt2"), num_labels=2, rank=4, alpha=8, dropout=0.0), data
+    from models import MLP, SmallCNN
+
+    if workload == "mlp":
+        data = FederatedDataModule("synthetic", dict(num_samples=8000, num_features=32, num_classes=10, seed=0), **common)
+    else:
+        data = FederatedDataModule("digits", {}, **common)
     data.setup()
-    return data
+    torch.manual_seed(0)
+    return (MLP(32, 10, hidden=[64]) if workload == "mlp" else SmallCNN()), data
 
 
 def bare_loop(workload: str, clients_per_round: int, rounds: int) -> float:
-    """Hand-written sequential FedAvg: copy x in, K SGD steps, accumulate deltas, average. Returns seconds."""
+    """Hand-written sequential FedAvg: copy x in, K SGD steps, accumulate deltas, average.
+
+    Returns the seconds of rounds 2..``rounds`` (the first is a warm-up).
+    """
     import torch
     import torch.nn.functional as F
+    from torch.utils.data import TensorDataset
+    from torch.utils.data import default_collate
 
-    data = _datamodule(workload, clients_per_round)
-    x, y = data.source.train.tensors
-    model = _build_model(workload)
-    params = list(model.parameters())
+    model, data = build(workload, clients_per_round)
+    spec = WORKLOADS[workload]
+    train = data.source.train
+    collate = data.source.collate_fn or default_collate
+    params = [p for p in model.parameters() if p.requires_grad]
     global_params = [p.detach().clone() for p in params]
     generator = torch.Generator().manual_seed(0)
-    start = time.perf_counter()
-    for _ in range(rounds):
+
+    def batch_of(idx):
+        if isinstance(train, TensorDataset):
+            return tuple(t[idx] for t in train.tensors)
+        return collate([train[int(i)] for i in idx])
+
+    def loss_of(batch):
+        if isinstance(batch, dict):
+            out = model(**{k: v for k, v in batch.items() if k != "labels"})
+            return F.cross_entropy(getattr(out, "logits", out), batch["labels"])
+        return F.cross_entropy(model(batch[0]), batch[1])
+
+    start = None
+    for round_idx in range(rounds):
+        if round_idx == 1:
+            start = time.perf_counter()
         clients = torch.randperm(data.num_clients, generator=generator)[:clients_per_round]
         total = [torch.zeros_like(g) for g in global_params]
         for c in clients.tolist():
@@ -75,10 +153,9 @@ def bare_loop(workload: str, clients_per_round: int, rounds: int) -> float:
             with torch.no_grad():
                 for p, g in zip(params, global_params):
                     p.copy_(g)
-            for _ in range(LOCAL_STEPS):
-                idx = idx_all[torch.randint(len(idx_all), (BATCH,), generator=generator)]
-                loss = F.cross_entropy(model(x[idx]), y[idx])
-                grads = torch.autograd.grad(loss, params)
+            for _ in range(spec["steps"]):
+                idx = idx_all[torch.randint(len(idx_all), (spec["batch"],), generator=generator)]
+                grads = torch.autograd.grad(loss_of(batch_of(idx)), params)
                 with torch.no_grad():
                     for p, g in zip(params, grads):
                         p.sub_(g, alpha=LR)
@@ -91,87 +168,141 @@ def bare_loop(workload: str, clients_per_round: int, rounds: int) -> float:
     return time.perf_counter() - start
 
 
-def framework(workload: str, clients_per_round: int, rounds: int, execution: str) -> float:
-    """FedAvg through FederatedModule + Trainer.fit; times the round loop only (a callback).
+def framework(workload: str, clients_per_round: int, rounds: int, execution: str) -> float | None:
+    """FedAvg through FederatedModule + Trainer.fit; the seconds of rounds 2..``rounds``.
 
-    ``ddp2``: sequential execution with the round's clients split over 2 DDP processes (gloo).
+    ``ddp2``: sequential execution with the round's clients split over 2 DDP processes
+    (gloo); returns None on rank 1.
     """
     import lightning as L
 
     from fl_lightning import FedAvg, FederatedModule, LocalTraining
 
     class Timer(L.Callback):
-        def on_train_start(self, trainer, module):
-            self.start = time.perf_counter()
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            if batch_idx == 0:  # after the warm-up round
+                self.start = time.perf_counter()
 
         def on_train_end(self, trainer, module):
             self.seconds = time.perf_counter() - self.start
 
+    spec = WORKLOADS[workload]
     timer = Timer()
+    model, data = build(workload, clients_per_round)
     kwargs = {"execution": "batched"} if execution == "batched" else {}
     distributed = dict(devices=2, strategy="ddp") if execution == "ddp2" else {}
-    module = FederatedModule(
-        _build_model(workload), FedAvg(), LocalTraining(lr=LR, steps=LOCAL_STEPS, batch_size=BATCH), **kwargs
-    )
+    module = FederatedModule(model, FedAvg(), LocalTraining(lr=LR, steps=spec["steps"], batch_size=spec["batch"]), **kwargs)
     trainer = L.Trainer(
         max_steps=rounds, logger=False, enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0, callbacks=[timer], accelerator="cpu", **distributed,
     )  # fmt: skip
-    trainer.fit(module, datamodule=_datamodule(workload, clients_per_round))
-    if trainer.global_rank != 0:
-        raise SystemExit(0)  # only rank 0 reports
-    return timer.seconds
+    trainer.fit(module, datamodule=data)
+    return timer.seconds if trainer.global_rank == 0 else None
 
 
-def single(workload: str, execution: str, clients_per_round: int, rounds: int) -> dict:
+# ---- one process per workload -------------------------------------------------------------------
+def _quiet() -> None:
+    import logging
+
     import torch
 
     torch.set_num_threads(1)
-    if execution == "bare":
-        seconds = bare_loop(workload, clients_per_round, rounds)
-    else:
-        seconds = framework(workload, clients_per_round, rounds, execution)
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    steps = rounds * clients_per_round * LOCAL_STEPS
-    return dict(
-        workload=workload, execution=execution, clients_per_round=clients_per_round,
-        client_steps_per_s=steps / seconds, peak_rss_mb=round(peak_mb, 1),
-    )  # fmt: skip
+    warnings.filterwarnings("ignore")
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric", "fl_lightning.batched", "transformers"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def worker(workload: str, executions: list[str], rounds: int, repeats: int) -> list[dict]:
+    """bare / sequential / batched rows of one workload, interleaved ``repeats`` times; best rate kept."""
+    _quiet()
+    spec, rows = WORKLOADS[workload], []
+    for s in spec["plan"]:
+        best: dict[str, float] = {}
+        peak: dict[str, float] = {}
+        for _ in range(repeats):
+            for execution in executions:
+                reset_peak_rss()
+                if execution == "bare":
+                    seconds = bare_loop(workload, s, rounds)
+                else:
+                    seconds = framework(workload, s, rounds, execution)
+                rate = (rounds - 1) * s * spec["steps"] / seconds
+                best[execution] = max(best.get(execution, 0.0), rate)
+                peak[execution] = max(peak.get(execution, 0.0), peak_rss_mb())
+        for execution in executions:
+            rows.append(dict(workload=workload, execution=execution, clients_per_round=s,
+                             client_steps_per_s=best[execution], peak_rss_mb=round(peak[execution], 1)))  # fmt: skip
+    return rows
+
+
+def ddp_row(workload: str, s: int, rounds: int) -> dict | None:
+    _quiet()
+    reset_peak_rss()
+    seconds = framework(workload, s, rounds, "ddp2")
+    if seconds is None:
+        return None
+    rate = (rounds - 1) * s * WORKLOADS[workload]["steps"] / seconds
+    return dict(workload=workload, execution="ddp2", clients_per_round=s, client_steps_per_s=rate,
+                peak_rss_mb=round(peak_rss_mb(), 1))  # fmt: skip
+
+
+def _subprocess(args: list[str]) -> list[dict]:
+    out = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, cwd=ROOT)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("[") or line.startswith("{")]
+    if out.returncode != 0 or not lines:
+        print(f"{' '.join(args)} failed:\n{out.stderr[-2000:]}", file=sys.stderr)
+        return []
+    result = json.loads(lines[-1])
+    return result if isinstance(result, list) else [result]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="benchmarks/results.json")
-    parser.add_argument("--quick", action="store_true", help="fewer rounds: the whole run in under 2 minutes")
+    parser.add_argument("--quick", action="store_true", help="fewer rounds and repeats: the whole run in under 2 minutes")
+    parser.add_argument("--workloads", default="mlp,cnn,lora")
     parser.add_argument("--executions", default="bare,sequential,batched,ddp2")
-    parser.add_argument("--_single", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--_worker", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--_ddp", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args._single:
-        workload, execution, s, rounds = args._single
-        print(json.dumps(single(workload, execution, int(s), int(rounds))))
+    if args._worker:
+        workload, executions, rounds, repeats = args._worker
+        print(json.dumps(worker(workload, executions.split(","), int(rounds), int(repeats))))
+        return
+    if args._ddp:
+        row = ddp_row(args._ddp[0], int(args._ddp[1]), int(args._ddp[2]))
+        if row is not None:
+            print(json.dumps(row))
         return
 
-    rounds = 5 if args.quick else 20
-    plan = [("mlp", 10), ("mlp", 50), ("cnn", 20)]
-    rows = []
-    for workload, s in plan:
-        bare_rate = None
-        for execution in args.executions.split(","):
-            out = subprocess.run(
-                [sys.executable, __file__, "--_single", workload, execution, str(s), str(rounds)],
-                capture_output=True, text=True, cwd=ROOT,
-            )  # fmt: skip
-            if out.returncode != 0:
-                print(f"{workload}/{execution}/S={s} failed:\n{out.stderr[-2000:]}", file=sys.stderr)
-                continue
-            row = json.loads(out.stdout.strip().splitlines()[-1])
-            if execution == "bare":
-                bare_rate = row["client_steps_per_s"]
-            row["ratio_vs_bare"] = round(row["client_steps_per_s"] / bare_rate, 3) if bare_rate else None
+    rounds = {"mlp": 8, "cnn": 5, "lora": 4} if args.quick else {"mlp": 30, "cnn": 15, "lora": 10}
+    repeats = 2 if args.quick else 3
+    executions = args.executions.split(",")
+    local = [e for e in executions if e != "ddp2"]
+    if "bare" not in local:
+        local.insert(0, "bare")
+    started, rows = time.perf_counter(), []
+    if "lora" in args.workloads.split(","):  # written once, read by every process of the run
+        _quiet()
+        os.environ["FL_BENCH_TEXT_DIR"] = str(_text_assets())
+    for workload in args.workloads.split(","):
+        found = _subprocess(["--_worker", workload, ",".join(local), str(rounds[workload]), str(repeats)])
+        if "ddp2" in executions:
+            for s in WORKLOADS[workload]["plan"]:
+                found += _subprocess(["--_ddp", workload, str(s), str(rounds[workload])])
+        for row in found:
+            same = {r["execution"]: r["client_steps_per_s"] for r in found if r["clients_per_round"] == row["clients_per_round"]}
+            row["ratio_vs_bare"] = round(row["client_steps_per_s"] / same["bare"], 3) if "bare" in same else None
+            if row["execution"] == "ddp2" and "sequential" in same:
+                row["ratio_vs_sequential"] = round(row["client_steps_per_s"] / same["sequential"], 3)
+        for row in found:
             row["client_steps_per_s"] = round(row["client_steps_per_s"], 1)
-            rows.append(row)
-            print(f"{workload:5s} {execution:10s} S={s:3d} {row['client_steps_per_s']:10.1f} steps/s "
-                  f"{row['peak_rss_mb']:8.1f} MB  x{row['ratio_vs_bare']}")  # fmt: skip
+            extra = f"  (x{row['ratio_vs_sequential']} of sequential)" if "ratio_vs_sequential" in row else ""
+            print(f"{row['workload']:5s} {row['execution']:10s} S={row['clients_per_round']:3d} "
+                  f"{row['client_steps_per_s']:10.1f} steps/s {row['peak_rss_mb']:8.1f} MB  x{row['ratio_vs_bare']}{extra}",
+                  flush=True)  # fmt: skip
+        rows += found
+    print(f"total {time.perf_counter() - started:.0f} s")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(rows, indent=2))
 

@@ -64,3 +64,10 @@ def test_non_finite_uploads_are_found_and_named(monkeypatch, stack_limit, bad):
     payloads[2]["y"]["t0"][0, 0] = bad
     assert not all_finite(payloads)
     assert is_finite(torch.zeros(0)) and is_finite(torch.tensor([1, 2]))
+
+
+def test_finite_values_whose_sum_overflows_are_finite():
+    huge = torch.full((10,), 3e38)
+    assert torch.isinf(huge.sum()) and is_finite(huge)
+    huge[4] = float("inf")
+    assert not is_finite(huge)
