@@ -44,6 +44,8 @@ WORKLOADS = {
     "lora": dict(num_clients=20, plan=[5], steps=2, batch=8),
 }
 
+QUICK_DDP = {("mlp", 50), ("cnn", 20)}  # --quick: the CPU-bound settings only (a DDP launch costs ~15 s)
+
 
 # ---- memory -----------------------------------------------------------------------------------
 def reset_peak_rss() -> None:
@@ -289,7 +291,8 @@ def main() -> None:
         found = _subprocess(["--_worker", workload, ",".join(local), str(rounds[workload]), str(repeats)])
         if "ddp2" in executions:
             for s in WORKLOADS[workload]["plan"]:
-                found += _subprocess(["--_ddp", workload, str(s), str(rounds[workload])])
+                if not args.quick or (workload, s) in QUICK_DDP:
+                    found += _subprocess(["--_ddp", workload, str(s), str(rounds[workload])])
         for row in found:
             same = {r["execution"]: r["client_steps_per_s"] for r in found if r["clients_per_round"] == row["clients_per_round"]}
             row["ratio_vs_bare"] = round(row["client_steps_per_s"] / same["bare"], 3) if "bare" in same else None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -68,6 +68,13 @@ class _Swapped:
         self.saved.clear()
 
 
+def _custom_loss(model: nn.Module) -> Callable[[Tensor, Tensor], Tensor] | None:
+    """``model.loss`` if the model defines one (checked without ``nn.Module.__getattr__``'s slow miss)."""
+    if hasattr(type(model), "loss") or "loss" in model.__dict__ or "loss" in model._modules:
+        return model.loss
+    return None
+
+
 def forward_loss(model: nn.Module, batch: Any) -> tuple[Tensor, Tensor, Tensor]:
     """Loss, outputs and targets of ``model`` on a batch.
 
@@ -82,9 +89,11 @@ def forward_loss(model: nn.Module, batch: Any) -> tuple[Tensor, Tensor, Tensor]:
     else:
         *inputs, target = batch
         raw = model(*inputs)
-    out = getattr(raw, "logits", raw)
-    loss = model.loss(out, target) if hasattr(model, "loss") else F.cross_entropy(out, target)
-    penalty = getattr(raw, "penalty", None)
+    plain = type(raw) is Tensor
+    out = raw if plain else getattr(raw, "logits", raw)
+    loss_fn = _custom_loss(model)
+    loss = loss_fn(out, target) if loss_fn is not None else F.cross_entropy(out, target)
+    penalty = None if plain else getattr(raw, "penalty", None)
     if penalty is not None:
         loss = loss + penalty
     return loss, out, target
@@ -150,12 +159,28 @@ def make_grad_fn(
         grads = dict(zip(leaves, loss_grads(loss, list(leaves.values()))))
         if weight_decay:
             grads = P.add(grads, params, weight_decay)
+        loss = loss.detach()
         if losses is not None and not recorded:
-            losses.append(float(loss.detach()))
+            losses.append(loss.item())
             recorded = True
-        return loss.detach(), grads
+        return loss, grads
 
     return grad
+
+
+class _Setting(NamedTuple):
+    """What every client of a round shares, looked up once per round."""
+
+    algorithm: Any
+    data: Any
+    local: Any
+    model: nn.Module
+    device: torch.device
+    swap: ParameterSwap
+
+    @classmethod
+    def of(cls, module: FederatedModule) -> _Setting:
+        return cls(module.algorithm, module.datamodule, module.local, module.model, module.device, module.parameter_swap)
 
 
 class SequentialExecution:
@@ -166,11 +191,11 @@ class SequentialExecution:
 
         A ``ValueError`` signals a bad setting, not a client fault: it always propagates.
         """
-        results = []
+        results, setting = [], _Setting.of(module)
         for i, (cid, seed) in enumerate(zip(plan.clients.tolist(), plan.seeds.tolist())):
             budget = None if plan.max_steps is None else int(plan.max_steps[i])
             try:
-                results.append(self.run_client(module, cid, seed, broadcast, info, budget))
+                results.append(self.run_client(module, cid, seed, broadcast, info, budget, setting))
             except ValueError:
                 raise
             except Exception as error:
@@ -181,10 +206,15 @@ class SequentialExecution:
 
     @staticmethod
     def run_client(
-        module: FederatedModule, client_id: int, seed: int, broadcast: Payload, info: RoundInfo, max_steps: int | None = None
+        module: FederatedModule,
+        client_id: int,
+        seed: int,
+        broadcast: Payload,
+        info: RoundInfo,
+        max_steps: int | None = None,
+        setting: _Setting | None = None,
     ) -> ClientResult:
-        algorithm, data, local, model = module.algorithm, module.datamodule, module.local, module.model
-        device, swap = module.device, module.parameter_swap
+        algorithm, data, local, model, device, swap = setting or _Setting.of(module)
         seed_client(seed, device)
         client_state = module.client_state(client_id, broadcast["x"])
         personal = module.client_personal(client_id)
@@ -197,7 +227,8 @@ class SequentialExecution:
             return make_grad_fn(model, swap, batch, local.weight_decay)(params)[1]
 
         ctx = ClientContext(client_id, broadcast, client_state, info, num_steps, full_grad=full_grad, personal=personal)
-        params = {**broadcast["x"], **personal}  # rules are pure functions: no copies needed  # personal tensors train beside the shared ones, never leave
+        # Rules are pure functions, so x needs no copy; personal tensors train beside the shared ones, never leave.
+        params = {**broadcast["x"], **personal}
         local_state = algorithm.client_init(params, ctx)
         losses: list[float] = []
         batches = data.client_batches(client_id, seed, local.batch_size, local.steps, local.epochs)
