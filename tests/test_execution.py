@@ -40,12 +40,17 @@ def test_batched_equals_sequential(tmp_path, model_fn, data_fn, algorithm_fn):
     seq = _fit(tmp_path, model_fn, algorithm_fn, "sequential", data_fn)
     bat = _fit(tmp_path, model_fn, algorithm_fn, "batched", data_fn)
     assert isinstance(bat.execution.local_execution.unsupported_reason(bat, _plan(bat)), type(None))
+    _assert_same_training(seq, bat)
+
+
+def _assert_same_training(seq, bat, state_atol=1e-6):
+    """Same global model and client store, to float tolerance."""
     for a, b in zip(seq.model.parameters(), bat.model.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     sa, sb = seq.store.state_dict(), bat.store.state_dict()
     assert sa.keys() == sb.keys()
     for k in sa:
-        torch.testing.assert_close(sa[k], sb[k], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(sa[k], sb[k], rtol=1e-5, atol=state_atol)
 
 
 def _plan(module):
@@ -129,12 +134,7 @@ def test_elementwise_rules_give_sequential_results_when_stacked(tmp_path, algori
     mlp = lambda: MLP(8, 3, hidden=[16])  # noqa: E731
     seq = _fit(tmp_path, mlp, algorithm_fn, "sequential")
     bat = _fit(tmp_path, mlp, algorithm_fn, "batched")
-    for a, b in zip(seq.model.parameters(), bat.model.parameters()):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-    sa, sb = seq.store.state_dict(), bat.store.state_dict()
-    assert sa.keys() == sb.keys()
-    for k in sa:
-        torch.testing.assert_close(sa[k], sb[k], rtol=1e-5, atol=1e-5)
+    _assert_same_training(seq, bat, state_atol=1e-5)
 
 
 def test_rules_with_reductions_run_under_vmap(tmp_path, monkeypatch):
