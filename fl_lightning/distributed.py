@@ -1,18 +1,36 @@
 """Multi-process execution: the round's clients are split across the ranks of a
 Lightning DDP run (gloo on CPU, NCCL on GPU).
 
-Every rank receives the same round plan. Rank r trains the clients at positions
-r, r + W, r + 2W, ... of the plan with its local executor, then the ranks
-exchange their client results with ``torch.distributed`` so that every rank
-aggregates the same uploads in plan order: the global model, the server state
-and the client store are identical on every rank and equal to a one-process run.
+Every rank receives the same round plan and computes the same assignment of
+clients to ranks (balanced by local steps). Each rank trains its clients with
+its local executor, then the ranks exchange the client results so that every
+rank aggregates the same uploads in plan order: the global model, the server
+state and the client store are identical on every rank and equal to a
+one-process run.
+
+The exchange is two tensor collectives per round, never pickled tensors:
+
+1. a small header per client slot: an id of the result's *structure* (names,
+   shapes and dtypes of its upload, client state and personal tensors; 0 for a
+   slot without a result), its mean loss and its number of steps;
+2. the raw bytes of every result's tensors, laid out by that structure.
+
+Structures are learned once (an ``all_gather_object`` of the structure, not of
+the tensors) the first round an id appears, then cached. So algorithms whose
+uploads differ between clients (FAdamET: only the tracking subset uploads
+``y_delta``) need no fallback: each slot carries its own structure id.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import math
 from typing import TYPE_CHECKING
 
+import torch
 import torch.distributed as dist
+from torch import Tensor
 
 from fl_lightning.algorithms.base import ClientResult, Payload, RoundInfo
 from fl_lightning.participation import RoundPlan
@@ -20,11 +38,79 @@ from fl_lightning.participation import RoundPlan
 if TYPE_CHECKING:
     from fl_lightning.module import FederatedModule
 
+_ALIGN = 16  # bytes: every tensor starts at an offset where any dtype may be viewed in place
+Structure = tuple  # (upload, client_state, personal), each nested tuples of (name, shape, dtype)
 
-def _to_cpu(obj):
-    if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
-    return obj.cpu() if hasattr(obj, "cpu") else obj
+
+def assign_clients(steps: list[int], world: int) -> list[list[int]]:
+    """Plan positions per rank, balancing the local steps each rank runs.
+
+    Longest first, each to the least-loaded rank (ties: the lower rank), so the
+    assignment is a deterministic function of the plan, the same on every rank.
+    With equal steps this is round-robin over positions.
+    """
+    loads, ranks = [0] * world, [[] for _ in range(world)]
+    for position in sorted(range(len(steps)), key=lambda i: (-steps[i], i)):
+        rank = min(range(world), key=lambda r: (loads[r], r))
+        loads[rank] += steps[position]
+        ranks[rank].append(position)
+    return [sorted(positions) for positions in ranks]
+
+
+def _tensors(result: ClientResult) -> list[Tensor]:
+    nested = [result.upload, result.client_state]
+    return [v for part in nested for td in part.values() for v in td.values()] + list(result.personal.values())
+
+
+def _structure(result: ClientResult) -> Structure:
+    def flat(td):
+        return tuple((k, tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in td.items())
+
+    return (
+        tuple((n, flat(td)) for n, td in result.upload.items()),
+        tuple((n, flat(td)) for n, td in result.client_state.items()),
+        flat(result.personal),
+    )
+
+
+def _structure_id(structure: Structure) -> int:
+    """A stable non-zero 63-bit id (Python's ``hash`` of strings differs between processes)."""
+    digest = hashlib.blake2b(repr(structure).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1 or 1
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // _ALIGN) * _ALIGN
+
+
+def _nbytes(shape: tuple, dtype: str) -> int:
+    return math.prod(shape) * getattr(torch, dtype).itemsize
+
+
+@functools.cache
+def _slot_bytes(structure: Structure) -> int:
+    upload, state, personal = structure
+    entries = [e for part in (upload, state) for _, td in part for e in td] + list(personal)
+    return sum(_aligned(_nbytes(shape, dtype)) for _, shape, dtype in entries)
+
+
+def _unpack(buffer: Tensor, structure: Structure) -> tuple[Payload, Payload, dict[str, Tensor]]:
+    """Views into ``buffer`` (uint8) laid out by ``structure``: (upload, client_state, personal)."""
+    offset = 0
+
+    def take(td_structure):
+        nonlocal offset
+        out = {}
+        for key, shape, dtype in td_structure:
+            size = _nbytes(shape, dtype)
+            out[key] = buffer[offset : offset + size].view(getattr(torch, dtype)).view(shape)
+            offset += _aligned(size)
+        return out
+
+    upload_s, state_s, personal_s = structure
+    upload = {n: take(td) for n, td in upload_s}
+    state = {n: take(td) for n, td in state_s}
+    return upload, state, take(personal_s)
 
 
 class DistributedExecution:
@@ -32,6 +118,7 @@ class DistributedExecution:
 
     def __init__(self, local_execution) -> None:
         self.local_execution = local_execution
+        self.structures: dict[int, Structure] = {}  # learned by all ranks together: identical on every rank
 
     def run_warmup(self, module: FederatedModule, broadcast: Payload, info: RoundInfo):
         """A pass over all N clients (e.g. Scaffold-P's initialisation): every rank runs it whole."""
@@ -41,16 +128,83 @@ class DistributedExecution:
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
             return self.local_execution.run(module, plan, broadcast, info)
         rank, world = dist.get_rank(), dist.get_world_size()
-        mine = list(range(rank, len(plan.clients), world))
+        assignment = assign_clients(self._steps(module, plan), world)
+        mine = assignment[rank]
         max_steps = None if plan.max_steps is None else plan.max_steps[mine]
         sub_plan = RoundPlan(plan.round, plan.clients[mine], plan.weights[mine], plan.seeds[mine], max_steps)
         results = self.local_execution.run(module, sub_plan, broadcast, info) if mine else []
-        gathered: list[list[ClientResult] | None] = [None] * world
-        dist.all_gather_object(gathered, [(r.client_id, _to_cpu(r.upload), _to_cpu(r.client_state), r.num_steps, r.mean_loss, _to_cpu(r.personal)) for r in results])
-        device = module.device
-        by_position: dict[int, ClientResult] = {}
-        for r, part in enumerate(gathered):
-            for position, (cid, upload, state, steps, loss, personal) in zip(range(r, len(plan.clients), world), part):
+        return self._exchange(module, plan, assignment, sub_plan, results)
+
+    @staticmethod
+    def _steps(module: FederatedModule, plan: RoundPlan) -> list[int]:
+        """Each planned client's local steps (its share of the round's work)."""
+        data, local = module.datamodule, module.local
+        steps = [data.num_local_steps(c, local.batch_size, local.steps, local.epochs) for c in plan.clients.tolist()]
+        if plan.max_steps is not None:
+            steps = [min(s, int(m)) for s, m in zip(steps, plan.max_steps.tolist())]
+        return steps
+
+    def _exchange(
+        self, module: FederatedModule, plan: RoundPlan, assignment: list[list[int]], sub_plan: RoundPlan, results: list[ClientResult]
+    ) -> list[ClientResult]:
+        """Every rank's results, in plan order, on every rank (a client that failed is absent everywhere)."""
+        world, slots = len(assignment), max(len(a) for a in assignment)
+        comm_device = module.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        # A failed client is missing from `results`: match results to sub-plan slots by client id, in order.
+        by_slot: dict[int, ClientResult] = {}
+        slot = 0
+        for result in results:
+            while int(sub_plan.clients[slot]) != result.client_id:
+                slot += 1
+            by_slot[slot] = result
+            slot += 1
+        local_structures = {}
+        ids, header = torch.zeros(slots, dtype=torch.int64), torch.zeros(slots, 2, dtype=torch.float64)
+        for slot, result in by_slot.items():
+            structure = _structure(result)
+            ids[slot] = _structure_id(structure)
+            local_structures[int(ids[slot])] = structure
+            header[slot] = torch.tensor([result.mean_loss, result.num_steps], dtype=torch.float64)
+        header = torch.cat([ids.view(torch.float64)[:, None], header], dim=1).to(comm_device)
+        headers = [torch.empty_like(header) for _ in range(world)]
+        dist.all_gather(headers, header)
+        headers = [h.cpu() for h in headers]
+        all_ids = [h[:, 0].contiguous().view(torch.int64).tolist() for h in headers]
+
+        new = sorted({i for ids_r in all_ids for i in ids_r if i and i not in self.structures})
+        if new:  # a structure seen for the first time: learn it (objects, no tensors)
+            gathered: list[dict | None] = [None] * world
+            dist.all_gather_object(gathered, {i: s for i, s in local_structures.items() if i in new})
+            for part in gathered:
+                self.structures.update(part)
+
+        sizes = [sum(_slot_bytes(self.structures[i]) for i in ids_r if i) for ids_r in all_ids]
+        buffer = torch.zeros(max(sizes), dtype=torch.uint8, device=comm_device)
+        offset = 0
+        for slot in range(slots):
+            if slot in by_slot:
+                for tensor in _tensors(by_slot[slot]):
+                    flat = tensor.detach().reshape(-1)
+                    size = flat.numel() * flat.element_size()
+                    buffer[offset : offset + size].view(flat.dtype).copy_(flat)
+                    offset += _aligned(size)
+        buffers = [torch.empty_like(buffer) for _ in range(world)]
+        if len(buffer):  # empty when no client of the round completed
+            dist.all_gather(buffers, buffer)
+
+        device, by_position = module.device, {}
+        for r in range(world):
+            offset = 0
+            for slot, (position, structure_id) in enumerate(zip(assignment[r], all_ids[r])):
+                if not structure_id:
+                    continue
+                structure = self.structures[structure_id]
+                size = _slot_bytes(structure)
+                upload, state, personal = _unpack(buffers[r][offset : offset + size], structure)
+                offset += size
+                loss, steps = headers[r][slot, 1].item(), int(headers[r][slot, 2].item())
                 upload = {n: {k: v.to(device) for k, v in td.items()} for n, td in upload.items()}
-                by_position[position] = ClientResult(cid, upload, state, steps, loss, personal)
-        return [by_position[i] for i in range(len(plan.clients))]
+                state = {n: {k: v.cpu() for k, v in td.items()} for n, td in state.items()}
+                personal = {k: v.cpu() for k, v in personal.items()}
+                by_position[position] = ClientResult(int(plan.clients[position]), upload, state, steps, loss, personal)
+        return [by_position[p] for p in sorted(by_position)]
