@@ -145,66 +145,87 @@ class DistributedExecution:
         return steps
 
     def _exchange(
-        self, module: FederatedModule, plan: RoundPlan, assignment: list[list[int]], sub_plan: RoundPlan, results: list[ClientResult]
+        self,
+        module: FederatedModule,
+        plan: RoundPlan,
+        assignment: list[list[int]],
+        sub_plan: RoundPlan,
+        results: list[ClientResult],
     ) -> list[ClientResult]:
         """Every rank's results, in plan order, on every rank (a client that failed is absent everywhere)."""
-        world, slots = len(assignment), max(len(a) for a in assignment)
-        comm_device = module.device if dist.get_backend() == "nccl" else torch.device("cpu")
-        # A failed client is missing from `results`: match results to sub-plan slots by client id, in order.
-        by_slot: dict[int, ClientResult] = {}
-        slot = 0
-        for result in results:
-            while int(sub_plan.clients[slot]) != result.client_id:
-                slot += 1
-            by_slot[slot] = result
-            slot += 1
-        local_structures = {}
-        ids, header = torch.zeros(slots, dtype=torch.int64), torch.zeros(slots, 2, dtype=torch.float64)
-        for slot, result in by_slot.items():
-            structure = _structure(result)
-            ids[slot] = _structure_id(structure)
-            local_structures[int(ids[slot])] = structure
-            header[slot] = torch.tensor([result.mean_loss, result.num_steps], dtype=torch.float64)
-        header = torch.cat([ids.view(torch.float64)[:, None], header], dim=1).to(comm_device)
-        headers = [torch.empty_like(header) for _ in range(world)]
-        dist.all_gather(headers, header)
-        headers = [h.cpu() for h in headers]
-        all_ids = [h[:, 0].contiguous().view(torch.int64).tolist() for h in headers]
+        world, rank = len(assignment), dist.get_rank()
+        device = module.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        by_slot = _slots(sub_plan, results)
+        headers = self._gather_headers(by_slot, max(len(a) for a in assignment), device)
+        ids = [h[:, 0].contiguous().view(torch.int64).tolist() for h in headers]
+        rows = [h[:, 1:].tolist() for h in headers]  # (mean loss, steps) per slot
+        sizes = [sum(_slot_bytes(self.structures[i]) for i in ids_r if i) for ids_r in ids]
+        buffers = _gather_bytes(by_slot, max(sizes), world, device)
 
-        new = sorted({i for ids_r in all_ids for i in ids_r if i and i not in self.structures})
-        if new:  # a structure seen for the first time: learn it (objects, no tensors)
-            gathered: list[dict | None] = [None] * world
-            dist.all_gather_object(gathered, {i: s for i, s in local_structures.items() if i in new})
-            for part in gathered:
-                self.structures.update(part)
-
-        sizes = [sum(_slot_bytes(self.structures[i]) for i in ids_r if i) for ids_r in all_ids]
-        buffer = torch.zeros(max(sizes), dtype=torch.uint8, device=comm_device)
-        offset = 0
-        for slot in range(slots):
-            if slot in by_slot:
-                for tensor in _tensors(by_slot[slot]):
-                    flat = tensor.detach().reshape(-1)
-                    size = flat.numel() * flat.element_size()
-                    buffer[offset : offset + size].view(flat.dtype).copy_(flat)
-                    offset += _aligned(size)
-        buffers = [torch.empty_like(buffer) for _ in range(world)]
-        if len(buffer):  # empty when no client of the round completed
-            dist.all_gather(buffers, buffer)
-
-        device, by_position = module.device, {}
+        by_position = {}
         for r in range(world):
             offset = 0
-            for slot, (position, structure_id) in enumerate(zip(assignment[r], all_ids[r])):
+            for slot, (position, structure_id) in enumerate(zip(assignment[r], ids[r])):
                 if not structure_id:
                     continue
                 structure = self.structures[structure_id]
                 size = _slot_bytes(structure)
-                upload, state, personal = _unpack(buffers[r][offset : offset + size], structure)
+                if r == rank:  # this rank's own results, as they are
+                    by_position[position] = by_slot[slot]
+                else:
+                    upload, state, personal = _unpack(buffers[r][offset : offset + size], structure)
+                    if device != module.device:
+                        upload = {n: {k: v.to(module.device) for k, v in td.items()} for n, td in upload.items()}
+                    loss, steps = rows[r][slot]
+                    by_position[position] = ClientResult(int(plan.clients[position]), upload, state, int(steps), loss, personal)
                 offset += size
-                loss, steps = headers[r][slot, 1].item(), int(headers[r][slot, 2].item())
-                upload = {n: {k: v.to(device) for k, v in td.items()} for n, td in upload.items()}
-                state = {n: {k: v.cpu() for k, v in td.items()} for n, td in state.items()}
-                personal = {k: v.cpu() for k, v in personal.items()}
-                by_position[position] = ClientResult(int(plan.clients[position]), upload, state, steps, loss, personal)
         return [by_position[p] for p in sorted(by_position)]
+
+    def _gather_headers(self, by_slot: dict[int, ClientResult], slots: int, device: torch.device) -> list[Tensor]:
+        """Per rank a float64 [slots, 3] header: (structure id bits, mean loss, steps); learns new structures."""
+        ids, meta, local = [0] * slots, [[0.0, 0.0] for _ in range(slots)], {}
+        for slot, result in by_slot.items():
+            structure = _structure(result)
+            ids[slot] = _structure_id(structure)
+            local[ids[slot]] = structure
+            meta[slot] = [result.mean_loss, float(result.num_steps)]
+        id_bits = torch.tensor(ids, dtype=torch.int64).view(torch.float64)[:, None]
+        header = torch.cat([id_bits, torch.tensor(meta, dtype=torch.float64)], dim=1).to(device)
+        headers = [torch.empty_like(header) for _ in range(dist.get_world_size())]
+        dist.all_gather(headers, header)
+        headers = [h.cpu() for h in headers]
+        # Every rank sees the same headers and cache, so all take this branch together.
+        new = {i for h in headers for i in h[:, 0].contiguous().view(torch.int64).tolist() if i and i not in self.structures}
+        if new:  # a structure seen for the first time: exchange it once (objects, no tensors)
+            gathered: list[dict | None] = [None] * len(headers)
+            dist.all_gather_object(gathered, {i: s for i, s in local.items() if i in new})
+            for part in gathered:
+                self.structures.update(part)
+        return headers
+
+
+def _slots(sub_plan: RoundPlan, results: list[ClientResult]) -> dict[int, ClientResult]:
+    """Results by their slot in ``sub_plan``: a client that failed has no result, so match ids in order."""
+    by_slot, slot = {}, 0
+    for result in results:
+        while int(sub_plan.clients[slot]) != result.client_id:
+            slot += 1
+        by_slot[slot] = result
+        slot += 1
+    return by_slot
+
+
+def _gather_bytes(by_slot: dict[int, ClientResult], size: int, world: int, device: torch.device) -> list[Tensor]:
+    """Every rank's result tensors as raw bytes (uint8 [size] per rank), in slot and structure order."""
+    buffer = torch.zeros(size, dtype=torch.uint8, device=device)
+    offset = 0
+    for slot in sorted(by_slot):
+        for tensor in _tensors(by_slot[slot]):
+            flat = tensor.detach().reshape(-1)
+            nbytes = flat.numel() * flat.element_size()
+            buffer[offset : offset + nbytes].view(flat.dtype).copy_(flat)
+            offset += _aligned(nbytes)
+    buffers = [torch.empty_like(buffer) for _ in range(world)]
+    if size:  # 0 when no client of the round completed
+        dist.all_gather(buffers, buffer)
+    return buffers
