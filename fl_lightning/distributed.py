@@ -79,32 +79,37 @@ def _structure_id(structure: Structure) -> int:
     return int.from_bytes(digest, "little") >> 1 or 1
 
 
-def _aligned(nbytes: int) -> int:
-    return -(-nbytes // _ALIGN) * _ALIGN
-
-
-def _nbytes(shape: tuple, dtype: str) -> int:
-    return math.prod(shape) * getattr(torch, dtype).itemsize
+def _specs(structure: Structure) -> list[tuple[str, tuple, str]]:
+    """(name, shape, dtype) of a result's tensors, in ``_tensors`` order."""
+    upload, state, personal = structure
+    return [e for part in (upload, state) for _, td in part for e in td] + list(personal)
 
 
 @functools.cache
-def _slot_bytes(structure: Structure) -> int:
-    upload, state, personal = structure
-    entries = [e for part in (upload, state) for _, td in part for e in td] + list(personal)
-    return sum(_aligned(_nbytes(shape, dtype)) for _, shape, dtype in entries)
+def _layout(structure: Structure) -> tuple[tuple[int, ...], int]:
+    """Byte offset of each tensor in a result's slot, and the slot's size.
+
+    A tensor starts at a multiple of its element size, so it can be viewed in place
+    (consecutive tensors of one dtype need no padding); a slot's size is a multiple of
+    ``_ALIGN``, so slots can follow one another.
+    """
+    offsets, end = [], 0
+    for _, shape, dtype in _specs(structure):
+        itemsize = getattr(torch, dtype).itemsize
+        offsets.append(-(-end // itemsize) * itemsize)
+        end = offsets[-1] + math.prod(shape) * itemsize
+    return tuple(offsets), -(-end // _ALIGN) * _ALIGN
 
 
 def _unpack(buffer: Tensor, structure: Structure) -> tuple[Payload, Payload, dict[str, Tensor]]:
-    """Views into ``buffer`` (uint8) laid out by ``structure``: (upload, client_state, personal)."""
-    offset = 0
+    """Views into one slot of ``buffer`` (uint8) laid out by ``structure``: (upload, client_state, personal)."""
+    offsets = iter(_layout(structure)[0])
 
     def take(td_structure):
-        nonlocal offset
         out = {}
         for key, shape, dtype in td_structure:
-            size = _nbytes(shape, dtype)
-            out[key] = buffer[offset : offset + size].view(getattr(torch, dtype)).view(shape)
-            offset += _aligned(size)
+            dtype, start = getattr(torch, dtype), next(offsets)
+            out[key] = buffer[start : start + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
         return out
 
     upload_s, state_s, personal_s = structure
@@ -156,11 +161,12 @@ class DistributedExecution:
         world, rank = len(assignment), dist.get_rank()
         device = module.device if dist.get_backend() == "nccl" else torch.device("cpu")
         by_slot = _slots(sub_plan, results)
-        headers = self._gather_headers(by_slot, max(len(a) for a in assignment), device)
+        structures = {slot: _structure(result) for slot, result in by_slot.items()}
+        headers = self._gather_headers(by_slot, structures, max(len(a) for a in assignment), device)
         ids = [h[:, 0].contiguous().view(torch.int64).tolist() for h in headers]
         rows = [h[:, 1:].tolist() for h in headers]  # (mean loss, steps) per slot
-        sizes = [sum(_slot_bytes(self.structures[i]) for i in ids_r if i) for ids_r in ids]
-        buffers = _gather_bytes(by_slot, max(sizes), world, device)
+        sizes = [sum(_layout(self.structures[i])[1] for i in ids_r if i) for ids_r in ids]
+        buffers = _gather_bytes(by_slot, structures, max(sizes), world, device)
 
         by_position = {}
         for r in range(world):
@@ -169,7 +175,7 @@ class DistributedExecution:
                 if not structure_id:
                     continue
                 structure = self.structures[structure_id]
-                size = _slot_bytes(structure)
+                size = _layout(structure)[1]
                 if r == rank:  # this rank's own results, as they are
                     by_position[position] = by_slot[slot]
                 else:
@@ -181,11 +187,13 @@ class DistributedExecution:
                 offset += size
         return [by_position[p] for p in sorted(by_position)]
 
-    def _gather_headers(self, by_slot: dict[int, ClientResult], slots: int, device: torch.device) -> list[Tensor]:
+    def _gather_headers(
+        self, by_slot: dict[int, ClientResult], structures: dict[int, Structure], slots: int, device: torch.device
+    ) -> list[Tensor]:
         """Per rank a float64 [slots, 3] header: (structure id bits, mean loss, steps); learns new structures."""
         ids, meta, local = [0] * slots, [[0.0, 0.0] for _ in range(slots)], {}
         for slot, result in by_slot.items():
-            structure = _structure(result)
+            structure = structures[slot]
             ids[slot] = _structure_id(structure)
             local[ids[slot]] = structure
             meta[slot] = [result.mean_loss, float(result.num_steps)]
@@ -215,16 +223,23 @@ def _slots(sub_plan: RoundPlan, results: list[ClientResult]) -> dict[int, Client
     return by_slot
 
 
-def _gather_bytes(by_slot: dict[int, ClientResult], size: int, world: int, device: torch.device) -> list[Tensor]:
-    """Every rank's result tensors as raw bytes (uint8 [size] per rank), in slot and structure order."""
-    buffer = torch.zeros(size, dtype=torch.uint8, device=device)
-    offset = 0
+def _gather_bytes(
+    by_slot: dict[int, ClientResult], structures: dict[int, Structure], size: int, world: int, device: torch.device
+) -> list[Tensor]:
+    """Every rank's result tensors as raw bytes (uint8 [size] per rank), slot after slot, by ``_layout``."""
+    pieces, end, zeros = [], 0, torch.zeros(size, dtype=torch.uint8, device=device)
     for slot in sorted(by_slot):
-        for tensor in _tensors(by_slot[slot]):
-            flat = tensor.detach().reshape(-1)
-            nbytes = flat.numel() * flat.element_size()
-            buffer[offset : offset + nbytes].view(flat.dtype).copy_(flat)
-            offset += _aligned(nbytes)
+        offsets, slot_size = _layout(structures[slot])
+        start = end
+        for offset, tensor in zip(offsets, _tensors(by_slot[slot])):
+            if start + offset > end:
+                pieces.append(zeros[: start + offset - end])
+            pieces.append(tensor.detach().reshape(-1).to(device).view(torch.uint8))
+            end = start + offset + pieces[-1].numel()
+        if start + slot_size > end:
+            pieces.append(zeros[: start + slot_size - end])
+        end = start + slot_size
+    buffer = torch.cat([*pieces, zeros[: size - end]]) if pieces else zeros
     buffers = [torch.empty_like(buffer) for _ in range(world)]
     if size:  # 0 when no client of the round completed
         dist.all_gather(buffers, buffer)
