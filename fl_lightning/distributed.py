@@ -38,7 +38,7 @@ from fl_lightning.participation import RoundPlan
 if TYPE_CHECKING:
     from fl_lightning.module import FederatedModule
 
-_ALIGN = 16  # bytes: every tensor starts at an offset where any dtype may be viewed in place
+_ALIGN = 16  # bytes, a multiple of every element size: slots start aligned for any dtype
 Structure = tuple  # (upload, client_state, personal), each nested tuples of (name, shape, dtype)
 
 
@@ -162,9 +162,7 @@ class DistributedExecution:
         device = module.device if dist.get_backend() == "nccl" else torch.device("cpu")
         by_slot = _slots(sub_plan, results)
         structures = {slot: _structure(result) for slot, result in by_slot.items()}
-        headers = self._gather_headers(by_slot, structures, max(len(a) for a in assignment), device)
-        ids = [h[:, 0].contiguous().view(torch.int64).tolist() for h in headers]
-        rows = [h[:, 1:].tolist() for h in headers]  # (mean loss, steps) per slot
+        ids, rows = self._gather_headers(by_slot, structures, max(len(a) for a in assignment), device)
         sizes = [sum(_layout(self.structures[i])[1] for i in ids_r if i) for ids_r in ids]
         buffers = _gather_bytes(by_slot, structures, max(sizes), world, device)
 
@@ -189,8 +187,11 @@ class DistributedExecution:
 
     def _gather_headers(
         self, by_slot: dict[int, ClientResult], structures: dict[int, Structure], slots: int, device: torch.device
-    ) -> list[Tensor]:
-        """Per rank a float64 [slots, 3] header: (structure id bits, mean loss, steps); learns new structures."""
+    ) -> tuple[list[list[int]], list[list[list[float]]]]:
+        """Per rank and slot: the structure id (0: no result) and (mean loss, steps). Learns new structures.
+
+        One float64 [slots, 3] all_gather; the id travels as the bits of an int64.
+        """
         ids, meta, local = [0] * slots, [[0.0, 0.0] for _ in range(slots)], {}
         for slot, result in by_slot.items():
             structure = structures[slot]
@@ -202,14 +203,15 @@ class DistributedExecution:
         headers = [torch.empty_like(header) for _ in range(dist.get_world_size())]
         dist.all_gather(headers, header)
         headers = [h.cpu() for h in headers]
-        # Every rank sees the same headers and cache, so all take this branch together.
-        new = {i for h in headers for i in h[:, 0].contiguous().view(torch.int64).tolist() if i and i not in self.structures}
+        ids = [h[:, 0].contiguous().view(torch.int64).tolist() for h in headers]
+        # Every rank sees the same ids and has the same cache, so all take this branch together.
+        new = {i for ids_r in ids for i in ids_r if i and i not in self.structures}
         if new:  # a structure seen for the first time: exchange it once (objects, no tensors)
             gathered: list[dict | None] = [None] * len(headers)
             dist.all_gather_object(gathered, {i: s for i, s in local.items() if i in new})
             for part in gathered:
                 self.structures.update(part)
-        return headers
+        return ids, [h[:, 1:].tolist() for h in headers]
 
 
 def _slots(sub_plan: RoundPlan, results: list[ClientResult]) -> dict[int, ClientResult]:
