@@ -1,8 +1,13 @@
-"""Train FedAvg with the round's clients split over W processes (Lightning DDP, gloo on CPU)
-and save the final global parameters, to compare with a one-process run.
+"""Train with the round's clients split over W processes (Lightning DDP, gloo on CPU) and
+save the final global parameters, server state and client store, to compare with a
+one-process run.
 
     python benchmarks/ddp_check.py --devices 2 --out ddp.pt
     python benchmarks/ddp_check.py --devices 1 --out single.pt
+
+``--algorithm scaffold`` has client state; ``fadam_et`` uploads ``y_delta`` only from
+its tracking subset (results of different structure in one round); ``--skew`` gives
+clients unequal sizes and one local epoch, so their local steps differ.
 """
 
 from __future__ import annotations
@@ -17,9 +22,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import lightning as L  # noqa: E402
 import torch  # noqa: E402
 
-from datamodules import IID, FederatedDataModule  # noqa: E402
-from fl_lightning import FedAvg, FederatedModule, LocalTraining, UniformSampling  # noqa: E402
+from datamodules import IID, FederatedDataModule, QuantitySkew  # noqa: E402
+from fl_lightning import FederatedModule, LocalTraining, UniformSampling  # noqa: E402
+from fl_lightning.algorithms import SCAFFOLD, FAdamET, FedAvg  # noqa: E402
+from fl_lightning.state import flatten_state  # noqa: E402
 from models import MLP  # noqa: E402
+
+ALGORITHMS = {"fedavg": FedAvg, "scaffold": SCAFFOLD, "fadam_et": FAdamET}
 
 
 def main() -> None:
@@ -28,14 +37,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--clients-per-round", type=int, default=10)
     parser.add_argument("--execution", default="sequential")
+    parser.add_argument("--algorithm", choices=sorted(ALGORITHMS), default="fedavg")
+    parser.add_argument("--skew", action="store_true", help="unequal client sizes, one local epoch")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    module = FederatedModule(MLP(32, 10, hidden=[64]), FedAvg(), LocalTraining(lr=0.05, steps=4, batch_size=16), execution=args.execution)
+    local = LocalTraining(lr=0.05, steps=None, epochs=1, batch_size=16) if args.skew else LocalTraining(lr=0.05, steps=4, batch_size=16)
+    module = FederatedModule(MLP(32, 10, hidden=[64]), ALGORITHMS[args.algorithm](), local, execution=args.execution)
     data = FederatedDataModule(
         "synthetic", dict(num_samples=8000, num_features=32, num_classes=10, seed=0), num_clients=100,
-        partition=IID(), participation=UniformSampling(args.clients_per_round),
+        partition=QuantitySkew(sigma=1.0) if args.skew else IID(), participation=UniformSampling(args.clients_per_round),
     )  # fmt: skip
     strategy = "ddp" if args.devices > 1 else "auto"
     trainer = L.Trainer(
@@ -48,7 +60,7 @@ def main() -> None:
     seconds = time.perf_counter() - start
     if trainer.global_rank == 0:
         torch.save({"params": [p.detach() for p in module.model.parameters()], "seconds": seconds,
-                    "client_steps": args.rounds * args.clients_per_round * 4}, args.out)  # fmt: skip
+                    "server_state": flatten_state(module.server_state), "store": module.store.state_dict()}, args.out)  # fmt: skip
 
 
 if __name__ == "__main__":

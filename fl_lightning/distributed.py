@@ -1,18 +1,36 @@
 """Multi-process execution: the round's clients are split across the ranks of a
 Lightning DDP run (gloo on CPU, NCCL on GPU).
 
-Every rank receives the same round plan. Rank r trains the clients at positions
-r, r + W, r + 2W, ... of the plan with its local executor, then the ranks
-exchange their client results with ``torch.distributed`` so that every rank
-aggregates the same uploads in plan order: the global model, the server state
-and the client store are identical on every rank and equal to a one-process run.
+Every rank receives the same round plan and computes the same assignment of
+clients to ranks (balanced by local steps). Each rank trains its clients with
+its local executor, then the ranks exchange the client results so that every
+rank aggregates the same uploads in plan order: the global model, the server
+state and the client store are identical on every rank and equal to a
+one-process run.
+
+The exchange is two tensor collectives per round, never pickled tensors:
+
+1. a small header per client slot: an id of the result's *structure* (names,
+   shapes and dtypes of its upload, client state and personal tensors; 0 for a
+   slot without a result), its mean loss and its number of steps;
+2. the raw bytes of every result's tensors, laid out by that structure.
+
+Structures are learned once (an ``all_gather_object`` of the structure, not of
+the tensors) the first round an id appears, then cached. So algorithms whose
+uploads differ between clients (FAdamET: only the tracking subset uploads
+``y_delta``) need no fallback: each slot carries its own structure id.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import math
 from typing import TYPE_CHECKING
 
+import torch
 import torch.distributed as dist
+from torch import Tensor
 
 from fl_lightning.algorithms.base import ClientResult, Payload, RoundInfo
 from fl_lightning.participation import RoundPlan
@@ -20,11 +38,84 @@ from fl_lightning.participation import RoundPlan
 if TYPE_CHECKING:
     from fl_lightning.module import FederatedModule
 
+_ALIGN = 16  # bytes, a multiple of every element size: slots start aligned for any dtype
+Structure = tuple  # (upload, client_state, personal), each nested tuples of (name, shape, dtype)
 
-def _to_cpu(obj):
-    if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
-    return obj.cpu() if hasattr(obj, "cpu") else obj
+
+def assign_clients(steps: list[int], world: int) -> list[list[int]]:
+    """Plan positions per rank, balancing the local steps each rank runs.
+
+    Longest first, each to the least-loaded rank (ties: the lower rank), so the
+    assignment is a deterministic function of the plan, the same on every rank.
+    With equal steps this is round-robin over positions.
+    """
+    loads, ranks = [0] * world, [[] for _ in range(world)]
+    for position in sorted(range(len(steps)), key=lambda i: (-steps[i], i)):
+        rank = min(range(world), key=lambda r: (loads[r], r))
+        loads[rank] += steps[position]
+        ranks[rank].append(position)
+    return [sorted(positions) for positions in ranks]
+
+
+def _tensors(result: ClientResult) -> list[Tensor]:
+    nested = [result.upload, result.client_state]
+    return [v for part in nested for td in part.values() for v in td.values()] + list(result.personal.values())
+
+
+def _structure(result: ClientResult) -> Structure:
+    def flat(td):
+        return tuple((k, tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in td.items())
+
+    return (
+        tuple((n, flat(td)) for n, td in result.upload.items()),
+        tuple((n, flat(td)) for n, td in result.client_state.items()),
+        flat(result.personal),
+    )
+
+
+def _structure_id(structure: Structure) -> int:
+    """A stable non-zero 63-bit id (Python's ``hash`` of strings differs between processes)."""
+    digest = hashlib.blake2b(repr(structure).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1 or 1
+
+
+def _specs(structure: Structure) -> list[tuple[str, tuple, str]]:
+    """(name, shape, dtype) of a result's tensors, in ``_tensors`` order."""
+    upload, state, personal = structure
+    return [e for part in (upload, state) for _, td in part for e in td] + list(personal)
+
+
+@functools.cache
+def _layout(structure: Structure) -> tuple[tuple[int, ...], int]:
+    """Byte offset of each tensor in a result's slot, and the slot's size.
+
+    A tensor starts at a multiple of its element size, so it can be viewed in place
+    (consecutive tensors of one dtype need no padding); a slot's size is a multiple of
+    ``_ALIGN``, so slots can follow one another.
+    """
+    offsets, end = [], 0
+    for _, shape, dtype in _specs(structure):
+        itemsize = getattr(torch, dtype).itemsize
+        offsets.append(-(-end // itemsize) * itemsize)
+        end = offsets[-1] + math.prod(shape) * itemsize
+    return tuple(offsets), -(-end // _ALIGN) * _ALIGN
+
+
+def _unpack(buffer: Tensor, structure: Structure) -> tuple[Payload, Payload, dict[str, Tensor]]:
+    """Views into one slot of ``buffer`` (uint8) laid out by ``structure``: (upload, client_state, personal)."""
+    offsets = iter(_layout(structure)[0])
+
+    def take(td_structure):
+        out = {}
+        for key, shape, dtype in td_structure:
+            dtype, start = getattr(torch, dtype), next(offsets)
+            out[key] = buffer[start : start + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
+        return out
+
+    upload_s, state_s, personal_s = structure
+    upload = {n: take(td) for n, td in upload_s}
+    state = {n: take(td) for n, td in state_s}
+    return upload, state, take(personal_s)
 
 
 class DistributedExecution:
@@ -32,6 +123,7 @@ class DistributedExecution:
 
     def __init__(self, local_execution) -> None:
         self.local_execution = local_execution
+        self.structures: dict[int, Structure] = {}  # learned by all ranks together: identical on every rank
 
     def run_warmup(self, module: FederatedModule, broadcast: Payload, info: RoundInfo):
         """A pass over all N clients (e.g. Scaffold-P's initialisation): every rank runs it whole."""
@@ -41,16 +133,116 @@ class DistributedExecution:
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
             return self.local_execution.run(module, plan, broadcast, info)
         rank, world = dist.get_rank(), dist.get_world_size()
-        mine = list(range(rank, len(plan.clients), world))
+        assignment = assign_clients(self._steps(module, plan), world)
+        mine = assignment[rank]
         max_steps = None if plan.max_steps is None else plan.max_steps[mine]
         sub_plan = RoundPlan(plan.round, plan.clients[mine], plan.weights[mine], plan.seeds[mine], max_steps)
         results = self.local_execution.run(module, sub_plan, broadcast, info) if mine else []
-        gathered: list[list[ClientResult] | None] = [None] * world
-        dist.all_gather_object(gathered, [(r.client_id, _to_cpu(r.upload), _to_cpu(r.client_state), r.num_steps, r.mean_loss, _to_cpu(r.personal)) for r in results])
-        device = module.device
-        by_position: dict[int, ClientResult] = {}
-        for r, part in enumerate(gathered):
-            for position, (cid, upload, state, steps, loss, personal) in zip(range(r, len(plan.clients), world), part):
-                upload = {n: {k: v.to(device) for k, v in td.items()} for n, td in upload.items()}
-                by_position[position] = ClientResult(cid, upload, state, steps, loss, personal)
-        return [by_position[i] for i in range(len(plan.clients))]
+        return self._exchange(module, plan, assignment, sub_plan, results)
+
+    @staticmethod
+    def _steps(module: FederatedModule, plan: RoundPlan) -> list[int]:
+        """Each planned client's local steps (its share of the round's work)."""
+        data, local = module.datamodule, module.local
+        steps = [data.num_local_steps(c, local.batch_size, local.steps, local.epochs) for c in plan.clients.tolist()]
+        if plan.max_steps is not None:
+            steps = [min(s, int(m)) for s, m in zip(steps, plan.max_steps.tolist())]
+        return steps
+
+    def _exchange(
+        self,
+        module: FederatedModule,
+        plan: RoundPlan,
+        assignment: list[list[int]],
+        sub_plan: RoundPlan,
+        results: list[ClientResult],
+    ) -> list[ClientResult]:
+        """Every rank's results, in plan order, on every rank (a client that failed is absent everywhere)."""
+        world, rank = len(assignment), dist.get_rank()
+        device = module.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        by_slot = _slots(sub_plan, results)
+        structures = {slot: _structure(result) for slot, result in by_slot.items()}
+        ids, rows = self._gather_headers(by_slot, structures, max(len(a) for a in assignment), device)
+        sizes = [sum(_layout(self.structures[i])[1] for i in ids_r if i) for ids_r in ids]
+        buffers = _gather_bytes(by_slot, structures, max(sizes), world, device)
+
+        by_position = {}
+        for r in range(world):
+            offset = 0
+            for slot, (position, structure_id) in enumerate(zip(assignment[r], ids[r])):
+                if not structure_id:
+                    continue
+                structure = self.structures[structure_id]
+                size = _layout(structure)[1]
+                if r == rank:  # this rank's own results, as they are
+                    by_position[position] = by_slot[slot]
+                else:
+                    upload, state, personal = _unpack(buffers[r][offset : offset + size], structure)
+                    if device != module.device:
+                        upload = {n: {k: v.to(module.device) for k, v in td.items()} for n, td in upload.items()}
+                    loss, steps = rows[r][slot]
+                    by_position[position] = ClientResult(int(plan.clients[position]), upload, state, int(steps), loss, personal)
+                offset += size
+        return [by_position[p] for p in sorted(by_position)]
+
+    def _gather_headers(
+        self, by_slot: dict[int, ClientResult], structures: dict[int, Structure], slots: int, device: torch.device
+    ) -> tuple[list[list[int]], list[list[list[float]]]]:
+        """Per rank and slot: the structure id (0: no result) and (mean loss, steps). Learns new structures.
+
+        One float64 [slots, 3] all_gather; the id travels as the bits of an int64.
+        """
+        ids, meta, local = [0] * slots, [[0.0, 0.0] for _ in range(slots)], {}
+        for slot, result in by_slot.items():
+            structure = structures[slot]
+            ids[slot] = _structure_id(structure)
+            local[ids[slot]] = structure
+            meta[slot] = [result.mean_loss, float(result.num_steps)]
+        id_bits = torch.tensor(ids, dtype=torch.int64).view(torch.float64)[:, None]
+        header = torch.cat([id_bits, torch.tensor(meta, dtype=torch.float64)], dim=1).to(device)
+        headers = [torch.empty_like(header) for _ in range(dist.get_world_size())]
+        dist.all_gather(headers, header)
+        headers = [h.cpu() for h in headers]
+        ids = [h[:, 0].contiguous().view(torch.int64).tolist() for h in headers]
+        # Every rank sees the same ids and has the same cache, so all take this branch together.
+        new = {i for ids_r in ids for i in ids_r if i and i not in self.structures}
+        if new:  # a structure seen for the first time: exchange it once (objects, no tensors)
+            gathered: list[dict | None] = [None] * len(headers)
+            dist.all_gather_object(gathered, {i: s for i, s in local.items() if i in new})
+            for part in gathered:
+                self.structures.update(part)
+        return ids, [h[:, 1:].tolist() for h in headers]
+
+
+def _slots(sub_plan: RoundPlan, results: list[ClientResult]) -> dict[int, ClientResult]:
+    """Results by their slot in ``sub_plan``: a client that failed has no result, so match ids in order."""
+    by_slot, slot = {}, 0
+    for result in results:
+        while int(sub_plan.clients[slot]) != result.client_id:
+            slot += 1
+        by_slot[slot] = result
+        slot += 1
+    return by_slot
+
+
+def _gather_bytes(
+    by_slot: dict[int, ClientResult], structures: dict[int, Structure], size: int, world: int, device: torch.device
+) -> list[Tensor]:
+    """Every rank's result tensors as raw bytes (uint8 [size] per rank), slot after slot, by ``_layout``."""
+    pieces, end, zeros = [], 0, torch.zeros(size, dtype=torch.uint8, device=device)
+    for slot in sorted(by_slot):
+        offsets, slot_size = _layout(structures[slot])
+        start = end
+        for offset, tensor in zip(offsets, _tensors(by_slot[slot])):
+            if start + offset > end:
+                pieces.append(zeros[: start + offset - end])
+            pieces.append(tensor.detach().reshape(-1).to(device).view(torch.uint8))
+            end = start + offset + pieces[-1].numel()
+        if start + slot_size > end:
+            pieces.append(zeros[: start + slot_size - end])
+        end = start + slot_size
+    buffer = torch.cat([*pieces, zeros[: size - end]]) if pieces else zeros
+    buffers = [torch.empty_like(buffer) for _ in range(world)]
+    if size:  # 0 when no client of the round completed
+        dist.all_gather(buffers, buffer)
+    return buffers

@@ -1,26 +1,52 @@
-"""Clients split over 2 DDP processes (gloo, CPU) give the one-process global model."""
+"""Clients split over 2 DDP processes (gloo, CPU) give the one-process global model,
+server state and client store."""
 
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
+
+from fl_lightning.distributed import assign_clients
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _train(tmp_path, devices: int) -> dict:
-    out = tmp_path / f"devices{devices}.pt"
+def _train(tmp_path, devices: int, algorithm: str, skew: bool) -> dict:
+    out = tmp_path / f"{algorithm}_devices{devices}.pt"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, str(ROOT / "benchmarks" / "ddp_check.py"), "--devices", str(devices), "--rounds", "3",
-           "--clients-per-round", "5", "--out", str(out)]  # fmt: skip
+           "--clients-per-round", "5", "--algorithm", algorithm, "--out", str(out)] + ["--skew"] * skew  # fmt: skip
     proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return torch.load(out, weights_only=True)
 
 
-def test_ddp_two_processes_equal_one_process(tmp_path):
-    single, ddp = _train(tmp_path, 1), _train(tmp_path, 2)
-    for a, b in zip(single["params"], ddp["params"]):
+@pytest.mark.parametrize(
+    "algorithm, skew",
+    [
+        ("scaffold", True),  # client state; unequal local steps, so the ranks get unequal client counts
+        ("fadam_et", False),  # only the tracking subset uploads y_delta: results of two structures
+    ],
+)
+def test_ddp_two_processes_equal_one_process(tmp_path, algorithm, skew):
+    single, ddp = _train(tmp_path, 1, algorithm, skew), _train(tmp_path, 2, algorithm, skew)
+    for a, b in zip(single["params"], ddp["params"], strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-7)
+    for key in ("server_state", "store"):
+        assert single[key].keys() == ddp[key].keys()
+        for name in single[key]:
+            torch.testing.assert_close(single[key][name], ddp[key][name], rtol=0, atol=1e-7)
+    assert single["store"], "the check must compare some client state"
+
+
+def test_assign_clients_balances_local_steps_deterministically():
+    steps = [10, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 4]
+    ranks = assign_clients(steps, 2)
+    assert sorted(p for r in ranks for p in r) == list(range(len(steps)))
+    loads = [sum(steps[p] for p in r) for r in ranks]
+    assert loads == [12, 12]  # round-robin would give 19 / 5
+    assert ranks == assign_clients(steps, 2)
+    assert assign_clients([3] * 5, 2) == [[0, 2, 4], [1, 3]]  # equal steps: round-robin
