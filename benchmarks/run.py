@@ -181,12 +181,13 @@ def framework(workload: str, clients_per_round: int, rounds: int, execution: str
     from fl_lightning import FedAvg, FederatedModule, LocalTraining
 
     class Timer(L.Callback):
-        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-            if batch_idx == 0:  # after the warm-up round
-                self.start = time.perf_counter()
+        """From the end of the warm-up round to the end of the last round (no start-up or teardown)."""
 
-        def on_train_end(self, trainer, module):
-            self.seconds = time.perf_counter() - self.start
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            if batch_idx == 0:
+                self.start = time.perf_counter()
+            elif batch_idx == rounds - 1:
+                self.seconds = time.perf_counter() - self.start
 
     spec = WORKLOADS[workload]
     timer = Timer()
@@ -214,48 +215,71 @@ def _quiet() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
-def worker(workload: str, executions: list[str], rounds: int, repeats: int) -> list[dict]:
-    """bare / sequential / batched rows of one workload, interleaved ``repeats`` times; best rate kept."""
+def _best_rows(runs: list[tuple[str, str, int]], rounds: dict[str, int], repeats: int, run_one) -> list[dict]:
+    """Run every (workload, execution, S) ``repeats`` times, interleaved within a workload
+    (workloads one after another, so none sees the memory of a later one); keep each best rate."""
+    best: dict[tuple, float] = {}
+    peak: dict[tuple, float] = {}
+    groups = {key[0]: [k for k in runs if k[0] == key[0]] for key in runs}
+    for key in [k for group in groups.values() for _ in range(repeats) for k in group]:
+        workload, execution, s = key
+        reset_peak_rss()
+        seconds = run_one(workload, execution, s, rounds[workload])
+        if seconds is None:  # not rank 0
+            continue
+        rate = (rounds[workload] - 1) * s * WORKLOADS[workload]["steps"] / seconds
+        best[key] = max(best.get(key, 0.0), rate)
+        peak[key] = max(peak.get(key, 0.0), peak_rss_mb())
+    return [dict(workload=w, execution=e, clients_per_round=s, client_steps_per_s=best[(w, e, s)],
+                 peak_rss_mb=round(peak[(w, e, s)], 1)) for (w, e, s) in runs if (w, e, s) in best]  # fmt: skip
+
+
+def worker(workloads: list[str], executions: list[str], rounds: dict[str, int], repeats: int) -> list[dict]:
+    """bare / sequential / batched rows, all in this process: a workload's executions run
+    back to back, so a pass over them sees the same machine state."""
     _quiet()
-    spec, rows = WORKLOADS[workload], []
-    for s in spec["plan"]:
-        best: dict[str, float] = {}
-        peak: dict[str, float] = {}
-        for _ in range(repeats):
-            for execution in executions:
-                reset_peak_rss()
-                if execution == "bare":
-                    seconds = bare_loop(workload, s, rounds)
-                else:
-                    seconds = framework(workload, s, rounds, execution)
-                rate = (rounds - 1) * s * spec["steps"] / seconds
-                best[execution] = max(best.get(execution, 0.0), rate)
-                peak[execution] = max(peak.get(execution, 0.0), peak_rss_mb())
-        for execution in executions:
-            rows.append(dict(workload=workload, execution=execution, clients_per_round=s,
-                             client_steps_per_s=best[execution], peak_rss_mb=round(peak[execution], 1)))  # fmt: skip
+
+    def run_one(workload, execution, s, n):
+        return bare_loop(workload, s, n) if execution == "bare" else framework(workload, s, n, execution)
+
+    runs = [(w, e, s) for w in workloads for s in WORKLOADS[w]["plan"] for e in executions]
+    return _best_rows(runs, rounds, repeats, run_one)
+
+
+def ddp_rows(settings: list[tuple[str, int]], rounds: dict[str, int], repeats: int) -> list[dict]:
+    """ddp2 rows from one 2-process launch (both ranks run this same sequence of fits).
+
+    Before DDP starts, rank 0 measures the same settings in one process (sequential
+    execution) as the reference of ``ratio_vs_sequential``: same launch, adjacent in time.
+    """
+    _quiet()
+
+    def run_one(w, e, s, n):
+        return framework(w, s, n, e)
+
+    reference = []
+    if os.environ.get("LOCAL_RANK", "0") == "0":  # Lightning starts rank 1 with LOCAL_RANK=1
+        reference = _best_rows([(w, "sequential", s) for w, s in settings], rounds, repeats, run_one)
+    rows = _best_rows([(w, "ddp2", s) for w, s in settings], rounds, repeats, run_one)
+    for row, ref in zip(rows, reference):
+        row["one_process_steps_per_s"] = ref["client_steps_per_s"]
     return rows
 
 
-def ddp_row(workload: str, s: int, rounds: int) -> dict | None:
-    _quiet()
-    reset_peak_rss()
-    seconds = framework(workload, s, rounds, "ddp2")
-    if seconds is None:
-        return None
-    rate = (rounds - 1) * s * WORKLOADS[workload]["steps"] / seconds
-    return dict(workload=workload, execution="ddp2", clients_per_round=s, client_steps_per_s=rate,
-                peak_rss_mb=round(peak_rss_mb(), 1))  # fmt: skip
-
-
 def _subprocess(args: list[str]) -> list[dict]:
+    started = time.perf_counter()
     out = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, cwd=ROOT)
+    print(f"  ({' '.join(args)}: {time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
     lines = [line for line in out.stdout.splitlines() if line.startswith("[") or line.startswith("{")]
     if out.returncode != 0 or not lines:
         print(f"{' '.join(args)} failed:\n{out.stderr[-2000:]}", file=sys.stderr)
         return []
     result = json.loads(lines[-1])
     return result if isinstance(result, list) else [result]
+
+
+def _rounds_arg(text: str) -> dict[str, int]:
+    return {k: int(v) for k, v in (item.split("=") for item in text.split(","))}
 
 
 def main() -> None:
@@ -268,43 +292,45 @@ def main() -> None:
     parser.add_argument("--_ddp", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._worker:
-        workload, executions, rounds, repeats = args._worker
-        print(json.dumps(worker(workload, executions.split(","), int(rounds), int(repeats))))
+        workloads, executions, rounds, repeats = args._worker
+        print(json.dumps(worker(workloads.split(","), executions.split(","), _rounds_arg(rounds), int(repeats))))
         return
     if args._ddp:
-        row = ddp_row(args._ddp[0], int(args._ddp[1]), int(args._ddp[2]))
-        if row is not None:
-            print(json.dumps(row))
+        settings = [(w, int(s)) for w, s in (item.split(":") for item in args._ddp[0].split(","))]
+        rows = ddp_rows(settings, _rounds_arg(args._ddp[1]), int(args._ddp[2]))
+        if rows:  # rank 0 only
+            print(json.dumps(rows))
         return
 
-    rounds = {"mlp": 8, "cnn": 5, "lora": 4} if args.quick else {"mlp": 30, "cnn": 15, "lora": 10}
+    workloads = args.workloads.split(",")
+    rounds = {"mlp": 16, "cnn": 8, "lora": 4} if args.quick else {"mlp": 40, "cnn": 15, "lora": 10}
+    rounds_arg = ",".join(f"{k}={v}" for k, v in rounds.items())
     repeats = 2 if args.quick else 3
     executions = args.executions.split(",")
     local = [e for e in executions if e != "ddp2"]
     if "bare" not in local:
         local.insert(0, "bare")
-    started, rows = time.perf_counter(), []
-    if "lora" in args.workloads.split(","):  # written once, read by every process of the run
+    started = time.perf_counter()
+    if "lora" in workloads:  # written once, read by every process of the run
         _quiet()
         os.environ["FL_BENCH_TEXT_DIR"] = str(_text_assets())
-    for workload in args.workloads.split(","):
-        found = _subprocess(["--_worker", workload, ",".join(local), str(rounds[workload]), str(repeats)])
-        if "ddp2" in executions:
-            for s in WORKLOADS[workload]["plan"]:
-                if not args.quick or (workload, s) in QUICK_DDP:
-                    found += _subprocess(["--_ddp", workload, str(s), str(rounds[workload])])
-        for row in found:
-            same = {r["execution"]: r["client_steps_per_s"] for r in found if r["clients_per_round"] == row["clients_per_round"]}
-            row["ratio_vs_bare"] = round(row["client_steps_per_s"] / same["bare"], 3) if "bare" in same else None
-            if row["execution"] == "ddp2" and "sequential" in same:
-                row["ratio_vs_sequential"] = round(row["client_steps_per_s"] / same["sequential"], 3)
-        for row in found:
-            row["client_steps_per_s"] = round(row["client_steps_per_s"], 1)
-            extra = f"  (x{row['ratio_vs_sequential']} of sequential)" if "ratio_vs_sequential" in row else ""
-            print(f"{row['workload']:5s} {row['execution']:10s} S={row['clients_per_round']:3d} "
-                  f"{row['client_steps_per_s']:10.1f} steps/s {row['peak_rss_mb']:8.1f} MB  x{row['ratio_vs_bare']}{extra}",
-                  flush=True)  # fmt: skip
-        rows += found
+    rows = _subprocess(["--_worker", ",".join(workloads), ",".join(local), rounds_arg, str(repeats)])
+    if "ddp2" in executions:
+        settings = [(w, s) for w in workloads for s in WORKLOADS[w]["plan"] if not args.quick or (w, s) in QUICK_DDP]
+        if settings:
+            rows += _subprocess(["--_ddp", ",".join(f"{w}:{s}" for w, s in settings), rounds_arg, str(repeats)])
+    for row in rows:
+        same = {r["execution"]: r["client_steps_per_s"] for r in rows
+                if (r["workload"], r["clients_per_round"]) == (row["workload"], row["clients_per_round"])}  # fmt: skip
+        row["ratio_vs_bare"] = round(row["client_steps_per_s"] / same["bare"], 3) if "bare" in same else None
+        if row["execution"] == "ddp2" and "one_process_steps_per_s" in row:
+            row["ratio_vs_sequential"] = round(row["client_steps_per_s"] / row.pop("one_process_steps_per_s"), 3)
+    rows.sort(key=lambda r: (workloads.index(r["workload"]), r["clients_per_round"]))
+    for row in rows:
+        row["client_steps_per_s"] = round(row["client_steps_per_s"], 1)
+        extra = f"  (x{row['ratio_vs_sequential']} of sequential)" if "ratio_vs_sequential" in row else ""
+        print(f"{row['workload']:5s} {row['execution']:10s} S={row['clients_per_round']:3d} "
+              f"{row['client_steps_per_s']:10.1f} steps/s {row['peak_rss_mb']:8.1f} MB  x{row['ratio_vs_bare']}{extra}")  # fmt: skip
     print(f"total {time.perf_counter() - started:.0f} s")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(rows, indent=2))

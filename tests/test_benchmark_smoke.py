@@ -21,7 +21,7 @@ def test_worker_rows_have_the_documented_fields(workload, tmp_path, monkeypatch)
     run = _runner()
     monkeypatch.setattr(run, "_quiet", lambda: None)  # keep this process's warning and log settings
     monkeypatch.setitem(run.WORKLOADS, workload, {**run.WORKLOADS[workload], "plan": [2]})
-    rows = run.worker(workload, ["bare", "sequential", "batched"], rounds=2, repeats=1)
+    rows = run.worker([workload], ["bare", "sequential", "batched"], rounds={workload: 2}, repeats=1)
     assert [r["execution"] for r in rows] == ["bare", "sequential", "batched"]
     for row in rows:
         assert set(row) == {"workload", "execution", "clients_per_round", "client_steps_per_s", "peak_rss_mb"}
