@@ -130,6 +130,15 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_").lower() or "case"
 
 
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
 def plot_case(case: str, results: list[SeriesResult], out: Path) -> list[Path]:
     import matplotlib
 
@@ -147,20 +156,14 @@ def plot_case(case: str, results: list[SeriesResult], out: Path) -> list[Path]:
         ax.plot(np.clip(res.error.mean(0), 1e-12, None), color=color, lw=2.5, label=f"{res.label} (mean)")
     ax.set(yscale="log", xlabel="round k", ylabel="f(theta^k) - f*", title=f"Cost error, {len(results[0].cost)} runs: {case}")
     ax.legend()
-    fig.tight_layout()
-    paths.append(out / f"cost_error_{slug}.png")
-    fig.savefig(paths[-1], dpi=90)
-    plt.close(fig)
+    paths.append(_save(fig, out / f"cost_error_{slug}.png"))
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for color, res in zip(colors, results):
         ax.plot(np.clip(res.error.var(0, ddof=1), 1e-20, None), color=color, lw=2, label=res.label)
     ax.set(yscale="log", xlabel="round k", ylabel="variance of f(theta^k) across runs", title=f"Variance: {case}")
     ax.legend()
-    fig.tight_layout()
-    paths.append(out / f"variance_{slug}.png")
-    fig.savefig(paths[-1], dpi=90)
-    plt.close(fig)
+    paths.append(_save(fig, out / f"variance_{slug}.png"))
 
     fig, axes = plt.subplots(1, len(results), figsize=(4 * len(results), 4), squeeze=False)
     lim = max(np.abs(r.final - r.final.mean(0))[:, :2].max() for r in results) * 1.15
@@ -171,10 +174,7 @@ def plot_case(case: str, results: list[SeriesResult], out: Path) -> list[Path]:
         ax.set(xlim=(-lim, lim), ylim=(-lim, lim), aspect="equal", xlabel="theta_1 - mean", ylabel="theta_2 - mean")
         ax.set_title(f"{res.label}\nCEP = {res.cep:.4f}", fontsize=9)
     fig.suptitle(f"Final parameters around their mean: {case}", fontsize=10)
-    fig.tight_layout()
-    paths.append(out / f"cep_{slug}.png")
-    fig.savefig(paths[-1], dpi=90)
-    plt.close(fig)
+    paths.append(_save(fig, out / f"cep_{slug}.png"))
     return paths
 
 

@@ -69,12 +69,16 @@ def weighted_sum(dicts: Sequence[TensorDict], weights: Sequence[float] | Tensor)
     if len(dicts) == 0:
         raise ValueError("weighted_sum needs at least one tensor dict")
     weights = [float(w) for w in weights]
+    weight_tensors: dict[tuple, Tensor] = {}  # one per dtype and device, not one per tensor name
     out = {}
     for k in dicts[0]:
         parts = across(dicts, k)
         if len(parts) == 1 and len(dicts) > 1:
             stacked = parts[0]
-            out[k] = torch.tensordot(torch.tensor(weights, dtype=stacked.dtype, device=stacked.device), stacked, dims=1)
+            key = (stacked.dtype, stacked.device)
+            if key not in weight_tensors:
+                weight_tensors[key] = torch.tensor(weights, dtype=stacked.dtype, device=stacked.device)
+            out[k] = torch.tensordot(weight_tensors[key], stacked, dims=1)
             continue
         out[k] = parts[0] * weights[0]
         for part, w in zip(parts[1:], weights[1:]):
