@@ -22,7 +22,7 @@ class LocalTraining:
             (``lr / sqrt(t + 1)``, the 1/sqrt(k) step of k = t + 1 in Rostami & Kia's
             FedAvg baseline; needs ``lr_decay = 1``).
         personal_lr: step size gamma_v of personal tensors, > 0 (``None``: same as
-            ``lr``); decays with ``lr_decay`` like ``lr``. Used by personalization algorithms.
+            ``lr``); follows ``lr_schedule`` like ``lr``. Used by personalization algorithms.
     """
 
     lr: float = 0.1
@@ -57,10 +57,14 @@ class LocalTraining:
             raise ValueError(f"local.personal_lr must be > 0 (or null for local.lr), got {self.personal_lr}")
 
     def lr_at(self, round_idx: int) -> float:
-        if self.lr_schedule == "inv_sqrt":
-            return self.lr / math.sqrt(round_idx + 1)
-        return self.lr * self.lr_decay**round_idx
+        """eta_l of round ``round_idx`` under ``lr_schedule``."""
+        return self._scheduled(self.lr, round_idx)
 
     def personal_lr_at(self, round_idx: int) -> float:
-        base = self.lr if self.personal_lr is None else self.personal_lr
+        """gamma_v of round ``round_idx``: ``personal_lr`` (default ``lr``) under the same schedule."""
+        return self._scheduled(self.lr if self.personal_lr is None else self.personal_lr, round_idx)
+
+    def _scheduled(self, base: float, round_idx: int) -> float:
+        if self.lr_schedule == "inv_sqrt":
+            return base / math.sqrt(round_idx + 1)
         return base * self.lr_decay**round_idx

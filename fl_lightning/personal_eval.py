@@ -16,7 +16,6 @@ from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from fl_lightning import params as P
-from fl_lightning.execution import forward_loss_at, make_grad_fn
 
 
 def worst_fraction_mean(values: torch.Tensor, fraction: float = 0.1) -> float:
@@ -53,7 +52,7 @@ class PersonalizedEvaluation(Callback):
             if len(data.client_holdout[cid]) == 0:
                 continue
             batch = move_data_to_device(data.client_holdout_batch(cid), pl_module.device)
-            loss, logits, target = forward_loss_at(pl_module.model, _client_params(pl_module, cid), batch)
+            loss, logits, target = pl_module.objective.at(_client_params(pl_module, cid), batch)
             accs.append((logits.argmax(-1) == target).double().mean())
             losses.append(loss.double())
         accs_t = torch.stack(accs).cpu()
@@ -92,7 +91,7 @@ class GradientNorm(Callback):
         for cid in range(n):
             batch = move_data_to_device(data.client_full_batch(cid), pl_module.device)
             params = _client_params(pl_module, cid)
-            _, grads = make_grad_fn(pl_module.model, pl_module.parameter_swap, batch, local.weight_decay)(params)
+            _, grads = pl_module.objective.grad_fn(batch, local.weight_decay)(params)
             shared = {k: grads[k].double() for k in pl_module.federated_names}
             grad_u = shared if grad_u is None else P.add(grad_u, shared)
             g_v = g_v + P.sq_norm({k: grads[k] for k in pl_module.personal_names})  # 0 without personal tensors

@@ -37,7 +37,7 @@ def _aggregate_draws(participation: Participation, deltas: torch.Tensor, draws: 
         if k < 20 and len(clients):
             info = RoundInfo(round=k, local_lr=0.1, num_clients=n)
             uploads = [{"delta": {"w": deltas[int(c)]}} for c in clients]
-            pseudo_grad, _ = FedAvg().aggregate({"w": torch.zeros_like(deltas[0])}, uploads, weights, {}, info)
+            pseudo_grad, _ = FedAvg().aggregate({"w": torch.zeros_like(deltas[0])}, uploads, weights, {}, info, [1] * len(uploads))
             torch.testing.assert_close(-pseudo_grad["w"], dense[k] @ deltas)
     return dense @ deltas
 

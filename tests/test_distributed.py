@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fl_lightning.distributed import assign_clients
+from fl_lightning.executors.distributed import assign_clients
 
 ROOT = Path(__file__).resolve().parents[1]
 

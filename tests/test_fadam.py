@@ -54,8 +54,7 @@ def run_rounds(algorithm, grads, x, rounds, lr, steps=3, states=None, server=Non
             uploads.append(upload)
             if record is not None:
                 record[c] = seen
-        info.local_steps = steps
-        pseudo_grad, server = algorithm.aggregate(x, uploads, plan.weights, server, info)
+        pseudo_grad, server = algorithm.aggregate(x, uploads, plan.weights, server, info, [steps] * len(uploads))
         x = P.add(x, pseudo_grad, -algorithm.global_lr)
     return x, states, server
 

@@ -36,9 +36,9 @@ def recording(algorithm):
     base_aggregate = algorithm.aggregate
     algorithm.records = []
 
-    def aggregate(x, uploads, weights, server_state, info):
+    def aggregate(x, uploads, weights, server_state, info, local_steps):
         algorithm.records.append((P.detach_clone(x), [{k: P.detach_clone(v) for k, v in u.items()} for u in uploads]))
-        return base_aggregate(x, uploads, weights, server_state, info)
+        return base_aggregate(x, uploads, weights, server_state, info, local_steps)
 
     algorithm.aggregate = aggregate
     return algorithm

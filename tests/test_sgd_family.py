@@ -86,10 +86,10 @@ def test_fedmim_history_and_shifts_follow_the_global_increments():
     state = alg.server_state_init(P.detach_clone(xs[0]))
     seen = []
     for t in range(4):
-        info = RoundInfo(round=t, local_lr=0.1, num_clients=10, local_steps=steps[t] if t < 3 else 1.0)
+        info = RoundInfo(round=t, local_lr=0.1, num_clients=10)
         seen.append(alg.broadcast(xs[t], state, info))
         if t < 3:
-            _, state = alg.aggregate(xs[t], [{"delta": P.sub(xs[t + 1], xs[t])}], torch.ones(1), state, info)
+            _, state = alg.aggregate(xs[t], [{"delta": P.sub(xs[t + 1], xs[t])}], torch.ones(1), state, info, [steps[t]])
     delta = [torch.zeros(2)] + [-(xs[t]["w"] - xs[t - 1]["w"]) / steps[t - 1] for t in range(1, 4)]
     for t in range(4):
         older = delta[t - 1] if t >= 1 else torch.zeros(2)

@@ -31,9 +31,6 @@ class _TrackedAdam(LocalAdam):
             (paper: Y = S/2, i.e. 0.5).
     """
 
-    #: Whether a client refreshes y_i depends on its id (membership in Y_t): clients are run one by one.
-    batchable = False
-
     def __init__(
         self,
         global_lr: float = 1.0,
@@ -72,9 +69,15 @@ class _TrackedAdam(LocalAdam):
         return upload, state
 
     def aggregate(
-        self, x: TensorDict, uploads: Sequence[Payload], weights: Tensor, server_state: NestedState, info: RoundInfo
+        self,
+        x: TensorDict,
+        uploads: Sequence[Payload],
+        weights: Tensor,
+        server_state: NestedState,
+        info: RoundInfo,
+        local_steps: Sequence[int],
     ) -> tuple[TensorDict, NestedState]:
-        pseudo_grad, _ = super().aggregate(x, uploads, weights, server_state, info)
+        pseudo_grad, _ = super().aggregate(x, uploads, weights, server_state, info, local_steps)
         y = server_state["y"]
         for upload in uploads:
             if "y_delta" in upload:
@@ -88,6 +91,8 @@ class FAdamET(_TrackedAdam):
     Since x - x_i = eta_l sum_k (Delta_k + y - y_i), y_i+ is the mean Adam direction of the round.
     """
 
+    elementwise = True
+
     def client_step(self, params: TensorDict, local: NestedState, ctx: ClientContext) -> tuple[TensorDict, NestedState]:
         _, grad = ctx.grad(params)
         return tracked_adam_step(params, grad, local, ctx.lr, self.betas, self.eps, step_shift=local["shift"])
@@ -99,6 +104,8 @@ class FAdamET(_TrackedAdam):
 
 class FAdamGT(_TrackedAdam):
     """Gradient tracking: Adam on g_hat = g + y - y_i;  y_i+ = (1/K) sum_k g_k (raw gradients)."""
+
+    elementwise = True
 
     def client_init(self, params: TensorDict, ctx: ClientContext) -> NestedState:
         local = super().client_init(params, ctx)

@@ -42,8 +42,14 @@ class SCAFFOLD(Algorithm):
         return {"delta": P.sub(params, x), "delta_c": P.sub(c_new, c_i)}, {"c": c_new}
 
     def aggregate(
-        self, x: TensorDict, uploads: Sequence[Payload], weights: Tensor, server_state: NestedState, info: RoundInfo
+        self,
+        x: TensorDict,
+        uploads: Sequence[Payload],
+        weights: Tensor,
+        server_state: NestedState,
+        info: RoundInfo,
+        local_steps: Sequence[int],
     ) -> tuple[TensorDict, NestedState]:
-        pseudo_grad, _ = super().aggregate(x, uploads, weights, server_state, info)
+        pseudo_grad, _ = super().aggregate(x, uploads, weights, server_state, info, local_steps)
         dc = P.weighted_sum([u["delta_c"] for u in uploads], [1.0 / info.num_clients] * len(uploads))
         return pseudo_grad, {"c": P.add(server_state["c"], dc)}

@@ -50,9 +50,15 @@ class ScaffoldP(FedAvgP):
         return {"delta": delta, "delta_c": P.sub(c_new, c_i)}, {"c": c_new}
 
     def aggregate(
-        self, x: TensorDict, uploads: Sequence[Payload], weights: Tensor, server_state: NestedState, info: RoundInfo
+        self,
+        x: TensorDict,
+        uploads: Sequence[Payload],
+        weights: Tensor,
+        server_state: NestedState,
+        info: RoundInfo,
+        local_steps: Sequence[int],
     ) -> tuple[TensorDict, NestedState]:
-        pseudo_grad, _ = super().aggregate(x, uploads, weights, server_state, info)
+        pseudo_grad, _ = super().aggregate(x, uploads, weights, server_state, info, local_steps)
         n = info.num_clients
         c = P.add(server_state["c"], P.weighted_sum([u["delta_c"] for u in uploads], [1.0 / n] * len(uploads)))
         return pseudo_grad, {"c": c}
