@@ -69,6 +69,7 @@ def heterogeneous_quadratics(num_clients=4, dim=5):
     return grads, (h * c).sum(0) / h.sum(0)
 
 
+# docs/algorithms.md, E14
 def test_fadam_gt_reaches_the_optimum_within_lr_while_local_adam_stalls():
     grads, x_star = heterogeneous_quadratics()
     lr = 1e-2
@@ -91,6 +92,7 @@ def reference_adam_directions(gs, v0, betas=(0.9, 0.99), eps=1e-8):
     return out, v
 
 
+# docs/algorithms.md, E11
 def test_fadam_et_tracking_term_is_the_mean_adam_direction_of_the_round():
     grads, _ = heterogeneous_quadratics()
     algorithm = FAdamET(tracking=1.0)
@@ -107,6 +109,7 @@ def test_fadam_et_tracking_term_is_the_mean_adam_direction_of_the_round():
         torch.testing.assert_close(states[c]["v"]["w"], v_end, rtol=0, atol=0)  # v_i <- v (not v_hat)
 
 
+# docs/algorithms.md, E11
 def test_fadam_gt_tracking_term_is_the_mean_raw_gradient_and_server_y_is_the_mean_of_all_y_i():
     grads, _ = heterogeneous_quadratics()
     algorithm = FAdamGT(tracking=1.0)
@@ -219,6 +222,7 @@ def test_invalid_adam_settings_are_rejected_with_their_name(build, message):
         build()
 
 
+# docs/algorithms.md, E7
 def test_fedlada_with_a_one_is_local_adam_bit_for_bit(tmp_path):
     modules = []
     for algorithm in (FedLADA(a=1.0), LocalAdam()):
