@@ -81,6 +81,18 @@ def test_fadam_gt_reaches_the_optimum_within_lr_while_local_adam_stalls():
     assert dist["LocalAdam"] > 50 * lr, dist  # the fixed point of mean_i g_i/sqrt(v_i) = 0, not of mean_i g_i = 0
 
 
+# docs/algorithms.md, E15 (and section 19)
+def test_fadam_et_settles_where_the_clients_adam_directions_average_to_zero_not_at_the_optimum():
+    grads, x_star = heterogeneous_quadratics()
+    lr = 1e-2
+    x, states, _ = run_rounds(FAdamET(tracking=1.0), grads, {"w": torch.zeros(5, dtype=F64)}, rounds=400, lr=lr)
+    g = torch.stack([grad(x)["w"] for grad in grads])
+    preconditioned = g / (torch.stack([states[c]["v"]["w"] for c in range(len(grads))]).sqrt() + 1e-8)
+    assert float((x["w"] - x_star).norm()) > 50 * lr  # far from the optimum (about 1.09 here)
+    assert float(g.mean(0).norm()) > 1.0  # the mean gradient is not zero there ...
+    assert float(preconditioned.mean(0).norm()) < 0.05 * float(preconditioned.norm(dim=1).mean())  # ... its Adam-scaled mean is
+
+
 def reference_adam_directions(gs, v0, betas=(0.9, 0.99), eps=1e-8):
     """The paper's lines 13-16, written out: m from 0, v and v_hat from the persisted v_i."""
     m, v, v_hat, out = torch.zeros_like(v0), v0.clone(), v0.clone(), []
