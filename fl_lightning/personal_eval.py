@@ -2,7 +2,7 @@
 
 ``PersonalizedEvaluation``: each client's personalized model (global shared u plus
 its own v_i) on its own held-out data; logs the mean and the worst 10% of clients.
-``GradientNorm``: the stationarity measure of the seed paper's figures, the gradient
+``GradientNorm``: the stationarity measure of Chen, Cao, Yuan & Wen 2023 (arXiv:2309.17409; docs/algorithms.md §14), the gradient
 of f(u, V) = (1/n) sum_i f_i(u, v_i) on all clients' training data.
 Both run at every evaluation (``trainer.val_check_interval``).
 """
@@ -79,7 +79,7 @@ class GradientNorm(Callback):
     """Logs the gradient of f(u, V) = (1/n) sum_i f_i(u, v_i), f_i the full training loss of client i
     (weight decay and model penalties included):
     ``algo/grad_norm_u_sq`` = |grad_u f|^2, ``algo/grad_norm_v_sq`` = (1/n) sum_i |grad_{v_i} f_i|^2
-    (the seed paper's G_u and G_v), ``algo/grad_norm_sq`` = their sum, ``algo/grad_norm`` = its root.
+    (G_u and G_v of Chen et al. 2023, docs/algorithms.md §14), ``algo/grad_norm_sq`` = their sum, ``algo/grad_norm`` = its root.
     Without personal tensors G_v = 0 and this is |grad f(x)|."""
 
     @torch.inference_mode(False)

@@ -24,6 +24,7 @@ def _train(tmp_path, devices: int, algorithm: str, skew: bool) -> dict:
     return torch.load(out, weights_only=True)
 
 
+# docs/algorithms.md, E13
 @pytest.mark.parametrize(
     "algorithm, skew",
     [

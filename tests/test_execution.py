@@ -1,4 +1,4 @@
-"""Results do not depend on how clients are executed."""
+"""Results do not depend on how clients are executed (docs/algorithms.md, E13)."""
 
 import logging
 
@@ -28,6 +28,7 @@ def _digits():
     return FederatedDataModule("digits", num_clients=10, partition=IID(), participation=UniformSampling(4))
 
 
+# docs/algorithms.md, E13
 @pytest.mark.parametrize(
     "model_fn, data_fn",
     [(lambda: MLP(8, 3, hidden=[16]), tiny_datamodule), (lambda: SmallCNN(channels=4, hidden=16), _digits)],

@@ -48,6 +48,7 @@ def params_of(module):
 # ---- equivalences with the unpersonalized algorithms -------------------------------------------------
 
 
+# docs/algorithms.md, E5
 def test_fedavgp_with_eta_one_and_no_personal_tensors_is_fedavg_bitwise(tmp_path):
     local = LocalTraining(lr=0.1, steps=3, batch_size=8, lr_decay=0.9)
     runs = {}
@@ -99,6 +100,7 @@ def reference_scaffold(model, data, local, rounds, global_lr, warm_start):
     return x, c, c_i
 
 
+# docs/algorithms.md, E6
 @pytest.mark.parametrize("warm_start", [False, True])
 def test_scaffoldp_without_personal_tensors_is_scaffold(tmp_path, warm_start):
     local = LocalTraining(lr=0.05, steps=4, batch_size=8, lr_decay=0.95)
@@ -114,6 +116,7 @@ def test_scaffoldp_without_personal_tensors_is_scaffold(tmp_path, warm_start):
             torch.testing.assert_close(module.store.get(cid, None)["c"][name], c_i[cid][name], rtol=1e-5, atol=1e-6)
 
 
+# docs/algorithms.md, E6
 def test_scaffoldp_without_personal_tensors_is_the_scaffold_algorithm(tmp_path):
     """Against the framework's SCAFFOLD (issue 4) once it is merged; the reference above covers it until then."""
     import fl_lightning.algorithms as algorithms
@@ -132,6 +135,7 @@ def test_scaffoldp_without_personal_tensors_is_the_scaffold_algorithm(tmp_path):
     assert runs["scaffold"].comm_totals == runs["scaffoldp"].comm_totals
 
 
+# docs/algorithms.md, E6
 def test_scaffoldp_server_control_variate_is_the_mean_of_all_client_variates(tmp_path):
     """c = (1/n) sum_i c_i over all n clients, after the warm start and every round (clients never seen hold 0)."""
     module = split_module(ScaffoldP(), LocalTraining(lr=0.05, steps=3, batch_size=8))
@@ -328,6 +332,7 @@ def test_personalized_evaluation_needs_a_holdout(tmp_path):
 # ---- convergence: Scaffold-P removes client drift, FedAvg-P does not ---------------------------------------
 
 
+# docs/algorithms.md, E14
 def test_scaffoldp_reaches_a_stationary_point_where_fedavgp_stays_biased(tmp_path):
     """Full participation, full-batch local steps (no noise), K = 5: Scaffold-P's fixed point is stationary."""
     norms = {}

@@ -5,6 +5,9 @@ Both add a tracking correction y - y_i to LocalAdam: ET after the moment estimat
 (line 17), GT to the gradient before it (line 12). Only the clients in Y_t ⊆ S_t
 refresh y_i (lines 20-23) and upload y_i+ - y_i; the server sets
 x <- x + eta_g mean_S(x_i - x) (line 28) and y <- y + (1/N) sum_Y (y_i+ - y_i) (line 29).
+
+Rules: docs/algorithms.md, section 12: ET (12.2)-(12.3), GT (12.4)-(12.5), server (12.7);
+checked properties E11; why ET stops short of the optimum and GT does not: section 19.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""FedCM, client-level momentum (Xu et al. 2021, Alg. 1)."""
+"""FedCM, client-level momentum (Xu et al. 2021, Alg. 1).
+
+Rule: docs/algorithms.md, section 7, (7.1)-(7.3); a = 1 is FedAvg (E1).
+"""
 
 from __future__ import annotations
 

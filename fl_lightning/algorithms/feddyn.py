@@ -1,4 +1,7 @@
-"""FedDyn (Acar et al. 2021, Alg. 1): dynamic linear regularizer per client."""
+"""FedDyn (Acar et al. 2021, Alg. 1): dynamic linear regularizer per client.
+
+Rule: docs/algorithms.md, section 5, (5.1)-(5.4).
+"""
 
 from __future__ import annotations
 

@@ -3,6 +3,8 @@
 The server broadcasts the global update estimate g_a = -(x_t - x_{t-1}) / (K eta_l)
 (0 in the first round); a client steps x_i <- x_i - eta_l (a Delta + (1 - a) g_a)
 with Delta LocalAdam's direction (AMSGrad max, persistent v_i).
+
+Rule: docs/algorithms.md, section 13, (13.1)-(13.2); a = 1 is LocalAdam (E7).
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""FedMIM, multi-step inertial momentum (Sun et al., FedMIM, Algorithm 1)."""
+"""FedMIM, multi-step inertial momentum (Liu, Sun et al. 2023, Algorithm 1).
+
+Rule: docs/algorithms.md, section 8, (8.1)-(8.4); reductions E1 (to FedAvg) and E2 (to FedCM);
+where the code departs from the paper (broadcast of the shifts): section 8, "Code vs paper".
+"""
 
 from __future__ import annotations
 

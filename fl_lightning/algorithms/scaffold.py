@@ -1,4 +1,7 @@
-"""SCAFFOLD, option II (Karimireddy et al. 2020, Alg. 1 and Eq. 4)."""
+"""SCAFFOLD, option II (Karimireddy et al. 2020, Alg. 1 and Eq. 4).
+
+Rule: docs/algorithms.md, section 4, (4.1)-(4.3); checked properties: E3.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
-"""Scaffold-P (seed paper on partial personalization, Algorithm 2): FedAvg-P plus SCAFFOLD
-control variates on the shared tensors u only."""
+"""Scaffold-P (Chen, Cao, Yuan and Wen 2023, Algorithm 2): FedAvg-P plus SCAFFOLD
+control variates on the shared tensors u only.
+
+Rule: docs/algorithms.md, section 15, (15.1)-(15.4); reduction to SCAFFOLD: E6.
+"""
 
 from __future__ import annotations
 
