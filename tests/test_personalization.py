@@ -12,7 +12,8 @@ from datamodules import IID, Dirichlet, FederatedDataModule
 from fl_lightning import FedAvg, FederatedModule, LocalTraining, UniformSampling
 from fl_lightning import params as P
 from fl_lightning.algorithms import FedAlt, FedAvgP, FedSim, ScaffoldP
-from fl_lightning.module import PERSONAL, WARMUP_STREAM as _WARMUP_STREAM
+from fl_lightning.module import WARMUP_STREAM as _WARMUP_STREAM
+from fl_lightning.tasks import PERSONAL
 from fl_lightning.objective import Objective
 from fl_lightning.state import ClientStore
 from fl_lightning.participation import derive_seed
