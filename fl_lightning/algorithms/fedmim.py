@@ -7,6 +7,7 @@ where the code departs from the paper (broadcast of the shifts): section 8, "Cod
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 from torch import Tensor
 
@@ -34,17 +35,26 @@ class FedMIM(Algorithm):
         y2 = x_{i,k} - sum_j beta_j delta_{t-j}
         x_{i,k+1} = y1 - (1 - sum_j alpha_j) eta_l grad f_i(y2; xi)      (one gradient per step)
 
-    Server: x_{t+1} = sum_i w_i x_{i,K} (FedAvg with global_lr = 1). The server keeps
-    the increment history and broadcasts the two combined shifts
-    ``sum_j alpha_j delta_{t-j}`` and ``sum_j beta_j delta_{t-j}`` (2 model sizes, whatever J:
-    a client absent last round cannot know the history otherwise).
+    Server: x_{t+1} = sum_i w_i x_{i,K} (FedAvg with global_lr = 1).
     Our alpha_0 / beta_0 are the paper's alpha_1 / beta_1 (the newest increment).
+
+    Where the history lives (docs/algorithms.md, section 8, "Code vs paper"):
+
+    - ``history="server"`` (default): the server keeps the increment history and broadcasts
+      the two combined shifts ``sum_j alpha_j delta_{t-j}`` and ``sum_j beta_j delta_{t-j}``
+      (3 model sizes down, whatever J): exact for every client, also one absent last round.
+    - ``history="client"`` (the paper's convention): only x_t is sent (1 model size down);
+      each client keeps the global models it received and takes the increments between
+      them, normalised by its own K. Equal to the server mode under full participation; a
+      client that skipped rounds uses increments spanning the rounds it missed, and a client
+      new to training starts from zero increments.
 
     Args:
         inertial_steps: J >= 1.
         alpha: J weights >= 0 with sum < 1 (the paper's best: [0.6, 0.3]).
         beta: J weights >= 0 (the paper's best: [0.9, 0.1]).
         global_lr: server learning rate (1 in the paper).
+        history: ``"server"`` or ``"client"``, see above.
     """
 
     elementwise = True
@@ -55,8 +65,12 @@ class FedMIM(Algorithm):
         alpha: list[float] = (0.6, 0.3),
         beta: list[float] = (0.9, 0.1),
         global_lr: float = 1.0,
+        history: Literal["server", "client"] = "server",
     ) -> None:
         super().__init__(global_lr)
+        if history not in ("server", "client"):
+            raise ValueError(f"FedMIM history must be 'server' or 'client', got {history!r}")
+        self.history = history
         if not inertial_steps >= 1:
             raise ValueError(f"FedMIM inertial_steps must be >= 1, got {inertial_steps}")
         self.inertial_steps = inertial_steps
@@ -67,19 +81,38 @@ class FedMIM(Algorithm):
         self.alpha_sum = sum(self.alpha)
 
     def server_state_init(self, x: TensorDict) -> NestedState:
-        return H.history_init(x, self.inertial_steps)
+        return H.history_init(x, self.inertial_steps) if self.history == "server" else {}
+
+    def client_state_init(self, x: TensorDict) -> NestedState:
+        return H.history_init(x, self.inertial_steps) if self.history == "client" else {}
+
+    def _shifts(self, x: TensorDict, history: NestedState) -> Payload:
+        deltas = H.increments(x, history, self.inertial_steps)
+        return {"shift_alpha": P.weighted_sum(deltas, self.alpha), "shift_beta": P.weighted_sum(deltas, self.beta)}
 
     def broadcast(self, x: TensorDict, server_state: NestedState, info: RoundInfo) -> Payload:
-        deltas = H.increments(x, server_state, self.inertial_steps)
-        return {"x": x, "shift_alpha": P.weighted_sum(deltas, self.alpha), "shift_beta": P.weighted_sum(deltas, self.beta)}
+        return {"x": x, **self._shifts(x, server_state)} if self.history == "server" else {"x": x}
+
+    def client_init(self, params: TensorDict, ctx: ClientContext) -> NestedState:
+        return self._shifts(ctx.broadcast["x"], ctx.client_state) if self.history == "client" else {}
 
     def client_step(self, params: TensorDict, local: NestedState, ctx: ClientContext) -> tuple[TensorDict, NestedState]:
-        _, grad = ctx.grad(P.sub(params, ctx.broadcast["shift_beta"]))
-        return inertial_step(params, grad, ctx.broadcast["shift_alpha"], self.alpha_sum, ctx.lr), local
+        shifts = ctx.broadcast if self.history == "server" else local
+        _, grad = ctx.grad(P.sub(params, shifts["shift_beta"]))
+        return inertial_step(params, grad, shifts["shift_alpha"], self.alpha_sum, ctx.lr), local
+
+    def client_finish(self, params: TensorDict, local: NestedState, ctx: ClientContext) -> tuple[Payload, NestedState]:
+        upload, state = super().client_finish(params, local, ctx)
+        if self.history == "client":  # the client's own record: x_t and the increments it has seen
+            x = {k: v.expand_as(params[k]) for k, v in ctx.broadcast["x"].items()}  # stacked clients: one row each
+            state = H.history_update(x, ctx.client_state, self.inertial_steps, ctx.num_steps)
+        return upload, state
 
     def aggregate(
         self, x: TensorDict, uploads: Sequence[Payload], weights: Tensor, server_state: NestedState, info: RoundInfo,
         local_steps: Sequence[int],
     ) -> tuple[TensorDict, NestedState]:
         pseudo_grad, _ = super().aggregate(x, uploads, weights, server_state, info, local_steps)
+        if self.history == "client":
+            return pseudo_grad, server_state
         return pseudo_grad, H.history_update(x, server_state, self.inertial_steps, mean_steps(local_steps))

@@ -13,6 +13,7 @@ State layout: ``{"x_prev": x_{t-1}, "steps": {"K": K_{t-1}}, "delta_1": delta_{t
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from fl_lightning import params as P
 from fl_lightning.params import TensorDict
@@ -28,16 +29,24 @@ def history_init(x: TensorDict, depth: int) -> NestedState:
 
 
 def increments(x: TensorDict, state: NestedState, depth: int) -> list[TensorDict]:
-    """``[delta_t, delta_{t-1}, ..., delta_{t-depth+1}]`` for the current global model ``x = x_t``."""
+    """``[delta_t, delta_{t-1}, ..., delta_{t-depth+1}]`` for the current global model ``x = x_t``.
+
+    ``state`` may hold clients stacked on a leading dimension (a client-kept history, K of shape [S]).
+    """
     k = state["steps"]["K"]
-    newest = {n: (state["x_prev"][n] - v) / k for n, v in x.items()}
+
+    def per_row(t: Tensor) -> Tensor:  # a 0-dim K divides as a scalar (no dtype promotion); [S] K one row each
+        return k if k.dim() == 0 else k.to(t.dtype).reshape(k.shape + (1,) * (t.dim() - 1))
+
+    newest = {n: (state["x_prev"][n] - v) / per_row(state["x_prev"][n]) for n, v in x.items()}
     return [newest] + [state[f"delta_{j}"] for j in range(1, depth)]
 
 
 def history_update(x: TensorDict, state: NestedState, depth: int, local_steps: float) -> NestedState:
     """State after a round that started from ``x = x_t`` with mean local step count ``local_steps``."""
     deltas = increments(x, state, depth)
-    new: NestedState = {"x_prev": P.detach_clone(x), "steps": {"K": torch.tensor(float(local_steps), dtype=torch.float64)}}
+    k = torch.full_like(state["steps"]["K"], float(local_steps))  # float64, shaped like the old K
+    new: NestedState = {"x_prev": P.detach_clone(x), "steps": {"K": k}}
     for j in range(1, depth):
         new[f"delta_{j}"] = deltas[j - 1]
     return new
