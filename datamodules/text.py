@@ -153,7 +153,7 @@ class TextDataModule(FederatedDataModule):
         participation: Participation | None = None,
         holdout_fraction: float = 0.0,
         eval_batch_size: int = 128,
-        seed: int = 0,
+        seed: int | None = None,
     ) -> None:
         if task not in TASKS:
             raise ValueError(f"unknown text task {task!r}; allowed: {sorted(TASKS)}")

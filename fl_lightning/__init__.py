@@ -1,18 +1,42 @@
-"""fl-lightning: federated optimization on PyTorch Lightning."""
+"""fl-lightning: federated optimization on PyTorch Lightning.
 
-from fl_lightning.algorithms import Algorithm, FedAvg
-from fl_lightning.config import LocalTraining
-from fl_lightning.module import FederatedModule
-from fl_lightning.participation import Participation, RoundPlan, UniformSampling
-from fl_lightning.state import ClientStore
+The public names below are imported on first use (PEP 562), so that ``fl-lightning --help``
+and ``--version`` answer without importing torch and Lightning.
+"""
 
-__all__ = [
-    "Algorithm",
-    "ClientStore",
-    "FedAvg",
-    "FederatedModule",
-    "LocalTraining",
-    "Participation",
-    "RoundPlan",
-    "UniformSampling",
-]
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+try:
+    from importlib.metadata import PackageNotFoundError, version
+
+    __version__ = version("fl-lightning")
+except PackageNotFoundError:  # running from a source tree that is not installed
+    __version__ = "0+unknown"
+
+_EXPORTS = {
+    "Algorithm": "fl_lightning.algorithms",
+    "ClientStore": "fl_lightning.state",
+    "FedAvg": "fl_lightning.algorithms",
+    "FederatedModule": "fl_lightning.module",
+    "LocalTraining": "fl_lightning.config",
+    "Participation": "fl_lightning.participation",
+    "RoundPlan": "fl_lightning.participation",
+    "UniformSampling": "fl_lightning.participation",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'fl_lightning' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
