@@ -115,6 +115,8 @@ def style(index: int) -> dict:
         "color": COLORS[index % len(COLORS)],
         "linestyle": LINESTYLES[index % len(LINESTYLES)],
         "marker": MARKERS[index % len(MARKERS)],
+        "lw": max(1.1, 2.6 - 0.4 * index),  # earlier runs drawn wider: a later identical curve leaves them visible
+        "index": index,  # markers of different runs sit on different points
     }
 
 
@@ -123,9 +125,10 @@ def draw(ax, data: Mapping[str, Mapping[str, np.ndarray]], figure: Figure, style
     low, high = value_range(figure.metric)
     for run, curve in data.items():
         st = styles[run]
-        n = len(curve["x"])
-        ax.plot(curve["x"], curve["mean"], label=(labels or {}).get(run, run), lw=1.6, ms=4,
-                markevery=max(1, n // 12), color=st["color"], linestyle=st["linestyle"], marker=st["marker"])  # fmt: skip
+        every = max(1, len(curve["x"]) // 10)
+        ax.plot(curve["x"], curve["mean"], label=(labels or {}).get(run, run), lw=st["lw"], ms=4.5,
+                markevery=(st["index"] % every, every), color=st["color"], linestyle=st["linestyle"],
+                marker=st["marker"])  # fmt: skip
         lower = np.clip(curve["mean"] - curve["std"], low, high)
         upper = np.clip(curve["mean"] + curve["std"], low, high)
         ax.fill_between(curve["x"], lower, upper, color=st["color"], alpha=0.15, lw=0)
