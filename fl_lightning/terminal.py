@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import sys
 import time
 import warnings
@@ -36,6 +37,8 @@ def quiet_lightning() -> None:
 
     Warnings (``rank_zero_warn``) still show; ``FL_LIGHTNING_VERBOSE=1`` keeps everything.
     """
+    if os.environ.get("FL_LIGHTNING_VERBOSE"):
+        return
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
     # fl-lightning passes parsed arguments to LightningCLI itself (it handles `compare` and the
