@@ -179,3 +179,27 @@ def test_fit_terminal_is_in_rounds_without_boilerplate_and_ends_with_the_result(
     assert "round 3/3" in proc.stderr and "train loss" in proc.stderr and "val acc" in proc.stderr
     (line,) = proc.stdout.strip().splitlines()
     assert line.startswith("FedAvg: 3 rounds in ") and "final val acc" in line and "best" in line and "MB sent" in line
+
+
+def test_the_server_lr_schedule_continues_across_a_resume(tmp_path):
+    schedule = ["--lr_scheduler", "StepLR", "--lr_scheduler.step_size", "1", "--lr_scheduler.gamma", "0.5"]
+    whole = _fit(tmp_path, "whole", *schedule)  # 4 rounds
+    first = build_cli(
+        ["--config", QUICKSTART, "--trainer.max_steps", "2", "--trainer.val_check_interval", "4",
+         "--trainer.enable_checkpointing", "false", "--trainer.enable_progress_bar", "false",
+         "--trainer.callbacks", "[]", *_csv_logger(tmp_path, "first"), *schedule],
+        run=False,
+    )  # fmt: skip
+    first.trainer.fit(first.model, datamodule=first.datamodule)
+    first.trainer.save_checkpoint(tmp_path / "round2.ckpt")
+    second = build_cli(
+        ["--config", QUICKSTART, "--trainer.max_steps", "4", "--trainer.val_check_interval", "4",
+         "--trainer.enable_checkpointing", "false", "--trainer.enable_progress_bar", "false",
+         "--trainer.callbacks", "[]", *_csv_logger(tmp_path, "second"), *schedule],
+        run=False,
+    )  # fmt: skip
+    second.trainer.fit(second.model, datamodule=second.datamodule, ckpt_path=tmp_path / "round2.ckpt", weights_only=True)
+    rows = _rows(Path(second.trainer.logger.log_dir) / "metrics.csv")
+    assert {int(r["step"]): float(r["train/server_lr"]) for r in rows if r.get("train/server_lr")} == {2: 0.25, 3: 0.125}
+    for a, b in zip(whole.model.federated_parameters(), second.model.federated_parameters()):
+        assert torch.equal(a, b)
