@@ -12,6 +12,7 @@ the tables' Status row, the plot legends) and the sweep goes on (``--fail-fast``
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import re
 import shutil
@@ -156,15 +157,37 @@ def load_statuses(sweep: Sweep, out: Path) -> tuple[dict[str, list[str | None]],
     return statuses, seconds
 
 
+def load_per_client(sweep: Sweep, out: Path, statuses: dict[str, list[str | None]]) -> tuple[dict, dict]:
+    """Per run: the held-out accuracy of every client at each finished seed's last evaluation
+    (``per_client_acc.csv`` of ``PerClientEvaluation``), pooled over seeds, and that round."""
+    accuracies: dict[str, list[float]] = {}
+    rounds: dict[str, float] = {}
+    for name in sweep.runs:
+        for seed, status in zip(sweep.seeds, statuses[name]):
+            path = sweep.run_dir(out, name, seed) / "per_client_acc.csv"
+            if status is not None or not path.is_file():
+                continue
+            with open(path, newline="") as f:
+                rows = list(csv.DictReader(f))
+            if not rows:
+                continue
+            last = max(float(r["round"]) for r in rows)
+            accuracies.setdefault(name, []).extend(float(r["acc"]) for r in rows if float(r["round"]) == last)
+            rounds[name] = last
+    return accuracies, rounds
+
+
 def report(sweep: Sweep, out: Path) -> list[Path]:
     """Plots and tables from the logged runs in ``out/runs``."""
-    from fl_lightning.plots import plot_all
+    from fl_lightning.plots import plot_all, plot_per_client
     from fl_lightning.tables import write_summary
 
     histories = load_histories(sweep, out)
     statuses, seconds = load_statuses(sweep, out)
     title = sweep.path.stem
     written = plot_all(histories, out, title, statuses=statuses)
+    per_client, rounds = load_per_client(sweep, out, statuses)
+    written += plot_per_client(per_client, out, title, rounds)
     written += list(write_summary(histories, sweep.seeds, sweep.targets, out, title, statuses, seconds))
     return written
 

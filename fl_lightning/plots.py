@@ -216,3 +216,40 @@ def plot_all(
         plt.close(fig)
         written.append(out / "overview.png")
     return written
+
+
+def plot_per_client(
+    accuracies: Mapping[str, Sequence[float]], out: Path, title: str = "", rounds: Mapping[str, float] | None = None
+) -> list[Path]:
+    """``plots/per_client_acc.png`` + ``.csv``: the distribution over clients (pooled over seeds) of
+    each run's accuracy on the clients' held-out data at its last evaluation (a box per run with
+    every client as a dot), from ``PerClientEvaluation``'s ``per_client_acc.csv``."""
+    runs = [run for run, values in accuracies.items() if len(values)]
+    if not runs:
+        return []
+    plots = out / "plots"
+    plots.mkdir(parents=True, exist_ok=True)
+    styles = {run: style(i) for i, run in enumerate(accuracies)}
+    fig, ax = plt.subplots(figsize=(max(4.5, 1.3 * len(runs) + 2), 4.2), layout="constrained")
+    ax.boxplot([accuracies[run] for run in runs], showfliers=False, widths=0.5)
+    rng = np.random.default_rng(0)
+    for i, run in enumerate(runs, start=1):
+        values = np.asarray(accuracies[run], dtype=float)
+        ax.scatter(i + rng.uniform(-0.15, 0.15, len(values)), values, s=10, alpha=0.6,
+                   color=styles[run]["color"], marker=styles[run]["marker"])  # fmt: skip
+    ax.set_xticks(range(1, len(runs) + 1), runs, rotation=20 if len(runs) > 3 else 0)
+    ax.set_ylabel("accuracy on the client's held-out data")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3, axis="y")
+    ax.set_title(f"{title}: per-client accuracy at the last evaluation (clients of all seeds)".strip(": "), fontsize=9)
+    fig.savefig(plots / "per_client_acc.png", dpi=110)
+    plt.close(fig)
+    with open(plots / "per_client_acc.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["run", "round", "clients", "mean", "median", "worst10", "min", "max"])
+        for run in runs:
+            values = np.sort(np.asarray(accuracies[run], dtype=float))
+            worst = values[: max(1, math.ceil(0.1 * len(values)))].mean()
+            writer.writerow([run, f"{(rounds or {}).get(run, float('nan')):g}", len(values), repr(float(values.mean())),
+                             repr(float(np.median(values))), repr(float(worst)), repr(float(values[0])), repr(float(values[-1]))])  # fmt: skip
+    return [plots / "per_client_acc.png", plots / "per_client_acc.csv"]

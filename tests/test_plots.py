@@ -73,3 +73,17 @@ def test_failed_runs_are_named_in_the_legend(tmp_path):
     assert len(plotted["lr=1"]) == 1  # the finished seed only
     plot_all(histories, tmp_path, "t", statuses=statuses)
     assert (tmp_path / "plots" / "acc_vs_rounds.png").stat().st_size > 1000
+
+
+def test_per_client_accuracy_distribution_plot(tmp_path):
+    import csv
+
+    from fl_lightning.plots import plot_per_client
+
+    written = plot_per_client({"A": [1.0, 0.5, 0.0, 0.75], "B": [], "C": [0.9] * 10}, tmp_path, "t", {"A": 60.0, "C": 60.0})
+    assert [p.name for p in written] == ["per_client_acc.png", "per_client_acc.csv"]
+    with open(tmp_path / "plots" / "per_client_acc.csv") as f:
+        rows = {r["run"]: r for r in csv.DictReader(f)}
+    assert set(rows) == {"A", "C"}  # a run without per-client data is left out
+    assert float(rows["A"]["mean"]) == 0.5625 and float(rows["A"]["worst10"]) == 0.0 and rows["A"]["clients"] == "4"
+    assert plot_per_client({"A": []}, tmp_path) == []
