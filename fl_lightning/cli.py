@@ -2,7 +2,8 @@
 
 ``fit``, ``validate``, ``test`` and ``predict`` are LightningCLI subcommands over FederatedModule
 and any FederatedDataModule (fl_lightning/cli_app.py); ``compare`` runs a sweep
-(fl_lightning/compare.py) and ``montecarlo`` a Monte Carlo experiment (fl_lightning/montecarlo.py).
+(fl_lightning/compare.py), ``montecarlo`` a Monte Carlo experiment (fl_lightning/montecarlo.py)
+and ``partition`` draws a config's partition (fl_lightning/partition_plot.py).
 Lightning is imported only by the subcommand that needs it: ``fl-lightning --help`` and
 ``--version`` answer at once.
 """
@@ -13,9 +14,10 @@ import os
 import sys
 
 LIGHTNING_SUBCOMMANDS = ("fit", "validate", "test", "predict")
+OTHER_SUBCOMMANDS = ("compare", "montecarlo", "partition")
 
 HELP = """\
-usage: fl-lightning [-h] [--version] {fit,validate,test,predict,compare,montecarlo} ...
+usage: fl-lightning [-h] [--version] {fit,validate,test,predict,compare,montecarlo,partition} ...
 
 Federated learning on PyTorch Lightning: one training step = one federated round.
 
@@ -27,6 +29,8 @@ subcommands:
   compare     run every run x seed of a sweep file, then plots and tables:
               fl-lightning compare --config configs/compare_quickstart.yaml --out runs/compare_quickstart
   montecarlo  many seeds of one config with a confidence band (e.g. configs/svrg_least_squares_mc.yaml)
+  partition   draw the label distribution of every client of a config's partition:
+              fl-lightning partition --config configs/quickstart.yaml --out partition.png
 
 options:
   -h, --help  show this help message and exit
@@ -84,6 +88,10 @@ def main(args: list[str] | None = None) -> None:
             from fl_lightning.compare import main as compare_main
 
             compare_main(argv[1:])
+        elif argv[0] == "partition":
+            from fl_lightning.partition_plot import main as partition_main
+
+            partition_main(argv[1:])
         elif argv[0] == "montecarlo":
             from fl_lightning.montecarlo import main as montecarlo_main
 
@@ -91,7 +99,7 @@ def main(args: list[str] | None = None) -> None:
         else:
             if argv[0] not in LIGHTNING_SUBCOMMANDS and not argv[0].startswith("-"):
                 raise ValueError(
-                    f"unknown subcommand {argv[0]!r}; allowed: {', '.join((*LIGHTNING_SUBCOMMANDS, 'compare', 'montecarlo'))}"
+                    f"unknown subcommand {argv[0]!r}; allowed: {', '.join((*LIGHTNING_SUBCOMMANDS, *OTHER_SUBCOMMANDS))}"
                 )
             saved, sys.argv = sys.argv, sys.argv[:1]  # the arguments are passed explicitly
             try:
