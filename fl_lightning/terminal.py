@@ -64,10 +64,14 @@ class RunSummary(Callback):
         self.accuracies: list[tuple[int, float]] = []  # (round, val/acc)
         self.bytes_total: float | None = None
         self.name = ""
+        self.start_round = 0
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.start = time.perf_counter()
         self.name = type(getattr(pl_module, "algorithm", pl_module)).__name__
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.start_round = trainer.global_step  # > 0 after a resume (the checkpoint is restored by now)
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         acc = _value(trainer.callback_metrics, ACC)
@@ -88,7 +92,8 @@ class RunSummary(Callback):
         return max(self.accuracies, key=lambda ra: ra[1]) if self.accuracies else None
 
     def line(self) -> str:
-        parts = [f"{self.name}: {self.rounds} rounds in {self.seconds:.1f} s"]
+        resumed = f" (resumed at round {self.start_round})" if self.start_round else ""
+        parts = [f"{self.name}: {self.rounds} rounds{resumed} in {self.seconds:.1f} s"]
         if self.final_acc is not None:
             best_round, best_acc = self.best
             parts.append(f"final val acc {self.final_acc:.4f}")
