@@ -190,6 +190,11 @@ class FLCli(LightningCLI):
 
     # ---- after instantiation: the server lr scheduler --------------------------------------
     def after_instantiate_classes(self) -> None:
+        for logger in self.trainer.loggers:
+            init = getattr(logger, "_wandb_init", None)
+            if isinstance(init, dict) and init.get("anonymous") is None:
+                # Lightning passes anonymous=None, which wandb >= 0.2x answers with a deprecation warning
+                init.pop("anonymous", None)
         scheduler_init = self._get(self.config_init, "lr_scheduler")
         if not scheduler_init:
             return

@@ -129,6 +129,7 @@ def test_wandb_offline_run_carries_the_config_and_a_default_name(tmp_path, monke
          "--trainer.logger.project", "fl-lightning-test", "--trainer.logger.save_dir", str(tmp_path)],
         run=False,
     )  # fmt: skip
+    assert "anonymous" not in cli.trainer.logger._wandb_init  # no wandb deprecation warning on every run
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     experiment = cli.trainer.logger.experiment
     config = dict(experiment.config)
