@@ -116,10 +116,8 @@ def main() -> None:
     trainer.fit(module, datamodule=data)
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     store = module.store.state_dict()
-    from fl_lightning.execution import make_grad_fn
-
     batch = next(data.client_batches(0, seed=0, batch_size=args.batch_size, steps=1))
-    grad = make_grad_fn(module.model, module.parameter_swap, batch, 1e-8)
+    grad = module.objective.grad_fn(batch, 1e-8)
     grad(module.global_params())  # warm-up
     t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(3):

@@ -211,7 +211,7 @@ def _quiet() -> None:
 
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
-    for name in ("lightning", "lightning.pytorch", "lightning.fabric", "fl_lightning.batched", "transformers"):
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric", "fl_lightning.executors.batched", "transformers"):
         logging.getLogger(name).setLevel(logging.ERROR)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import lightning as L
@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset, default
 
 from datamodules.partition import Dirichlet, Partitioner
 from datamodules.sources import SOURCES, DataSource, load_source
+from fl_lightning.client_data import Unstackable
 from fl_lightning.participation import Participation, RoundPlan, UniformSampling, derive_seed
 
 _HOLDOUT_STREAM = 0x401D
@@ -39,7 +40,7 @@ class RoundPlans(IterableDataset):
 
 
 class FederatedDataModule(L.LightningDataModule):
-    """A dataset partitioned among ``num_clients`` clients.
+    """A dataset partitioned among ``num_clients`` clients; implements ``fl_lightning.client_data.ClientData``.
 
     The train "dataloader" yields one ``RoundPlan`` per round; the module pulls
     each active client's batches through ``client_batches``. Validation and test
@@ -221,6 +222,29 @@ class FederatedDataModule(L.LightningDataModule):
             return
         for indices in self.client_batch_indices(client_id, seed, batch_size, steps, epochs):
             yield self.augment(self._gather(indices), client_id, generator)
+
+    def stacked_client_batches(
+        self, client_ids: Sequence[int], seeds: Sequence[int], batch_size: int | None, steps: int
+    ) -> Iterator[Any]:
+        """Step k's ``[S, B, ...]`` batch of all ``client_ids``, k = 0 .. steps-1: the samples (and
+        augmentations) of ``client_batches``. Raises ``Unstackable`` at the call if they cannot stack."""
+        if not isinstance(self.source.train, TensorDataset):
+            raise Unstackable("the training set is not in-memory tensors (TensorDataset)")
+        if batch_size is None or any(int(self.client_sizes[c]) < batch_size for c in client_ids):
+            raise Unstackable("a client holds fewer samples than local.batch_size, so batches cannot be stacked")
+        index = torch.stack([self.client_batch_index_matrix(c, s, batch_size, steps) for c, s in zip(client_ids, seeds)])
+        return self._stacked(index, client_ids, seeds)  # [S, K, B] indices
+
+    def _stacked(self, index: Tensor, client_ids: Sequence[int], seeds: Sequence[int]) -> Iterator[Any]:
+        tensors = self.source.train.tensors
+        if not self.augments_batches:
+            for step in range(index.shape[1]):  # one gather per tensor for all clients
+                yield tuple(t[index[:, step]] for t in tensors)
+            return
+        generators = [self.augment_generator(s) for s in seeds]  # per-client transforms, then stacked
+        for step in range(index.shape[1]):
+            views = [self.augment(tuple(t[i] for t in tensors), c, g) for i, c, g in zip(index[:, step], client_ids, generators)]
+            yield tuple(torch.stack(parts) for parts in zip(*views))
 
     @property
     def augments_batches(self) -> bool:

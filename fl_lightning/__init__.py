@@ -7,7 +7,14 @@ and ``--version`` answer without importing torch and Lightning.
 from __future__ import annotations
 
 from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fl_lightning.algorithms import Algorithm, FedAvg
+    from fl_lightning.config import LocalTraining
+    from fl_lightning.module import FederatedModule
+    from fl_lightning.participation import Participation, RoundPlan, UniformSampling
+    from fl_lightning.state import ClientStore
 
 try:
     from importlib.metadata import PackageNotFoundError, version

@@ -6,6 +6,7 @@ module, so their scalars land in the same logger rows as ``val/acc``.
 
 from __future__ import annotations
 
+import copy
 import csv
 import math
 import os
@@ -16,12 +17,10 @@ import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import WandbLogger
-from lightning.fabric.utilities.apply_func import move_data_to_device
-
-from torch.func import functional_call
+from lightning.fabric.utilities.apply_func import apply_to_collection, move_data_to_device
 
 from fl_lightning import params as P
-from fl_lightning.execution import forward_loss
+from fl_lightning.objective import Objective
 from fl_lightning.params import TensorDict
 
 
@@ -121,7 +120,7 @@ class PerClientEvaluation(Callback):
             if len(data.client_holdout[cid]) == 0:
                 continue
             batch = move_data_to_device(data.client_holdout_batch(cid), pl_module.device)
-            _, logits, target = forward_loss(pl_module.model, batch)
+            _, logits, target = pl_module.objective(batch)
             rows.append((cid, len(target), int((logits.argmax(-1) == target).sum())))
         if not rows:
             raise ValueError(
@@ -193,22 +192,32 @@ class GlobalCost(Callback):
 
     @staticmethod
     def _batches(trainer: Trainer, pl_module: LightningModule) -> list:
+        """Every client's full training batch on the module's device, floating tensors in float64."""
         data = trainer.datamodule
-        out = []
-        for cid in range(data.num_clients):
-            batch = data.client_full_batch(cid)
-            out.append(tuple(t.to(pl_module.device, torch.float64 if t.is_floating_point() else t.dtype) for t in batch))
-        return out
 
-    @staticmethod
-    def cost(pl_module: LightningModule, x: TensorDict, batches: list) -> torch.Tensor:
-        model, wd = pl_module.model, pl_module.local.weight_decay
-        frozen = {n: p.detach().double() for n, p in model.named_parameters() if n not in x}
-        frozen.update({n: b.double() for n, b in model.named_buffers()})
+        def to_float64(t: torch.Tensor) -> torch.Tensor:
+            return t.to(pl_module.device, torch.float64 if t.is_floating_point() else t.dtype)
+
+        return [apply_to_collection(data.client_full_batch(cid), torch.Tensor, to_float64) for cid in range(data.num_clients)]
+
+    def _objective(self, pl_module: LightningModule) -> Objective:
+        """The module's objective on a float64 copy of its model; buffers and mode follow the live model."""
+        if getattr(self, "_objective64", None) is None:
+            self._objective64 = Objective(copy.deepcopy(pl_module.model).double(), pl_module.federated_names)
+            self._weight_decay = pl_module.local.weight_decay
+        model = self._objective64.model
+        model.train(pl_module.model.training)
+        with torch.no_grad():
+            for mine, live in zip(model.buffers(), pl_module.model.buffers()):
+                mine.copy_(live)
+        return self._objective64
+
+    def cost(self, pl_module: LightningModule, x: TensorDict, batches: list) -> torch.Tensor:
+        """f(x): the mean over clients of the objective on the client's data, plus the weight decay term."""
+        objective, wd = self._objective(pl_module), self._weight_decay
         losses = []
-        for *inputs, target in batches:
-            out = functional_call(model, {**frozen, **x}, tuple(inputs))
-            loss = model.loss(out, target) if hasattr(model, "loss") else torch.nn.functional.cross_entropy(out, target)
+        for batch in batches:
+            loss = objective.at(x, batch)[0]
             losses.append(loss + 0.5 * wd * P.sq_norm(x) if wd else loss)
         return torch.stack(losses).mean()
 

@@ -30,7 +30,7 @@ class LocalTraining:
         min_lr: the cosine schedule's final lr, in [0, lr).
         step_rounds: rounds between two ``lr_decay`` steps of the ``step`` schedule, >= 1.
         personal_lr: step size gamma_v of personal tensors, > 0 (``None``: same as
-            ``lr``); decays with ``lr_decay`` like ``lr``. Used by personalization algorithms.
+            ``lr``); follows ``lr_schedule`` like ``lr``. Used by personalization algorithms.
     """
 
     lr: float = 0.1
@@ -96,14 +96,16 @@ class LocalTraining:
         return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
     def lr_at(self, round_idx: int) -> float:
-        if self.lr_schedule == "inv_sqrt":
-            return self.lr / math.sqrt(round_idx + 1)
-        if self.lr_schedule in ("cosine", "step"):
-            return self.lr * self.lr_factor(round_idx)
-        return self.lr * self.lr_decay**round_idx
+        """eta_l of round ``round_idx`` under ``lr_schedule``."""
+        return self._scheduled(self.lr, round_idx)
 
     def personal_lr_at(self, round_idx: int) -> float:
-        base = self.lr if self.personal_lr is None else self.personal_lr
+        """gamma_v of round ``round_idx``: ``personal_lr`` (default ``lr``) under the same schedule."""
+        return self._scheduled(self.lr if self.personal_lr is None else self.personal_lr, round_idx)
+
+    def _scheduled(self, base: float, round_idx: int) -> float:
+        if self.lr_schedule == "inv_sqrt":
+            return base / math.sqrt(round_idx + 1)
         if self.lr_schedule in ("cosine", "step"):
             return base * self.lr_factor(round_idx)
         return base * self.lr_decay**round_idx

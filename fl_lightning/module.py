@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import warnings
-from typing import Any, Literal
+from typing import Any
 
 import lightning as L
 import torch
@@ -13,19 +14,23 @@ from torchmetrics import MeanMetric
 
 from fl_lightning import params as P
 from fl_lightning.algorithms import Algorithm, FedAvg, RoundInfo
-from fl_lightning.batched import BatchedExecution
+from fl_lightning.client_data import ClientData
 from fl_lightning.config import LocalTraining
-from fl_lightning.distributed import DistributedExecution
+from fl_lightning.executors import ClientRuntime, Executor, resolve_executor
 from fl_lightning.faults import ClientFaults, DivergenceError, all_finite, first_non_finite
-from fl_lightning.execution import ParameterSwap, SequentialExecution, forward_loss
 from fl_lightning.metrics import local_consistency, payload_bytes
+from fl_lightning.objective import Objective
 from fl_lightning.params import TensorDict
-from fl_lightning.participation import RoundPlan
+from fl_lightning.participation import RoundPlan, derive_seed
 from fl_lightning.state import ClientStore, NestedState, flatten_state, unflatten_state
+from fl_lightning.tasks import ClientResult, ClientState, ClientTask, Payload
 
 log = logging.getLogger(__name__)
 _CKPT_KEY = "federated"
-EXECUTIONS = {"sequential": SequentialExecution, "batched": BatchedExecution}
+PERSONAL = "personal"
+"""The client-store entry holding a client's personal tensors (a reserved state name)."""
+WARMUP_STREAM = 0x3A4D
+"""Seed stream of the warm-up pass: its samples xi^{-1} are fresh and addressable by client."""
 
 
 def quiet_known_warnings() -> None:
@@ -54,13 +59,14 @@ class FederatedModule(L.LightningModule):
         algorithm: the federated algorithm (default FedAvg).
         local: local training settings.
         personal: glob patterns of parameter names, or module paths (``"head"``),
-            kept per client and never sent. Each client's values live in
-            ``personal_store`` (initialised from the model's values) and are trained
-            by algorithms with ``supports_personal`` (FedAvgP, ScaffoldP, FedSim, FedAlt).
-        execution: ``"sequential"`` trains the round's clients one after another;
-            ``"batched"`` trains them together with torch.func.vmap (same results to
-            float tolerance; falls back to sequential, with a logged reason, where it
-            cannot batch, e.g. BatchNorm or clients smaller than the batch size).
+            kept per client and never sent. Each client's values are client state in
+            ``store`` (initialised from the model's values) and are trained by
+            algorithms with ``supports_personal`` (FedAvgP, ScaffoldP, FedSim, FedAlt).
+        execution: how the round's client tasks run: ``"sequential"`` (one after
+            another), ``"batched"`` (together, with torch.func.vmap; same results to
+            float tolerance, sequential for declared reasons such as BatchNorm), or any
+            ``fl_lightning.executors.Executor`` (``class_path`` in YAML). Under DDP the
+            executor is wrapped to split the tasks over the processes.
         store: where per-client state lives: in memory (default) or a
             ``DiskClientStore`` for large populations.
         faults: simulated client dropout, stragglers and failure handling.
@@ -72,7 +78,7 @@ class FederatedModule(L.LightningModule):
         algorithm: Algorithm | None = None,
         local: LocalTraining = LocalTraining(),
         personal: list[str] | None = None,
-        execution: Literal["sequential", "batched"] = "sequential",
+        execution: str | Executor = "sequential",
         store: ClientStore | None = None,
         faults: ClientFaults = ClientFaults(),
     ) -> None:
@@ -94,21 +100,18 @@ class FederatedModule(L.LightningModule):
             )
         self.store = store if store is not None else ClientStore()
         self.faults = faults
-        self.personal_store = ClientStore()  # {"v": {name: tensor}} per client that has trained
         self.server_state: NestedState | None = None
-        if execution not in EXECUTIONS:
-            raise ValueError(f"execution must be one of {sorted(EXECUTIONS)}, got {execution!r}")
-        self.execution = DistributedExecution(EXECUTIONS[execution]())
-        self.parameter_swap = ParameterSwap(model, self.federated_names + self.personal_names)
+        self.executor = resolve_executor(execution)
+        self.objective = Objective(model, self.federated_names + self.personal_names)
         self.comm_totals = {"bytes_up": 0, "bytes_down": 0, "client_uploads": 0}
         self.val_loss, self.val_acc = MeanMetric(), MeanMetric()
         self.test_loss, self.test_acc = MeanMetric(), MeanMetric()
 
     # ---- wiring -------------------------------------------------------------------------
     @property
-    def datamodule(self):
+    def datamodule(self) -> ClientData:
         datamodule = getattr(self.trainer, "datamodule", None)
-        if datamodule is None or not hasattr(datamodule, "client_batches"):
+        if not isinstance(datamodule, ClientData):
             raise RuntimeError("FederatedModule needs a FederatedDataModule passed as `datamodule=` to the Trainer")
         return datamodule
 
@@ -120,17 +123,30 @@ class FederatedModule(L.LightningModule):
         """The global federated tensors x (detached views of the live parameters)."""
         return {n: p.detach() for n, p in zip(self.federated_names, self.federated_parameters())}
 
-    def client_state(self, client_id: int, x: TensorDict) -> NestedState:
-        state = self.store.get(client_id, lambda: self.algorithm.client_state_init(x))
-        return {n: {k: v.to(self.device) for k, v in td.items()} for n, td in state.items()}
+    def client_state(self, client_id: int, x: TensorDict) -> ClientState:
+        """Client ``client_id``'s stored state on this device: the algorithm's (its declared
+        initial state if it never trained) and its personal tensors."""
+        stored = self.store.get(client_id, lambda: self.algorithm.client_state_init(x))
+        state = {n: {k: v.to(self.device) for k, v in td.items()} for n, td in stored.items() if n != PERSONAL}
+        return ClientState(state, self._personal(stored))
 
     def client_personal(self, client_id: int) -> TensorDict:
-        """Client ``client_id``'s personal tensors v_i: stored values, else the model's initial ones ({} if none)."""
+        """Client ``client_id``'s personal tensors v_i ({} if the model has none)."""
+        return self._personal(self.store.get(client_id, dict))
+
+    def _personal(self, stored: NestedState) -> TensorDict:
+        """The personal tensors in a stored state; the model's initial values for a client that never trained."""
         if not self.personal_names:
             return {}
-        named = dict(self.model.named_parameters())
-        state = self.personal_store.get(client_id, lambda: {"v": {n: named[n].detach() for n in self.personal_names}})
-        return {k: v.to(self.device) for k, v in state["v"].items()}
+        values = stored.get(PERSONAL)
+        if values is None:
+            named = dict(self.model.named_parameters())
+            values = {n: named[n].detach() for n in self.personal_names}
+        return {k: v.to(self.device) for k, v in values.items()}
+
+    def _store_result(self, result: ClientResult) -> None:
+        state = {**result.client_state, PERSONAL: result.personal} if result.personal else result.client_state
+        self.store.put(result.client_id, state)
 
     def setup(self, stage: str) -> None:
         if self.server_state is None:
@@ -150,39 +166,37 @@ class FederatedModule(L.LightningModule):
 
     # ---- one round ------------------------------------------------------------------------
     def training_step(self, plan: RoundPlan, batch_idx: int) -> None:
-        data = self.datamodule
-        lr = self.local.lr_at(plan.round)
-        info = RoundInfo(round=plan.round, local_lr=lr, num_clients=data.num_clients, plan=plan)
-        if self.personal_names:
-            info.personal_lr = self.local.personal_lr_at(plan.round)
+        info = RoundInfo(
+            round=plan.round,
+            local_lr=self.local.lr_at(plan.round),
+            num_clients=self.datamodule.num_clients,
+            plan=plan,
+            personal_lr=self.local.personal_lr_at(plan.round) if self.personal_names else None,
+        )
         x = self.global_params()
         server_state = {n: {k: v.to(self.device) for k, v in td.items()} for n, td in self.server_state.items()}
         if self.algorithm.warmup_pass and plan.round == 0:
             server_state = self._warmup(x, server_state, info)
         broadcast = self.algorithm.broadcast(x, server_state, info)
-        selected = plan
-        plan, stragglers = self._inject_faults(plan)
-        results = self.execution.run(self, plan, broadcast, info)
-        fault_metrics = {"faults/dropped": len(selected.clients) - len(plan.clients),
-                         "faults/failed": len(plan.clients) - len(results)}  # fmt: skip
+        tasks, stragglers = self._tasks(plan, broadcast)
+        results = self.executor.run(tasks, info, self._runtime())
+        fault_metrics = {"faults/dropped": len(plan.clients) - len(tasks), "faults/failed": len(tasks) - len(results)}
         if self.faults.active:
             fault_metrics["faults/stragglers"] = stragglers
         if not results:
             self._empty_round(plan, broadcast, fault_metrics)
             return
-        if not all_finite([r.upload for r in results]):
+        uploads = [r.upload for r in results]
+        if not all_finite(uploads):
             for result in results:
                 bad = first_non_finite(result.upload)
                 if bad is not None:
                     raise DivergenceError(f"round {plan.round}: client {result.client_id} sent a non-finite update ({bad})")
-        info.local_steps = sum(r.num_steps for r in results) / len(results)
-        uploads = [r.upload for r in results]
-        weights = self._survivor_weights(selected, results)
-        pseudo_grad, self.server_state = self.algorithm.aggregate(x, uploads, weights, server_state, info)
+        weights = self._survivor_weights(plan, results)
+        local_steps = [r.num_steps for r in results]
+        pseudo_grad, self.server_state = self.algorithm.aggregate(x, uploads, weights, server_state, info, local_steps)
         for result in results:
-            self.store.put(result.client_id, result.client_state)
-            if result.personal:
-                self.personal_store.put(result.client_id, {"v": result.personal})
+            self._store_result(result)
 
         optimizer = self.optimizers()
         optimizer.zero_grad()
@@ -194,29 +208,35 @@ class FederatedModule(L.LightningModule):
             raise DivergenceError(f"round {plan.round}: the global model became non-finite ({bad})")
         self._log_round(plan, broadcast, uploads, results, fault_metrics)
 
-    def _inject_faults(self, plan: RoundPlan) -> tuple[RoundPlan, int]:
-        """Drop and slow down clients as ``self.faults`` draws them from their round seeds.
+    def _runtime(self) -> ClientRuntime:
+        return ClientRuntime(
+            self.algorithm, self.objective, self.datamodule, self.local, self.device, self.faults.fail_fast, tuple(self.personal_names)
+        )
 
-        Returns the plan of the clients that will report and the number of stragglers.
+    def _task(self, client_id: int, seed: int, num_steps: int, broadcast: Payload, warmup: bool = False) -> ClientTask:
+        load = functools.partial(self.client_state, client_id, broadcast["x"])
+        return ClientTask(client_id, seed, num_steps, broadcast, load, warmup)
+
+    def _tasks(self, plan: RoundPlan, broadcast: Payload) -> tuple[list[ClientTask], int]:
+        """The round's client tasks (each client's K computed here, once) and the number of stragglers.
+
+        ``self.faults`` drops clients and cuts stragglers' budgets, drawn from their round seeds.
         """
-        if not self.faults.active:
-            return plan, 0
         data, local = self.datamodule, self.local
-        keep, budgets, stragglers = [], [], 0
-        for i, (cid, seed) in enumerate(zip(plan.clients.tolist(), plan.seeds.tolist())):
-            steps = data.num_local_steps(cid, local.batch_size, local.steps, local.epochs)
-            dropped, budget = self.faults.draw(seed, steps)
-            if dropped:
-                log.warning("round %d: client %d dropped out (never reported)", plan.round, cid)
-                continue
-            keep.append(i)
-            budgets.append(budget)
-            stragglers += budget < steps
-        budget_tensor = torch.tensor(budgets, dtype=torch.int64)
-        return RoundPlan(plan.round, plan.clients[keep], plan.weights[keep], plan.seeds[keep], budget_tensor), stragglers
+        tasks, stragglers = [], 0
+        for cid, seed in zip(plan.clients.tolist(), plan.seeds.tolist()):
+            steps = budget = data.num_local_steps(cid, local.batch_size, local.steps, local.epochs)
+            if self.faults.active:
+                dropped, budget = self.faults.draw(seed, steps)
+                if dropped:
+                    log.warning("round %d: client %d dropped out (never reported)", plan.round, cid)
+                    continue
+                stragglers += budget < steps
+            tasks.append(self._task(cid, seed, budget, broadcast))
+        return tasks, stragglers
 
     @staticmethod
-    def _survivor_weights(selected: RoundPlan, results) -> torch.Tensor:
+    def _survivor_weights(selected: RoundPlan, results: list[ClientResult]) -> torch.Tensor:
         """The plan weights of the clients that reported, rescaled to the selected set's total."""
         weight_of = dict(zip(selected.clients.tolist(), selected.weights.tolist()))
         weights = torch.tensor([weight_of[r.client_id] for r in results], dtype=torch.float64)
@@ -224,8 +244,8 @@ class FederatedModule(L.LightningModule):
             weights = weights * (float(selected.weights.sum()) / float(weights.sum()))
         return weights
 
-    def _empty_round(self, plan: RoundPlan, broadcast, fault_metrics: dict[str, int]) -> None:
-        """No client was active (possible under Bernoulli activation): x, the server state and the
+    def _empty_round(self, plan: RoundPlan, broadcast: Payload, fault_metrics: dict[str, int]) -> None:
+        """No client reported (possible under Bernoulli activation): x, the server state and the
         client store stay as they are, and the round is logged with ``train/clients = 0``.
 
         The server optimizer still steps, with every ``.grad`` set to None, so that Lightning
@@ -239,16 +259,22 @@ class FederatedModule(L.LightningModule):
         self._log_round(plan, broadcast, [], [], fault_metrics)
 
     def _warmup(self, x: TensorDict, server_state: NestedState, info: RoundInfo) -> NestedState:
-        """The algorithm's pass over all N clients before round 0 (e.g. Scaffold-P's c_i^0, c^0)."""
+        """The algorithm's pass over all N clients before round 0 (e.g. Scaffold-P's c_i^0, c^0),
+        run by the executor like any round's tasks."""
+        data, local = self.datamodule, self.local
         broadcast = self.algorithm.broadcast(x, server_state, info)
-        outputs = self.execution.run_warmup(self, broadcast, info)
-        uploads = [upload for upload, _ in outputs]
+        tasks = []
+        for cid in range(info.num_clients):
+            steps = data.num_local_steps(cid, local.batch_size, local.steps, local.epochs)
+            tasks.append(self._task(cid, derive_seed(data.seed, cid, WARMUP_STREAM), steps, broadcast, warmup=True))
+        results = self.executor.run(tasks, info, self._runtime())
+        uploads = [r.upload for r in results]
         server_state = self.algorithm.server_warmup(x, uploads, server_state, info)
-        for client_id, (_, state) in enumerate(outputs):
-            self.store.put(client_id, state)
-        self.comm_totals["bytes_down"] += payload_bytes(broadcast) * len(outputs)
+        for result in results:
+            self._store_result(result)
+        self.comm_totals["bytes_down"] += payload_bytes(broadcast) * len(results)
         self.comm_totals["bytes_up"] += sum(payload_bytes(u) for u in uploads)
-        self.comm_totals["client_uploads"] += len(outputs)
+        self.comm_totals["client_uploads"] += len(results)
         return server_state
 
     def _log_round(self, plan: RoundPlan, broadcast, uploads, results, fault_metrics: dict[str, int]) -> None:
@@ -280,7 +306,7 @@ class FederatedModule(L.LightningModule):
 
     # ---- evaluation of the global model ---------------------------------------------------------
     def _evaluate(self, batch: Any, loss_metric: MeanMetric, acc_metric: MeanMetric, prefix: str) -> None:
-        loss, logits, target = forward_loss(self.model, batch)
+        loss, logits, target = self.objective(batch)
         loss_metric.update(loss, weight=len(target))
         acc_metric.update((logits.argmax(-1) == target).float())
         self.log(f"{prefix}/loss", loss_metric, on_step=False, on_epoch=True, prog_bar=prefix == "val")
@@ -298,7 +324,6 @@ class FederatedModule(L.LightningModule):
             "client_store": self.store.checkpoint_state(self.global_step),
             "server_state": flatten_state(self.server_state or {}),
             "comm_totals": dict(self.comm_totals),
-            "personal_store": self.personal_store.state_dict(),
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -308,4 +333,8 @@ class FederatedModule(L.LightningModule):
         self.store.load_checkpoint_state(state["client_store"])
         self.server_state = unflatten_state(state["server_state"])
         self.comm_totals = dict(state["comm_totals"])
-        self.personal_store.load_state_dict(state.get("personal_store", {}))
+        if state.get("personal_store"):  # checkpoints before personal tensors became client state
+            legacy = ClientStore()
+            legacy.load_state_dict(state["personal_store"])
+            for cid in legacy.client_ids():
+                self.store.put(cid, {**self.store.get(cid, dict), PERSONAL: legacy.get(cid, dict)["v"]})

@@ -36,7 +36,6 @@ class RoundPlan:
     clients: Tensor  # int64 [S]
     weights: Tensor  # float64 [S]
     seeds: Tensor  # int64 [S], one local-randomness seed per active client
-    max_steps: Tensor | None = None  # int64 [S]: local steps a client completes (stragglers); None = all
 
 
 class Participation(ABC):

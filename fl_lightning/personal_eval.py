@@ -2,7 +2,7 @@
 
 ``PersonalizedEvaluation``: each client's personalized model (global shared u plus
 its own v_i) on its own held-out data; logs the mean and the worst 10% of clients.
-``GradientNorm``: the stationarity measure of the seed paper's figures, the gradient
+``GradientNorm``: the stationarity measure of Chen, Cao, Yuan & Wen 2023 (arXiv:2309.17409; docs/algorithms.md §14), the gradient
 of f(u, V) = (1/n) sum_i f_i(u, v_i) on all clients' training data.
 Both run at every evaluation (``trainer.val_check_interval``).
 """
@@ -16,7 +16,6 @@ from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from fl_lightning import params as P
-from fl_lightning.execution import forward_loss_at, make_grad_fn
 
 
 def worst_fraction_mean(values: torch.Tensor, fraction: float = 0.1) -> float:
@@ -53,7 +52,7 @@ class PersonalizedEvaluation(Callback):
             if len(data.client_holdout[cid]) == 0:
                 continue
             batch = move_data_to_device(data.client_holdout_batch(cid), pl_module.device)
-            loss, logits, target = forward_loss_at(pl_module.model, _client_params(pl_module, cid), batch)
+            loss, logits, target = pl_module.objective.at(_client_params(pl_module, cid), batch)
             accs.append((logits.argmax(-1) == target).double().mean())
             losses.append(loss.double())
         accs_t = torch.stack(accs).cpu()
@@ -80,7 +79,7 @@ class GradientNorm(Callback):
     """Logs the gradient of f(u, V) = (1/n) sum_i f_i(u, v_i), f_i the full training loss of client i
     (weight decay and model penalties included):
     ``algo/grad_norm_u_sq`` = |grad_u f|^2, ``algo/grad_norm_v_sq`` = (1/n) sum_i |grad_{v_i} f_i|^2
-    (the seed paper's G_u and G_v), ``algo/grad_norm_sq`` = their sum, ``algo/grad_norm`` = its root.
+    (G_u and G_v of Chen et al. 2023, docs/algorithms.md §14), ``algo/grad_norm_sq`` = their sum, ``algo/grad_norm`` = its root.
     Without personal tensors G_v = 0 and this is |grad f(x)|."""
 
     @torch.inference_mode(False)
@@ -92,7 +91,7 @@ class GradientNorm(Callback):
         for cid in range(n):
             batch = move_data_to_device(data.client_full_batch(cid), pl_module.device)
             params = _client_params(pl_module, cid)
-            _, grads = make_grad_fn(pl_module.model, pl_module.parameter_swap, batch, local.weight_decay)(params)
+            _, grads = pl_module.objective.grad_fn(batch, local.weight_decay)(params)
             shared = {k: grads[k].double() for k in pl_module.federated_names}
             grad_u = shared if grad_u is None else P.add(grad_u, shared)
             g_v = g_v + P.sq_norm({k: grads[k] for k in pl_module.personal_names})  # 0 without personal tensors

@@ -1,6 +1,6 @@
 """Binary logistic regression on features split into a shared and a personal part.
 
-The model of the partial-personalization seed paper (Sec. 5): for a sample with
+The model of Sec. 5 of Chen, Cao, Yuan & Wen 2023, arXiv:2309.17409 (docs/algorithms.md, section 14): for a sample with
 shared features a, personal features b and label c in {-1, +1},
 f = log(1 + exp(-c (a^T u + b^T v))) + rho (|u|^2/(1+|u|^2) + |v|^2/(1+|v|^2)).
 Mark ``v`` personal (``personal: [v]``) to give every client its own v_i.
@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 @dataclass
 class PenalizedLogits:
-    """Model output: ``logits`` plus a parameter ``penalty`` that ``forward_loss`` adds to the loss."""
+    """Model output: ``logits`` plus a parameter ``penalty`` that the objective (``fl_lightning/objective.py``) adds to the loss."""
 
     logits: Tensor
     penalty: Tensor

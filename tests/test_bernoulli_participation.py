@@ -37,11 +37,12 @@ def _aggregate_draws(participation: Participation, deltas: torch.Tensor, draws: 
         if k < 20 and len(clients):
             info = RoundInfo(round=k, local_lr=0.1, num_clients=n)
             uploads = [{"delta": {"w": deltas[int(c)]}} for c in clients]
-            pseudo_grad, _ = FedAvg().aggregate({"w": torch.zeros_like(deltas[0])}, uploads, weights, {}, info)
+            pseudo_grad, _ = FedAvg().aggregate({"w": torch.zeros_like(deltas[0])}, uploads, weights, {}, info, [1] * len(uploads))
             torch.testing.assert_close(-pseudo_grad["w"], dense[k] @ deltas)
     return dense @ deltas
 
 
+# docs/algorithms.md, E10
 def test_monte_carlo_mean_of_inverse_probability_aggregate_is_the_full_participation_update():
     """E[sum_{n in A} d_n / (N p_n)] = (1/N) sum_n d_n (Rostami & Kia, Alg. 1 line 20).
 
@@ -164,6 +165,7 @@ def test_empty_rounds_leave_model_and_server_optimizer_unchanged_and_are_counted
     assert store.keys() == snap.store.keys() and all(torch.equal(store[k], snap.store[k]) for k in store)
 
 
+# docs/algorithms.md, E10
 def test_all_probabilities_one_equals_full_participation(tmp_path):
     """p = 1 for everyone: weights 1/N, bitwise the same run as sampling all N clients uniformly."""
     params = {}

@@ -8,7 +8,7 @@ import torch
 from lightning.pytorch.loggers import CSVLogger
 
 from fl_lightning.callbacks import PerClientEvaluation, TargetAccuracy, target_key
-from fl_lightning.execution import forward_loss
+from fl_lightning.objective import Objective
 from fl_lightning.history import History
 from tests.conftest import tiny_datamodule, tiny_module, tiny_trainer
 
@@ -66,7 +66,7 @@ def test_per_client_evaluation_logs_mean_worst_and_std_of_client_accuracies(tmp_
     module.eval()
     with torch.no_grad():
         for r in table:
-            _, logits, target = forward_loss(module.model, data.client_holdout_batch(int(r["client"])))
+            _, logits, target = Objective(module.model)(data.client_holdout_batch(int(r["client"])))
             assert int(r["samples"]) == len(target) == len(data.client_holdout[int(r["client"])]) > 0
             assert int(r["correct"]) == int((logits.argmax(-1) == target).sum())
     acc = torch.tensor([float(r["acc"]) for r in table], dtype=torch.float64)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fl_lightning.distributed import assign_clients
+from fl_lightning.executors.distributed import assign_clients
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,6 +24,7 @@ def _train(tmp_path, devices: int, algorithm: str, skew: bool) -> dict:
     return torch.load(out, weights_only=True)
 
 
+# docs/algorithms.md, E13
 @pytest.mark.parametrize(
     "algorithm, skew",
     [

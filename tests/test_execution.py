@@ -1,4 +1,4 @@
-"""Results do not depend on how clients are executed (ALGORITHMS.md property 8)."""
+"""Results do not depend on how clients are executed (docs/algorithms.md, E13)."""
 
 import logging
 
@@ -8,8 +8,8 @@ from torch import nn
 
 from datamodules import FederatedDataModule, IID
 from fl_lightning import FedAvg, FederatedModule, LocalTraining, UniformSampling
-from fl_lightning.algorithms import SCAFFOLD, FAdamGT, FedCM, FedDyn, FedLADA, FedMIM, FedProx, FedSAM, LocalAdam
-from fl_lightning.batched import BatchedExecution
+from fl_lightning.algorithms import SCAFFOLD, FAdamET, FAdamGT, FedCM, FedDyn, FedLADA, FedMIM, FedProx, FedSAM, LocalAdam
+from fl_lightning.executors import BatchedExecutionError, BatchedExecutor
 from models import MLP, SmallCNN
 from tests.conftest import tiny_datamodule, tiny_trainer
 from tests.test_resume import StatefulFedAvg
@@ -28,6 +28,7 @@ def _digits():
     return FederatedDataModule("digits", num_clients=10, partition=IID(), participation=UniformSampling(4))
 
 
+# docs/algorithms.md, E13
 @pytest.mark.parametrize(
     "model_fn, data_fn",
     [(lambda: MLP(8, 3, hidden=[16]), tiny_datamodule), (lambda: SmallCNN(channels=4, hidden=16), _digits)],
@@ -39,7 +40,7 @@ def _digits():
 def test_batched_equals_sequential(tmp_path, model_fn, data_fn, algorithm_fn):
     seq = _fit(tmp_path, model_fn, algorithm_fn, "sequential", data_fn)
     bat = _fit(tmp_path, model_fn, algorithm_fn, "batched", data_fn)
-    assert isinstance(bat.execution.local_execution.unsupported_reason(bat, _plan(bat)), type(None))
+    assert not bat.executor.inner.fallbacks  # every round ran stacked
     _assert_same_training(seq, bat)
 
 
@@ -51,10 +52,6 @@ def _assert_same_training(seq, bat, state_atol=1e-6):
     assert sa.keys() == sb.keys()
     for k in sa:
         torch.testing.assert_close(sa[k], sb[k], rtol=1e-5, atol=state_atol)
-
-
-def _plan(module):
-    return module.datamodule.participation.plan(0, module.datamodule.client_sizes, 0)
 
 
 class BatchNormMLP(nn.Module):
@@ -75,7 +72,7 @@ class BatchNormMLP(nn.Module):
     ],
 )
 def test_batched_falls_back_to_sequential_with_a_reason(tmp_path, caplog, model_fn, local, reason):
-    with caplog.at_level(logging.WARNING, logger="fl_lightning.batched"):
+    with caplog.at_level(logging.WARNING, logger="fl_lightning.executors.batched"):
         bat = _fit(tmp_path, model_fn, FedAvg, "batched", local=local)
     assert reason in caplog.text
     seq = _fit(tmp_path, model_fn, FedAvg, "sequential", local=local)
@@ -112,15 +109,16 @@ def test_batched_applies_per_client_augmentation_like_sequential(tmp_path):
         assert not torch.allclose(a, c)
 
 
-def test_rules_branching_on_the_client_id_run_sequentially_under_batched(tmp_path):
-    """FAdamGT picks the tracking subset by client id: batched execution must fall back, exactly."""
+@pytest.mark.parametrize("algorithm_fn", [lambda: FAdamET(tracking=0.5), lambda: FAdamGT(tracking=0.5)], ids=["et", "gt"])
+def test_rules_branching_on_the_client_id_run_batched(tmp_path, algorithm_fn):
+    """FAdam picks its tracking subset by client id in ``client_finish``: the steps run stacked,
+    the finish client by client, and the result equals sequential execution."""
     mlp = lambda: MLP(8, 3, hidden=[16])  # noqa: E731
-    seq = _fit(tmp_path, mlp, lambda: FAdamGT(tracking=0.5), "sequential")
-    bat = _fit(tmp_path, mlp, lambda: FAdamGT(tracking=0.5), "batched")
-    assert "batchable = False" in bat.execution.local_execution.unsupported_reason(bat, _plan(bat))
-    for a, b in zip(seq.model.parameters(), bat.model.parameters()):
-        assert torch.equal(a, b)
-    assert seq.store.equal(bat.store)
+    seq = _fit(tmp_path, mlp, algorithm_fn, "sequential")
+    bat = _fit(tmp_path, mlp, algorithm_fn, "batched")
+    assert not bat.executor.inner.fallbacks
+    assert type(bat.algorithm) in bat.executor.inner._finish_per_client
+    _assert_same_training(seq, bat, state_atol=1e-5)
 
 
 @pytest.mark.parametrize(
@@ -141,13 +139,13 @@ def test_rules_with_reductions_run_under_vmap(tmp_path, monkeypatch):
     """FedSAM normalises its gradient per client: it must not see the stacked tensors."""
     calls = {"vmapped": 0, "elementwise": 0}
     for name in calls:
-        original = getattr(BatchedExecution, f"_{name}_rule")
+        original = getattr(BatchedExecutor, f"_{name}_rule")
 
         def spy(self, *args, _original=original, _name=name, **kwargs):
             calls[_name] += 1
             return _original(self, *args, **kwargs)
 
-        monkeypatch.setattr(BatchedExecution, f"_{name}_rule", spy)
+        monkeypatch.setattr(BatchedExecutor, f"_{name}_rule", spy)
     _fit(tmp_path, lambda: MLP(8, 3, hidden=[16]), FedSAM, "batched")
     assert calls == {"vmapped": 3, "elementwise": 0}
     _fit(tmp_path, lambda: MLP(8, 3, hidden=[16]), FedAvg, "batched")

@@ -54,8 +54,7 @@ def run_rounds(algorithm, grads, x, rounds, lr, steps=3, states=None, server=Non
             uploads.append(upload)
             if record is not None:
                 record[c] = seen
-        info.local_steps = steps
-        pseudo_grad, server = algorithm.aggregate(x, uploads, plan.weights, server, info)
+        pseudo_grad, server = algorithm.aggregate(x, uploads, plan.weights, server, info, [steps] * len(uploads))
         x = P.add(x, pseudo_grad, -algorithm.global_lr)
     return x, states, server
 
@@ -69,6 +68,7 @@ def heterogeneous_quadratics(num_clients=4, dim=5):
     return grads, (h * c).sum(0) / h.sum(0)
 
 
+# docs/algorithms.md, E14
 def test_fadam_gt_reaches_the_optimum_within_lr_while_local_adam_stalls():
     grads, x_star = heterogeneous_quadratics()
     lr = 1e-2
@@ -78,6 +78,18 @@ def test_fadam_gt_reaches_the_optimum_within_lr_while_local_adam_stalls():
         dist[type(algorithm).__name__] = float((x["w"] - x_star).norm())
     assert dist["FAdamGT"] < lr, dist
     assert dist["LocalAdam"] > 50 * lr, dist  # the fixed point of mean_i g_i/sqrt(v_i) = 0, not of mean_i g_i = 0
+
+
+# docs/algorithms.md, E15 (and section 19)
+def test_fadam_et_settles_where_the_clients_adam_directions_average_to_zero_not_at_the_optimum():
+    grads, x_star = heterogeneous_quadratics()
+    lr = 1e-2
+    x, states, _ = run_rounds(FAdamET(tracking=1.0), grads, {"w": torch.zeros(5, dtype=F64)}, rounds=400, lr=lr)
+    g = torch.stack([grad(x)["w"] for grad in grads])
+    preconditioned = g / (torch.stack([states[c]["v"]["w"] for c in range(len(grads))]).sqrt() + 1e-8)
+    assert float((x["w"] - x_star).norm()) > 50 * lr  # far from the optimum (about 1.09 here)
+    assert float(g.mean(0).norm()) > 1.0  # the mean gradient is not zero there ...
+    assert float(preconditioned.mean(0).norm()) < 0.05 * float(preconditioned.norm(dim=1).mean())  # ... its Adam-scaled mean is
 
 
 def reference_adam_directions(gs, v0, betas=(0.9, 0.99), eps=1e-8):
@@ -91,6 +103,7 @@ def reference_adam_directions(gs, v0, betas=(0.9, 0.99), eps=1e-8):
     return out, v
 
 
+# docs/algorithms.md, E11
 def test_fadam_et_tracking_term_is_the_mean_adam_direction_of_the_round():
     grads, _ = heterogeneous_quadratics()
     algorithm = FAdamET(tracking=1.0)
@@ -107,6 +120,7 @@ def test_fadam_et_tracking_term_is_the_mean_adam_direction_of_the_round():
         torch.testing.assert_close(states[c]["v"]["w"], v_end, rtol=0, atol=0)  # v_i <- v (not v_hat)
 
 
+# docs/algorithms.md, E11
 def test_fadam_gt_tracking_term_is_the_mean_raw_gradient_and_server_y_is_the_mean_of_all_y_i():
     grads, _ = heterogeneous_quadratics()
     algorithm = FAdamGT(tracking=1.0)
@@ -219,6 +233,7 @@ def test_invalid_adam_settings_are_rejected_with_their_name(build, message):
         build()
 
 
+# docs/algorithms.md, E7
 def test_fedlada_with_a_one_is_local_adam_bit_for_bit(tmp_path):
     modules = []
     for algorithm in (FedLADA(a=1.0), LocalAdam()):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from fl_lightning import params as P
-from fl_lightning.execution import loss_grads
+from fl_lightning.objective import loss_grads
 from fl_lightning.faults import all_finite, first_non_finite, is_finite
 from fl_lightning.metrics import local_consistency
 from fl_lightning.optim import sgd_step

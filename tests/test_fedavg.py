@@ -8,6 +8,7 @@ from fl_lightning import FedAvg, LocalTraining
 from tests.conftest import tiny_datamodule, tiny_module, tiny_trainer
 
 
+# docs/algorithms.md, E9
 def test_fedavg_full_participation_one_full_batch_step_is_gradient_descent(tmp_path):
     """All clients, one full-batch local step, uniform weights == one GD step on the pooled objective."""
     lr = 0.3

@@ -63,6 +63,7 @@ def test_client_rule_matches_algorithm_1():
     assert np.abs(ours - w).max() > 1e-3
 
 
+# docs/algorithms.md, E8
 def test_svrg_with_one_inner_step_and_full_batches_is_gradient_descent(tmp_path):
     """M = 1: every step is a snapshot, v = mu~ = full local gradient, so K steps of SVRG are K steps of
     full-batch GD: the same run as FedAvg with batch_size = None, bit for bit."""

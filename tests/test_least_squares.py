@@ -67,11 +67,13 @@ def _distance(tmp_path, algorithm, problem, rounds):
     return float((final - optimum).norm())
 
 
+# docs/algorithms.md, E14
 @pytest.mark.parametrize("algorithm", [SCAFFOLD(), FedDyn(alpha=1.5)], ids=["SCAFFOLD", "FedDyn"])
 def test_drift_corrected_algorithms_reach_the_global_optimum(tmp_path, problem, algorithm):
     assert _distance(tmp_path, algorithm, problem, rounds=ROUNDS) < 1e-6
 
 
+# docs/algorithms.md, E14
 def test_fedavg_stays_measurably_away(tmp_path, problem):
     assert _distance(tmp_path, FedAvg(), problem, rounds=ROUNDS) > 1e-3
 

@@ -36,9 +36,9 @@ def recording(algorithm):
     base_aggregate = algorithm.aggregate
     algorithm.records = []
 
-    def aggregate(x, uploads, weights, server_state, info):
+    def aggregate(x, uploads, weights, server_state, info, local_steps):
         algorithm.records.append((P.detach_clone(x), [{k: P.detach_clone(v) for k, v in u.items()} for u in uploads]))
-        return base_aggregate(x, uploads, weights, server_state, info)
+        return base_aggregate(x, uploads, weights, server_state, info, local_steps)
 
     algorithm.aggregate = aggregate
     return algorithm
@@ -131,9 +131,10 @@ def test_only_adapters_and_head_are_federated_stored_and_sent(assets, tmp_path, 
     assert not all(torch.equal(x0[n], after[n]) for n in names), "the adapters did not train"
 
 
+# docs/algorithms.md, E12
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_identical_clients_return_their_common_adapter(assets, tmp_path, name):
-    """ALGORITHMS.md property 7: if all clients end with the same adapter, the global adapter is that adapter."""
+    """docs/algorithms.md, E12: if all clients end with the same adapter, the global adapter is that adapter."""
     data_one = sst2(assets, num_clients=1, per_round=1)
     one = lora_module(assets, recording(_algorithms()[name]()), batch_size=None, steps=2, epochs=None)
     tiny_trainer(tmp_path / "one", rounds=1).fit(one, datamodule=data_one)
@@ -174,6 +175,7 @@ def _merged_updates(module, x, deltas):
     return out
 
 
+# docs/algorithms.md, E12
 @pytest.mark.parametrize("freeze_a", [True, False])
 def test_freeze_a_makes_averaging_exact(assets, tmp_path, freeze_a):
     """FedIT averages A and B separately: mean(B) mean(A) != mean(B A). With A frozen it is exact."""

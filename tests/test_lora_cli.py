@@ -16,7 +16,7 @@ from tests.text_fixtures import Assets, shared_assets
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ["fedit_gpt2_sst2", "fedit_gpt2_20news", "fedit_gpt2_qqp", "fedit_gpt2_qnli"]
-PAPER = {  # (eta_l, eta_g, classes, task) from the seed's Table C.1
+PAPER = {  # (eta_l, eta_g, classes, task) from Table C.1 of Chen et al. 2025 (arXiv:2502.02727)
     "fedit_gpt2_sst2": (1e-3, 0.3, 2, "sst2"),
     "fedit_gpt2_20news": (5e-3, 0.1, 20, "20news"),
     "fedit_gpt2_qqp": (1e-4, 0.3, 2, "qqp"),

@@ -12,7 +12,9 @@ from datamodules import IID, Dirichlet, FederatedDataModule
 from fl_lightning import FedAvg, FederatedModule, LocalTraining, UniformSampling
 from fl_lightning import params as P
 from fl_lightning.algorithms import FedAlt, FedAvgP, FedSim, ScaffoldP
-from fl_lightning.execution import _WARMUP_STREAM, forward_loss_at
+from fl_lightning.module import PERSONAL, WARMUP_STREAM as _WARMUP_STREAM
+from fl_lightning.objective import Objective
+from fl_lightning.state import ClientStore
 from fl_lightning.participation import derive_seed
 from fl_lightning.personal_eval import GradientNorm, PersonalizedEvaluation, worst_fraction_mean
 from models import MLP, SplitLogistic
@@ -46,6 +48,7 @@ def params_of(module):
 # ---- equivalences with the unpersonalized algorithms -------------------------------------------------
 
 
+# docs/algorithms.md, E5
 def test_fedavgp_with_eta_one_and_no_personal_tensors_is_fedavg_bitwise(tmp_path):
     local = LocalTraining(lr=0.1, steps=3, batch_size=8, lr_decay=0.9)
     runs = {}
@@ -97,6 +100,7 @@ def reference_scaffold(model, data, local, rounds, global_lr, warm_start):
     return x, c, c_i
 
 
+# docs/algorithms.md, E6
 @pytest.mark.parametrize("warm_start", [False, True])
 def test_scaffoldp_without_personal_tensors_is_scaffold(tmp_path, warm_start):
     local = LocalTraining(lr=0.05, steps=4, batch_size=8, lr_decay=0.95)
@@ -112,6 +116,7 @@ def test_scaffoldp_without_personal_tensors_is_scaffold(tmp_path, warm_start):
             torch.testing.assert_close(module.store.get(cid, None)["c"][name], c_i[cid][name], rtol=1e-5, atol=1e-6)
 
 
+# docs/algorithms.md, E6
 def test_scaffoldp_without_personal_tensors_is_the_scaffold_algorithm(tmp_path):
     """Against the framework's SCAFFOLD (issue 4) once it is merged; the reference above covers it until then."""
     import fl_lightning.algorithms as algorithms
@@ -130,6 +135,7 @@ def test_scaffoldp_without_personal_tensors_is_the_scaffold_algorithm(tmp_path):
     assert runs["scaffold"].comm_totals == runs["scaffoldp"].comm_totals
 
 
+# docs/algorithms.md, E6
 def test_scaffoldp_server_control_variate_is_the_mean_of_all_client_variates(tmp_path):
     """c = (1/n) sum_i c_i over all n clients, after the warm start and every round (clients never seen hold 0)."""
     module = split_module(ScaffoldP(), LocalTraining(lr=0.05, steps=3, batch_size=8))
@@ -147,7 +153,7 @@ def test_scaffoldp_server_control_variate_is_the_mean_of_all_client_variates(tmp
 
 def _full_grads(model, params, data, cid):
     leaves = {k: v.clone().requires_grad_(True) for k, v in params.items()}
-    loss, _, _ = forward_loss_at(model, leaves, data.client_full_batch(cid))
+    loss, _, _ = Objective(model, ["u", "v"]).at(leaves, data.client_full_batch(cid))
     return dict(zip(leaves, torch.autograd.grad(loss, list(leaves.values()))))
 
 
@@ -163,7 +169,7 @@ def test_fedavgp_one_full_batch_step_uses_gamma_u_gamma_v_eta_u_eta_v(tmp_path, 
     expected_u = start["u"] - eta_u * gamma_u * sum(g["u"] for g in grads) / 4
     torch.testing.assert_close(module.model.u.detach(), expected_u, rtol=1e-5, atol=1e-6)
     for cid, g in enumerate(grads):
-        torch.testing.assert_close(module.personal_store.get(cid, None)["v"]["v"], start["v"] - eta_v * gamma_v * g["v"])
+        torch.testing.assert_close(personal_store(module).get(cid, None)["v"]["v"], start["v"] - eta_v * gamma_v * g["v"])
     assert torch.equal(module.model.v.detach(), start["v"])  # the model keeps the initial v as the template
 
 
@@ -194,7 +200,7 @@ def test_fedalt_with_only_a_personal_phase_keeps_the_global_model(tmp_path):
     start = params_of(module)
     tiny_trainer(tmp_path, rounds=2).fit(module, datamodule=binary_data())
     assert torch.equal(module.model.u.detach(), start["u"])
-    assert all(not torch.equal(module.personal_store.get(c, None)["v"]["v"], start["v"]) for c in module.personal_store.client_ids())
+    assert all(not torch.equal(personal_store(module).get(c, None)["v"]["v"], start["v"]) for c in personal_store(module).client_ids())
 
 
 # ---- personal tensors never leave the client; checkpoint and resume ---------------------------------------
@@ -206,9 +212,9 @@ def test_personal_tensors_never_appear_in_uploads(tmp_path, algorithm):
     seen = []
     aggregate = algorithm.aggregate
 
-    def recording_aggregate(x, uploads, weights, server_state, info):
+    def recording_aggregate(x, uploads, weights, server_state, info, local_steps):
         seen.extend(uploads)
-        return aggregate(x, uploads, weights, server_state, info)
+        return aggregate(x, uploads, weights, server_state, info, local_steps)
 
     algorithm.aggregate = recording_aggregate
     tiny_trainer(tmp_path, rounds=3).fit(module, datamodule=binary_data())
@@ -237,26 +243,39 @@ def test_personal_tensors_stay_out_of_the_shared_checkpoint_and_survive_resume(t
     # The model's state holds the shared u and only the *initial* v (the template for clients not yet seen).
     initial_v = split_module(ScaffoldP()).model.v.detach()
     assert torch.equal(ckpt["state_dict"]["model.v"], initial_v)
-    personal = ckpt["federated"]["personal_store"]
-    assert personal and all(key.endswith("/v/v") for key in personal)
+    personal = {k: v for k, v in ckpt["federated"]["client_store"].items() if f"/{PERSONAL}/" in k}
+    assert personal and all(key.endswith(f"/{PERSONAL}/v") for key in personal)
     assert all(not torch.equal(t, initial_v) for t in personal.values())
-    assert first.personal_store.equal(_store_from(personal))
+    assert personal_store(first).equal(_store_from(personal))
 
     resumed = _fit_with_checkpoints(tmp_path / "c", rounds=6, ckpt_path=str(last))
     for a, b in zip(straight.model.parameters(), resumed.model.parameters()):
         assert torch.equal(a, b)
-    assert straight.personal_store.equal(resumed.personal_store) and len(straight.personal_store) > len(first.personal_store)
+    assert personal_store(straight).equal(personal_store(resumed)) and len(personal_store(straight)) > len(personal_store(first))
     assert straight.store.equal(resumed.store)
     assert torch.equal(straight.server_state["c"]["u"], resumed.server_state["c"]["u"])
     assert straight.comm_totals == resumed.comm_totals
 
 
 def _store_from(flat):
-    from fl_lightning.state import ClientStore
-
+    """The clients' personal tensors of a flat checkpoint store, as ``{client: {"v": v_i}}``."""
     store = ClientStore()
     store.load_state_dict(flat)
-    return store
+    return _personal_only(store)
+
+
+def personal_store(module):
+    """The clients' personal tensors held in the module's client store, as ``{client: {"v": v_i}}``."""
+    return _personal_only(module.store)
+
+
+def _personal_only(store):
+    personal = ClientStore()
+    for cid in store.client_ids():
+        state = store.get(cid, dict)
+        if PERSONAL in state:
+            personal.put(cid, {"v": state[PERSONAL]})
+    return personal
 
 
 # ---- metrics ------------------------------------------------------------------------------------------
@@ -266,14 +285,14 @@ def test_gradient_norm_is_the_gradient_of_the_global_objective(tmp_path):
     module = split_module(FedAvgP(), LocalTraining(lr=0.1, steps=2, batch_size=8, weight_decay=0.01))
     data = binary_data(num_clients=4, clients_per_round=2)
     tiny_trainer(tmp_path, rounds=2).fit(module, datamodule=data)
-    assert 0 < len(module.personal_store) < 4  # a mix of trained and initial v_i
+    assert 0 < len(personal_store(module)) < 4  # a mix of trained and initial v_i
 
     n, model = 4, module.model
     u = module.model.u.detach().clone().requires_grad_(True)
     vs = [module.client_personal(i)["v"].clone().requires_grad_(True) for i in range(n)]
     total = 0
     for i in range(n):
-        loss, _, _ = forward_loss_at(model, {"u": u, "v": vs[i]}, data.client_full_batch(i))
+        loss, _, _ = Objective(model, ["u", "v"]).at({"u": u, "v": vs[i]}, data.client_full_batch(i))
         total = total + (loss + 0.005 * ((u * u).sum() + (vs[i] * vs[i]).sum())) / n
     g_u, *g_vs = torch.autograd.grad(total, [u, *vs])
     expected_u = float((g_u.double() ** 2).sum())
@@ -313,6 +332,7 @@ def test_personalized_evaluation_needs_a_holdout(tmp_path):
 # ---- convergence: Scaffold-P removes client drift, FedAvg-P does not ---------------------------------------
 
 
+# docs/algorithms.md, E14
 def test_scaffoldp_reaches_a_stationary_point_where_fedavgp_stays_biased(tmp_path):
     """Full participation, full-batch local steps (no noise), K = 5: Scaffold-P's fixed point is stationary."""
     norms = {}
@@ -377,4 +397,4 @@ def test_personalization_config_runs_and_logs_the_gradient_norm(tmp_path, monkey
     evals = [r for r in rows if r["algo/grad_norm"]]
     assert len(evals) == 1 and float(evals[0]["algo/grad_norm"]) > 0
     assert 0 < float(evals[0]["val/personal_acc_mean"]) <= 1
-    assert 9 <= len(cli.model.personal_store) <= 10  # 2 rounds of m = 9 of n = 10 clients trained their v_i
+    assert 9 <= len(personal_store(cli.model)) <= 10  # 2 rounds of m = 9 of n = 10 clients trained their v_i

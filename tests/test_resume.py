@@ -22,8 +22,8 @@ class StatefulFedAvg(FedAvg):
         visits = {"n": ctx.client_state["visits"]["n"] + 1}
         return upload, {"last_delta": upload["delta"], "visits": visits}
 
-    def aggregate(self, x, uploads, weights, server_state, info):
-        pseudo_grad, _ = super().aggregate(x, uploads, weights, server_state, info)
+    def aggregate(self, x, uploads, weights, server_state, info, local_steps):
+        pseudo_grad, _ = super().aggregate(x, uploads, weights, server_state, info, local_steps)
         return pseudo_grad, {"sum_pseudo_grad": P.add(server_state["sum_pseudo_grad"], pseudo_grad)}
 
     def server_optimizer(self, params):

@@ -41,6 +41,7 @@ def fedavg_params(tmp_path_factory):
     return _params(_fit(tmp_path_factory.mktemp("fedavg"), FedAvg()))
 
 
+# docs/algorithms.md, E1
 @pytest.mark.parametrize(
     "algorithm",
     [
@@ -58,6 +59,7 @@ def test_degenerate_settings_equal_fedavg_bitwise(tmp_path, fedavg_params, algor
         assert torch.equal(a, b)
 
 
+# docs/algorithms.md, E1
 @pytest.mark.parametrize(
     "algorithm",
     [FedMIM(), FedCM(a=0.5), FedProx(mu=0.5), FedSAM(rho=0.5), FedAvgM(momentum=0.9), SCAFFOLD(), FedDyn(alpha=0.1)],
@@ -70,6 +72,7 @@ def test_active_settings_differ_from_fedavg(tmp_path, fedavg_params, algorithm):
     assert max(float((a - b).abs().max()) for a, b in zip(moved, fedavg_params)) > 1e-4
 
 
+# docs/algorithms.md, E2
 def test_fedmim_one_step_without_beta_equals_fedcm(tmp_path):
     """J = 1, beta = 0: x - alpha delta - (1 - alpha) eta g == x - eta ((1 - alpha) g + alpha Delta), Delta = delta/eta."""
     mim = _params(_fit(tmp_path / "mim", FedMIM(inertial_steps=1, alpha=[0.3], beta=[0.0]), rounds=4))
@@ -86,10 +89,10 @@ def test_fedmim_history_and_shifts_follow_the_global_increments():
     state = alg.server_state_init(P.detach_clone(xs[0]))
     seen = []
     for t in range(4):
-        info = RoundInfo(round=t, local_lr=0.1, num_clients=10, local_steps=steps[t] if t < 3 else 1.0)
+        info = RoundInfo(round=t, local_lr=0.1, num_clients=10)
         seen.append(alg.broadcast(xs[t], state, info))
         if t < 3:
-            _, state = alg.aggregate(xs[t], [{"delta": P.sub(xs[t + 1], xs[t])}], torch.ones(1), state, info)
+            _, state = alg.aggregate(xs[t], [{"delta": P.sub(xs[t + 1], xs[t])}], torch.ones(1), state, info, [steps[t]])
     delta = [torch.zeros(2)] + [-(xs[t]["w"] - xs[t - 1]["w"]) / steps[t - 1] for t in range(1, 4)]
     for t in range(4):
         older = delta[t - 1] if t >= 1 else torch.zeros(2)
@@ -137,6 +140,7 @@ class RecordingSCAFFOLD(SCAFFOLD):
         return super().client_step(params, local, ctx)
 
 
+# docs/algorithms.md, E3
 def test_scaffold_control_variates_are_mean_raw_gradients_and_c_is_their_mean(tmp_path):
     alg = RecordingSCAFFOLD()
     module = _fit(tmp_path, alg, rounds=3, num_clients=10, clients_per_round=2)
@@ -153,6 +157,7 @@ def test_scaffold_control_variates_are_mean_raw_gradients_and_c_is_their_mean(tm
         torch.testing.assert_close(c, c_sum[name], rtol=1e-5, atol=1e-7)
 
 
+# docs/algorithms.md, E4
 def test_fedadam_first_round_is_normalised_fedavg_step(tmp_path):
     """Bias-corrected Adam's first step: x1 = x0 - eta d / (|d| + tau) with d FedAvg's pseudo-gradient."""
     local = LocalTraining(lr=0.1, steps=2, batch_size=8)

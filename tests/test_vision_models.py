@@ -131,7 +131,16 @@ def test_vision_configs_hold_the_paper_settings(name, rounds, steps, epochs, alp
 
 
 @pytest.mark.parametrize(
-    "sweep", ["fadam_cifar100_sweep", "fedmim_cifar10_sweep"]  # the other fadam sweeps differ only in base/target
+    "sweep",
+    [
+        "fadam_cifar100_sweep",  # the other fadam sweeps differ only in base/target
+        "fedmim_cifar10_sweep",
+        "fedmim_cifar10_table1_sweep",
+        "fedmim_cifar100_table1_sweep",
+        "fedmim_tinyimagenet_table1_sweep",
+        "fedmim_cifar10_table2_sweep",
+        "fedmim_cifar10_table3_sweep",
+    ],
 )
 def test_vision_sweeps_resolve_to_valid_fit_configs(sweep):
     import yaml
@@ -148,6 +157,14 @@ def test_vision_sweeps_resolve_to_valid_fit_configs(sweep):
         assert not cli.trainer.loggers
         if "model.algorithm" in run:
             assert type(cli.model.algorithm).__name__ == run["model.algorithm"]["class_path"].rsplit(".", 1)[1]
+            for name, value in run["model.algorithm"].get("init_args", {}).items():
+                stored = getattr(cli.model.algorithm, name, None)  # Adam's beta1/beta2 are stored as `betas`
+                if isinstance(stored, (int, float, list)):
+                    assert stored == value, (name, value)
+        if "model.local.epochs" in run:
+            assert cli.model.local.epochs == run["model.local.epochs"]
+        if "trainer.max_steps" in spec["overrides"]:
+            assert cli.trainer.max_steps == spec["overrides"]["trainer.max_steps"]
         if "model.local.lr" in run:
             assert cli.model.local.lr == run["model.local.lr"]
         if "data.init_args.partition" in run:

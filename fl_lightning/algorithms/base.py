@@ -5,13 +5,17 @@ An algorithm holds no tensors between rounds. Per round the module calls
 1. ``broadcast(x, server_state, info)``  -> what the server sends each active client;
 2. per client: ``client_init`` once, ``client_step`` per local step,
    ``client_finish`` once -> the upload payload and the client's new state;
-3. ``aggregate(x, uploads, weights, server_state, info)`` -> the server
+3. ``aggregate(x, uploads, weights, server_state, info, local_steps)`` -> the server
    pseudo-gradient and new server state. The server optimizer from
    ``server_optimizer`` applies the pseudo-gradient to the global parameters
    (SGD with lr = global lr gives ``x <- x - lr * pseudo_grad``).
 
-Client rules take and return tensor dicts and use only elementwise tensor ops,
-so they also run on clients stacked along a leading dimension.
+Client rules take and return tensor dicts, so batched execution can run them on
+clients stacked along a leading dimension: once on the stacked tensors if the rule's
+own class declares ``elementwise = True`` (``declares_capability``), else per client
+under ``torch.func.vmap``. Under batching ``ctx.client_id`` raises
+``ClientIdUnavailable`` (``ctx.client`` holds the stacked ids as a tensor); a
+``client_finish`` that needs the id is then run client by client.
 
 Personal tensors (partial personalization): if the model has personal tensors
 and the algorithm sets ``supports_personal``, ``params`` in the client rule
@@ -31,33 +35,39 @@ import torch
 from torch import Tensor
 
 from fl_lightning import params as P
+from fl_lightning.objective import GradFn
 from fl_lightning.params import TensorDict
 from fl_lightning.participation import RoundPlan
 from fl_lightning.state import NestedState
+from fl_lightning.tasks import ClientResult, Payload
 
-Payload = dict[str, TensorDict]
-"""A message between server and client: ``{"x": params, "c": control variate, ...}``."""
-
-GradFn = Callable[[TensorDict], tuple[Tensor, TensorDict]]
+__all__ = ["Algorithm", "ClientContext", "ClientIdUnavailable", "ClientResult", "Payload", "RoundInfo", "declares_capability"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class RoundInfo:
-    """Facts about the current round that rules may depend on."""
+    """Facts about the current round that rules may depend on (fixed when the round starts)."""
 
     round: int
-    local_lr: float  # this round's eta_l (after per-round decay)
+    local_lr: float  # this round's eta_l (after the schedule)
     num_clients: int  # N, the population size
-    local_steps: float = 0.0  # mean number of local steps of the round's clients (known at aggregation)
-    plan: RoundPlan | None = None  # the round's active clients and seeds (e.g. to draw a subset of them)
+    plan: RoundPlan | None = None  # the round's selected clients and seeds (e.g. to draw a subset of them)
     personal_lr: float | None = None  # this round's gamma_v for personal tensors (None: local_lr)
+
+
+class ClientIdUnavailable(RuntimeError):
+    """A rule asked for one client's id where several clients run stacked."""
 
 
 @dataclass
 class ClientContext:
-    """Everything a client rule may read besides its parameters and local state."""
+    """Everything a client rule may read besides its parameters and local state.
 
-    client_id: int
+    ``client`` is the client's id, or under batched execution the stacked clients' ids
+    (an int64 tensor aligned with the leading dimension; a 0-dim tensor under vmap).
+    """
+
+    client: int | Tensor
     broadcast: Payload
     client_state: NestedState
     info: RoundInfo
@@ -69,6 +79,15 @@ class ClientContext:
     mean_grad: Callable[[TensorDict], TensorDict] = None  # mean minibatch gradient over the round's K batches
 
     @property
+    def client_id(self) -> int:
+        """The client's id; raises ``ClientIdUnavailable`` where clients run stacked."""
+        if isinstance(self.client, Tensor):
+            raise ClientIdUnavailable(
+                "ctx.client_id is not one number where clients run stacked; use ctx.client (their ids as a tensor)"
+            )
+        return self.client
+
+    @property
     def lr(self) -> float:
         return self.info.local_lr
 
@@ -78,14 +97,24 @@ class ClientContext:
         return self.info.local_lr if self.info.personal_lr is None else self.info.personal_lr
 
 
-@dataclass
-class ClientResult:
-    client_id: int
-    upload: Payload
-    client_state: NestedState
-    num_steps: int
-    mean_loss: float
-    personal: TensorDict = field(default_factory=dict)  # the client's new personal tensors (never uploaded)
+_RULE_METHODS = ("client_init", "client_step", "client_finish", "personal_finish")
+
+
+def declares_capability(algorithm: object, capability: str) -> bool:
+    """Whether ``algorithm`` has ``capability`` (e.g. ``elementwise``) set by the class that wrote its rule.
+
+    True only if the class declaring the flag is (a subclass of) every class that defines one of
+    the rule's methods: a subclass that overrides ``client_step`` (say, to clip the gradient by
+    its global norm) does not inherit its parent's ``elementwise = True``; it must declare it.
+    """
+    if capability in vars(algorithm):
+        return bool(vars(algorithm)[capability])
+    mro = type(algorithm).__mro__
+    declarer = next((c for c in mro if capability in vars(c)), None)
+    if declarer is None or not vars(declarer)[capability]:
+        return False
+    definers = (next(c for c in mro if m in vars(c)) for m in _RULE_METHODS if any(m in vars(c) for c in mro))
+    return all(issubclass(declarer, definer) for definer in definers)
 
 
 class Algorithm:
@@ -100,14 +129,14 @@ class Algorithm:
     #: Whether every client runs ``client_warmup`` before the first round (e.g. Scaffold-P's c_i^0).
     warmup_pass: bool = False
 
-    #: Batched execution stacks clients under vmap, where ``ctx.client_id`` is not known:
-    #: a rule that branches on the client's id sets this to False (it then runs sequentially).
+    #: Whether batched execution may run this rule at all (a rule it cannot run sets False:
+    #: its clients then train one after another).
     batchable = True
 
     #: Whether ``client_init``/``client_step``/``client_finish`` use only elementwise tensor ops
     #: (no norms, sums or other reductions over a tensor), so that batched execution can apply
     #: them once to all clients' stacked tensors instead of per client under vmap (much faster).
-    #: A subclass that adds a reduction must set it back to False.
+    #: Honoured only where the class that writes the rule declares it (``declares_capability``).
     elementwise = False
 
     def __init__(self, global_lr: float = 1.0) -> None:
@@ -156,10 +185,24 @@ class Algorithm:
 
     # ---- server update ----------------------------------------------------------
     def aggregate(
-        self, x: TensorDict, uploads: Sequence[Payload], weights: Tensor, server_state: NestedState, info: RoundInfo
+        self,
+        x: TensorDict,
+        uploads: Sequence[Payload],
+        weights: Tensor,
+        server_state: NestedState,
+        info: RoundInfo,
+        local_steps: Sequence[int],
     ) -> tuple[TensorDict, NestedState]:
-        """Pseudo-gradient ``-sum_i w_i delta_i`` (FedAvg's aggregate) and unchanged server state."""
+        """Pseudo-gradient ``-sum_i w_i delta_i`` (FedAvg's aggregate) and unchanged server state.
+
+        ``local_steps[i]`` is the number of local steps client i ran (its upload is ``uploads[i]``).
+        """
         return P.scale(P.weighted_sum([u["delta"] for u in uploads], weights), -1.0), server_state
 
     def server_optimizer(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
         return torch.optim.SGD(params, lr=self.global_lr)
+
+
+def mean_steps(local_steps: Sequence[int]) -> float:
+    """The mean number of local steps of a round's reporting clients."""
+    return sum(local_steps) / len(local_steps)

@@ -5,6 +5,9 @@ Both add a tracking correction y - y_i to LocalAdam: ET after the moment estimat
 (line 17), GT to the gradient before it (line 12). Only the clients in Y_t ⊆ S_t
 refresh y_i (lines 20-23) and upload y_i+ - y_i; the server sets
 x <- x + eta_g mean_S(x_i - x) (line 28) and y <- y + (1/N) sum_Y (y_i+ - y_i) (line 29).
+
+Rules: docs/algorithms.md, section 12: ET (12.2)-(12.3), GT (12.4)-(12.5), server (12.7);
+checked properties E11; why ET stops short of the optimum and GT does not: section 19.
 """
 
 from __future__ import annotations
@@ -30,9 +33,6 @@ class _TrackedAdam(LocalAdam):
         tracking: |Y_t|, an int count in [0, S] or a float fraction of S in [0, 1]
             (paper: Y = S/2, i.e. 0.5).
     """
-
-    #: Whether a client refreshes y_i depends on its id (membership in Y_t): clients are run one by one.
-    batchable = False
 
     def __init__(
         self,
@@ -72,9 +72,15 @@ class _TrackedAdam(LocalAdam):
         return upload, state
 
     def aggregate(
-        self, x: TensorDict, uploads: Sequence[Payload], weights: Tensor, server_state: NestedState, info: RoundInfo
+        self,
+        x: TensorDict,
+        uploads: Sequence[Payload],
+        weights: Tensor,
+        server_state: NestedState,
+        info: RoundInfo,
+        local_steps: Sequence[int],
     ) -> tuple[TensorDict, NestedState]:
-        pseudo_grad, _ = super().aggregate(x, uploads, weights, server_state, info)
+        pseudo_grad, _ = super().aggregate(x, uploads, weights, server_state, info, local_steps)
         y = server_state["y"]
         for upload in uploads:
             if "y_delta" in upload:
@@ -88,6 +94,8 @@ class FAdamET(_TrackedAdam):
     Since x - x_i = eta_l sum_k (Delta_k + y - y_i), y_i+ is the mean Adam direction of the round.
     """
 
+    elementwise = True
+
     def client_step(self, params: TensorDict, local: NestedState, ctx: ClientContext) -> tuple[TensorDict, NestedState]:
         _, grad = ctx.grad(params)
         return tracked_adam_step(params, grad, local, ctx.lr, self.betas, self.eps, step_shift=local["shift"])
@@ -99,6 +107,8 @@ class FAdamET(_TrackedAdam):
 
 class FAdamGT(_TrackedAdam):
     """Gradient tracking: Adam on g_hat = g + y - y_i;  y_i+ = (1/K) sum_k g_k (raw gradients)."""
+
+    elementwise = True
 
     def client_init(self, params: TensorDict, ctx: ClientContext) -> NestedState:
         local = super().client_init(params, ctx)

@@ -1,4 +1,7 @@
-"""FedAvg (McMahan et al. 2017): K local SGD steps, server x <- x + eta_g * sum_i w_i (x_i - x)."""
+"""FedAvg (McMahan et al. 2017): K local SGD steps, server x <- x + eta_g * sum_i w_i (x_i - x).
+
+Rule: docs/algorithms.md, section 2, (2.1)-(2.2).
+"""
 
 from __future__ import annotations
 

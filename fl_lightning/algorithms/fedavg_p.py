@@ -1,7 +1,8 @@
 """FedAvg-P, FedSim and FedAlt: partial model personalization, shared u federated, personal v_i kept.
 
-Seed paper (partial personalization, FedAvg-P / Scaffold-P), Algorithm 1; FedAlt from
-Pillutla et al. 2022. ``params`` in the client rule holds u_i and v_i; ``ctx.personal``
+FedAvg-P: Chen, Cao, Yuan and Wen 2023 (partial personalization, FedAvg-P / Scaffold-P),
+Algorithm 1; FedSim and FedAlt: Pillutla et al. 2022. Rules: docs/algorithms.md, section 14,
+(14.1)-(14.5); reduction to FedAvg: E5. ``params`` in the client rule holds u_i and v_i; ``ctx.personal``
 holds v_i^t and names the personal tensors. gamma_u = ``local.lr``, gamma_v =
 ``local.personal_lr`` (default gamma_u); eta_u is the server step (``global_lr``).
 """

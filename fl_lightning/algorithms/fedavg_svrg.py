@@ -3,6 +3,8 @@
 Server: the FedAvg aggregate with the round plan's weights; with ``BernoulliParticipation``
 those are 1/(N p_n^k), which is Alg. 1 line 20:
 theta^{k+1} = theta^k + (1/N) sum_{n in A^k} (w_n - theta^k) / p_n^k.
+
+Rule: docs/algorithms.md, section 10, (10.1)-(10.4); M = 1 is gradient descent (E8).
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""FedCM, client-level momentum (Xu et al. 2021, Alg. 1)."""
+"""FedCM, client-level momentum (Xu et al. 2021, Alg. 1).
+
+Rule: docs/algorithms.md, section 7, (7.1)-(7.3); a = 1 is FedAvg (E1).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ from torch import Tensor
 
 from fl_lightning import params as P
 from fl_lightning.algorithms import increments as H
-from fl_lightning.algorithms.base import Algorithm, ClientContext, Payload, RoundInfo
+from fl_lightning.algorithms.base import Algorithm, ClientContext, Payload, RoundInfo, mean_steps
 from fl_lightning.optim import sgd_step
 from fl_lightning.params import TensorDict
 from fl_lightning.state import NestedState
@@ -48,7 +51,13 @@ class FedCM(Algorithm):
         return sgd_step(params, direction, ctx.lr), local
 
     def aggregate(
-        self, x: TensorDict, uploads: Sequence[Payload], weights: Tensor, server_state: NestedState, info: RoundInfo
+        self,
+        x: TensorDict,
+        uploads: Sequence[Payload],
+        weights: Tensor,
+        server_state: NestedState,
+        info: RoundInfo,
+        local_steps: Sequence[int],
     ) -> tuple[TensorDict, NestedState]:
-        pseudo_grad, _ = super().aggregate(x, uploads, weights, server_state, info)
-        return pseudo_grad, H.history_update(x, server_state, 1, info.local_steps)
+        pseudo_grad, _ = super().aggregate(x, uploads, weights, server_state, info, local_steps)
+        return pseudo_grad, H.history_update(x, server_state, 1, mean_steps(local_steps))

@@ -1,4 +1,7 @@
-"""FedDyn (Acar et al. 2021, Alg. 1): dynamic linear regularizer per client."""
+"""FedDyn (Acar et al. 2021, Alg. 1): dynamic linear regularizer per client.
+
+Rule: docs/algorithms.md, section 5, (5.1)-(5.4).
+"""
 
 from __future__ import annotations
 
@@ -50,7 +53,13 @@ class FedDyn(Algorithm):
         return {"delta": delta}, {"l": P.add(ctx.client_state["l"], delta, -self.alpha)}
 
     def aggregate(
-        self, x: TensorDict, uploads: Sequence[Payload], weights: Tensor, server_state: NestedState, info: RoundInfo
+        self,
+        x: TensorDict,
+        uploads: Sequence[Payload],
+        weights: Tensor,
+        server_state: NestedState,
+        info: RoundInfo,
+        local_steps: Sequence[int],
     ) -> tuple[TensorDict, NestedState]:
         deltas = [u["delta"] for u in uploads]
         h = P.add(server_state["h"], P.weighted_sum(deltas, [1.0 / info.num_clients] * len(deltas)), -self.alpha)

@@ -3,6 +3,8 @@
 The server broadcasts the global update estimate g_a = -(x_t - x_{t-1}) / (K eta_l)
 (0 in the first round); a client steps x_i <- x_i - eta_l (a Delta + (1 - a) g_a)
 with Delta LocalAdam's direction (AMSGrad max, persistent v_i).
+
+Rule: docs/algorithms.md, section 13, (13.1)-(13.2); a = 1 is LocalAdam (E7).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from collections.abc import Sequence
 from torch import Tensor
 
 from fl_lightning import params as P
-from fl_lightning.algorithms.base import ClientContext, Payload, RoundInfo
+from fl_lightning.algorithms.base import ClientContext, Payload, RoundInfo, mean_steps
 from fl_lightning.algorithms.local_adam import LocalAdam
 from fl_lightning.optim import tracked_adam_step
 from fl_lightning.params import TensorDict
@@ -26,6 +28,8 @@ class FedLADA(LocalAdam):
         global_lr, beta1, beta2, eps: as LocalAdam.
         a: weight of the local Adam direction, in [0, 1]; a = 1 is LocalAdam.
     """
+
+    elementwise = True
 
     def __init__(
         self, global_lr: float = 1.0, beta1: float = 0.9, beta2: float = 0.99, eps: float = 1e-8, a: float = 0.5
@@ -52,9 +56,15 @@ class FedLADA(LocalAdam):
         return tracked_adam_step(params, grad, local, ctx.lr, self.betas, self.eps, step_shift=shift, scale=self.a)
 
     def aggregate(
-        self, x: TensorDict, uploads: Sequence[Payload], weights: Tensor, server_state: NestedState, info: RoundInfo
+        self,
+        x: TensorDict,
+        uploads: Sequence[Payload],
+        weights: Tensor,
+        server_state: NestedState,
+        info: RoundInfo,
+        local_steps: Sequence[int],
     ) -> tuple[TensorDict, NestedState]:
         """The server SGD step is x <- x - eta_g pseudo_grad, so g_a = eta_g pseudo_grad / (K eta_l)."""
-        pseudo_grad, _ = super().aggregate(x, uploads, weights, server_state, info)
-        g_a = P.scale(pseudo_grad, self.global_lr / (info.local_steps * info.local_lr))
+        pseudo_grad, _ = super().aggregate(x, uploads, weights, server_state, info, local_steps)
+        g_a = P.scale(pseudo_grad, self.global_lr / (mean_steps(local_steps) * info.local_lr))
         return pseudo_grad, {**server_state, "g_a": g_a}

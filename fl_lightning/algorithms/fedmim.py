@@ -1,4 +1,8 @@
-"""FedMIM, multi-step inertial momentum (Sun et al., FedMIM, Algorithm 1)."""
+"""FedMIM, multi-step inertial momentum (Liu, Sun et al. 2023, Algorithm 1).
+
+Rule: docs/algorithms.md, section 8, (8.1)-(8.4); reductions E1 (to FedAvg) and E2 (to FedCM);
+where the code departs from the paper (broadcast of the shifts): section 8, "Code vs paper".
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from torch import Tensor
 
 from fl_lightning import params as P
 from fl_lightning.algorithms import increments as H
-from fl_lightning.algorithms.base import Algorithm, ClientContext, Payload, RoundInfo
+from fl_lightning.algorithms.base import Algorithm, ClientContext, Payload, RoundInfo, mean_steps
 from fl_lightning.optim import inertial_step
 from fl_lightning.params import TensorDict
 from fl_lightning.state import NestedState
@@ -74,7 +78,13 @@ class FedMIM(Algorithm):
         return inertial_step(params, grad, ctx.broadcast["shift_alpha"], self.alpha_sum, ctx.lr), local
 
     def aggregate(
-        self, x: TensorDict, uploads: Sequence[Payload], weights: Tensor, server_state: NestedState, info: RoundInfo
+        self,
+        x: TensorDict,
+        uploads: Sequence[Payload],
+        weights: Tensor,
+        server_state: NestedState,
+        info: RoundInfo,
+        local_steps: Sequence[int],
     ) -> tuple[TensorDict, NestedState]:
-        pseudo_grad, _ = super().aggregate(x, uploads, weights, server_state, info)
-        return pseudo_grad, H.history_update(x, server_state, self.inertial_steps, info.local_steps)
+        pseudo_grad, _ = super().aggregate(x, uploads, weights, server_state, info, local_steps)
+        return pseudo_grad, H.history_update(x, server_state, self.inertial_steps, mean_steps(local_steps))

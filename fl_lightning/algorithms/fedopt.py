@@ -1,4 +1,7 @@
-"""Server optimizers on the pseudo-gradient d = -sum_i w_i (x_i - x) (Reddi et al. 2021, Alg. 2; Hsu et al. 2019)."""
+"""Server optimizers on the pseudo-gradient d = -sum_i w_i (x_i - x) (Reddi et al. 2021, Alg. 2; Hsu et al. 2019).
+
+Rules: docs/algorithms.md, section 9, (9.1)-(9.3); first step E4.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""FedProx (Li et al. 2020, Eq. 2): local objective f_i(w) + mu/2 ||w - x||^2."""
+"""FedProx (Li et al. 2020, Eq. 2): local objective f_i(w) + mu/2 ||w - x||^2.
+
+Rule: docs/algorithms.md, section 3, (3.1)-(3.2); mu = 0 is FedAvg (E1).
+"""
 
 from __future__ import annotations
 

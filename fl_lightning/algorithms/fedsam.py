@@ -1,4 +1,7 @@
-"""FedSAM (Qu et al. 2022; SAM of Foret et al. 2021, Eq. 2-3 as the local optimizer)."""
+"""FedSAM (Qu et al. 2022; SAM of Foret et al. 2021, Eq. 2-3 as the local optimizer).
+
+Rule: docs/algorithms.md, section 6, (6.1)-(6.3); rho = 0 is FedAvg (E1).
+"""
 
 from __future__ import annotations
 

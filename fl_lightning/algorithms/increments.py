@@ -1,5 +1,7 @@
 """Global increments delta_t = -(x_t - x_{t-1}) / K as server state (FedCM, FedMIM).
 
+docs/algorithms.md, (7.1) and (8.1).
+
 The server keeps the previous global model and the J-1 older increments, so the
 newest increment is read off the current x whatever the server optimizer did
 (and is 0 in the first round: ``x_prev`` starts at x_0). K is the mean local step

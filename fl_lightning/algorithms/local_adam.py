@@ -3,6 +3,8 @@
 Baseline of Chen et al. (FAdam paper), Algorithm 1 with y = 0: the first moment m
 restarts at 0 every round, the second moment v_i is the client's own and persists
 across the rounds it participates in (lines 8 and 24).
+
+Rule: docs/algorithms.md, section 11, (11.1)-(11.4).
 """
 
 from __future__ import annotations

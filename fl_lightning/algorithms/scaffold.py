@@ -1,4 +1,7 @@
-"""SCAFFOLD, option II (Karimireddy et al. 2020, Alg. 1 and Eq. 4)."""
+"""SCAFFOLD, option II (Karimireddy et al. 2020, Alg. 1 and Eq. 4).
+
+Rule: docs/algorithms.md, section 4, (4.1)-(4.3); checked properties: E3.
+"""
 
 from __future__ import annotations
 
@@ -42,8 +45,14 @@ class SCAFFOLD(Algorithm):
         return {"delta": P.sub(params, x), "delta_c": P.sub(c_new, c_i)}, {"c": c_new}
 
     def aggregate(
-        self, x: TensorDict, uploads: Sequence[Payload], weights: Tensor, server_state: NestedState, info: RoundInfo
+        self,
+        x: TensorDict,
+        uploads: Sequence[Payload],
+        weights: Tensor,
+        server_state: NestedState,
+        info: RoundInfo,
+        local_steps: Sequence[int],
     ) -> tuple[TensorDict, NestedState]:
-        pseudo_grad, _ = super().aggregate(x, uploads, weights, server_state, info)
+        pseudo_grad, _ = super().aggregate(x, uploads, weights, server_state, info, local_steps)
         dc = P.weighted_sum([u["delta_c"] for u in uploads], [1.0 / info.num_clients] * len(uploads))
         return pseudo_grad, {"c": P.add(server_state["c"], dc)}

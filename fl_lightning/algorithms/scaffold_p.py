@@ -1,5 +1,8 @@
-"""Scaffold-P (seed paper on partial personalization, Algorithm 2): FedAvg-P plus SCAFFOLD
-control variates on the shared tensors u only."""
+"""Scaffold-P (Chen, Cao, Yuan and Wen 2023, Algorithm 2): FedAvg-P plus SCAFFOLD
+control variates on the shared tensors u only.
+
+Rule: docs/algorithms.md, section 15, (15.1)-(15.4); reduction to SCAFFOLD: E6.
+"""
 
 from __future__ import annotations
 
@@ -50,9 +53,15 @@ class ScaffoldP(FedAvgP):
         return {"delta": delta, "delta_c": P.sub(c_new, c_i)}, {"c": c_new}
 
     def aggregate(
-        self, x: TensorDict, uploads: Sequence[Payload], weights: Tensor, server_state: NestedState, info: RoundInfo
+        self,
+        x: TensorDict,
+        uploads: Sequence[Payload],
+        weights: Tensor,
+        server_state: NestedState,
+        info: RoundInfo,
+        local_steps: Sequence[int],
     ) -> tuple[TensorDict, NestedState]:
-        pseudo_grad, _ = super().aggregate(x, uploads, weights, server_state, info)
+        pseudo_grad, _ = super().aggregate(x, uploads, weights, server_state, info, local_steps)
         n = info.num_clients
         c = P.add(server_state["c"], P.weighted_sum([u["delta_c"] for u in uploads], [1.0 / n] * len(uploads)))
         return pseudo_grad, {"c": c}

@@ -4,6 +4,8 @@ Y_t is drawn uniformly without replacement from the round's active clients with 
 generator seeded by ``derive_seed`` over the round's per-client seeds. Those seeds
 are ``derive_seed(seed, round, client)``, so Y_t is a function of (seed, round)
 alone: identical after a resume and for any order or split of client execution.
+
+docs/algorithms.md, (12.1).
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Control variates from the local displacement (SCAFFOLD option II, Karimireddy et al. 2020, Eq. 4)."""
+"""Control variates from the local displacement (SCAFFOLD option II, Karimireddy et al. 2020, Eq. 4).
+
+docs/algorithms.md, (4.2) and (15.2).
+"""
 
 from __future__ import annotations
 

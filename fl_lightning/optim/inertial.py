@@ -1,4 +1,4 @@
-"""FedMIM's inertial local step (Sun et al., FedMIM, Algorithm 1, lines 8-12)."""
+"""FedMIM's inertial local step (Liu, Sun et al. 2023, Algorithm 1, lines 8-12): docs/algorithms.md, (8.3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Sharpness-aware perturbation (Foret et al. 2021, Eq. 2) on tensor dicts."""
+"""Sharpness-aware perturbation (Foret et al. 2021, Eq. 2) on tensor dicts: docs/algorithms.md, (6.1)."""
 
 from __future__ import annotations
 

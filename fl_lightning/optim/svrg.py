@@ -1,4 +1,4 @@
-"""SVRG (Johnson & Zhang 2013) on tensor dicts: the variance-reduced direction and step."""
+"""SVRG (Johnson & Zhang 2013) on tensor dicts: the variance-reduced direction and step (docs/algorithms.md, (10.3))."""
 
 from __future__ import annotations
 

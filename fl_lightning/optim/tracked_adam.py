@@ -11,7 +11,8 @@ Federated Learning with Adaptive Optimization" (FAdamET / FAdamGT):
     x     = x - lr (scale * Delta + step_shift)    (ET: step_shift = y - y_i;
                                                     FedLADA: scale = a, step_shift = (1 - a) g_a)
 
-No bias correction (the paper's rule). Elementwise tensor ops only, over any set
+No bias correction (the paper's rule); docs/algorithms.md, (11.2), (12.2), (12.4), (13.1).
+Elementwise tensor ops only, over any set
 of tensors (full models or LoRA adapters), so clients can be stacked and vmapped.
 """
 

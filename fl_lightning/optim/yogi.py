@@ -1,4 +1,4 @@
-"""Yogi (Zaheer et al. 2018, Alg. 2) as a torch.optim.Optimizer, for FedYogi's server step.
+"""Yogi (Zaheer et al. 2018, Alg. 2) as a torch.optim.Optimizer, for FedYogi's server step (docs/algorithms.md, (9.2)).
 
 torch has no Yogi. This one mirrors ``torch.optim.Adam`` (zero-initialised moments,
 bias correction) and differs only in the second moment, which moves additively:

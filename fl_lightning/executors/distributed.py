@@ -1,12 +1,12 @@
-"""Multi-process execution: the round's clients are split across the ranks of a
-Lightning DDP run (gloo on CPU, NCCL on GPU).
+"""Multi-process execution: the round's client tasks are split across the ranks of a
+Lightning DDP run (gloo on CPU, NCCL on GPU), around any one-process executor.
 
-Every rank receives the same round plan and computes the same assignment of
-clients to ranks (balanced by local steps). Each rank trains its clients with
-its local executor, then the ranks exchange the client results so that every
-rank aggregates the same uploads in plan order: the global model, the server
-state and the client store are identical on every rank and equal to a
-one-process run.
+Every rank receives the same tasks and computes the same assignment of tasks to
+ranks (balanced by local steps). Each rank runs its tasks with the wrapped
+executor, then the ranks exchange the client results so that every rank
+aggregates the same uploads in task order: the global model, the server state
+and the client store are identical on every rank and equal to a one-process run.
+The warm-up pass over all clients is split the same way.
 
 The exchange is two tensor collectives per round, never pickled tensors:
 
@@ -26,17 +26,15 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from fl_lightning.algorithms.base import ClientResult, Payload, RoundInfo
-from fl_lightning.participation import RoundPlan
-
-if TYPE_CHECKING:
-    from fl_lightning.module import FederatedModule
+from fl_lightning.algorithms.base import RoundInfo
+from fl_lightning.executors.base import ClientRuntime, Executor
+from fl_lightning.tasks import ClientResult, ClientTask, Payload
 
 _ALIGN = 16  # bytes, a multiple of every element size: slots start aligned for any dtype
 Structure = tuple  # (upload, client_state, personal), each nested tuples of (name, shape, dtype)
@@ -46,7 +44,7 @@ def assign_clients(steps: list[int], world: int) -> list[list[int]]:
     """Plan positions per rank, balancing the local steps each rank runs.
 
     Longest first, each to the least-loaded rank (ties: the lower rank), so the
-    assignment is a deterministic function of the plan, the same on every rank.
+    assignment is a deterministic function of the tasks, the same on every rank.
     With equal steps this is round-robin over positions.
     """
     loads, ranks = [0] * world, [[] for _ in range(world)]
@@ -118,49 +116,33 @@ def _unpack(buffer: Tensor, structure: Structure) -> tuple[Payload, Payload, dic
     return upload, state, take(personal_s)
 
 
-class DistributedExecution:
-    """Wraps a one-process executor; a no-op when torch.distributed is not initialised."""
+class DistributedExecutor(Executor):
+    """Wraps a one-process executor; runs it unchanged when torch.distributed is not initialised."""
 
-    def __init__(self, local_execution) -> None:
-        self.local_execution = local_execution
+    def __init__(self, inner: Executor) -> None:
+        self.inner = inner
         self.structures: dict[int, Structure] = {}  # learned by all ranks together: identical on every rank
 
-    def run_warmup(self, module: FederatedModule, broadcast: Payload, info: RoundInfo):
-        """A pass over all N clients (e.g. Scaffold-P's initialisation): every rank runs it whole."""
-        return self.local_execution.run_warmup(module, broadcast, info)
-
-    def run(self, module: FederatedModule, plan: RoundPlan, broadcast: Payload, info: RoundInfo) -> list[ClientResult]:
+    def run(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> list[ClientResult]:
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-            return self.local_execution.run(module, plan, broadcast, info)
-        rank, world = dist.get_rank(), dist.get_world_size()
-        assignment = assign_clients(self._steps(module, plan), world)
-        mine = assignment[rank]
-        max_steps = None if plan.max_steps is None else plan.max_steps[mine]
-        sub_plan = RoundPlan(plan.round, plan.clients[mine], plan.weights[mine], plan.seeds[mine], max_steps)
-        results = self.local_execution.run(module, sub_plan, broadcast, info) if mine else []
-        return self._exchange(module, plan, assignment, sub_plan, results)
-
-    @staticmethod
-    def _steps(module: FederatedModule, plan: RoundPlan) -> list[int]:
-        """Each planned client's local steps (its share of the round's work)."""
-        data, local = module.datamodule, module.local
-        steps = [data.num_local_steps(c, local.batch_size, local.steps, local.epochs) for c in plan.clients.tolist()]
-        if plan.max_steps is not None:
-            steps = [min(s, int(m)) for s, m in zip(steps, plan.max_steps.tolist())]
-        return steps
+            return self.inner.run(tasks, info, runtime)
+        assignment = assign_clients([task.num_steps for task in tasks], dist.get_world_size())
+        mine = [tasks[i] for i in assignment[dist.get_rank()]]
+        results = self.inner.run(mine, info, runtime) if mine else []
+        return self._exchange(tasks, assignment, mine, results, runtime.device)
 
     def _exchange(
         self,
-        module: FederatedModule,
-        plan: RoundPlan,
+        tasks: Sequence[ClientTask],
         assignment: list[list[int]],
-        sub_plan: RoundPlan,
+        mine: list[ClientTask],
         results: list[ClientResult],
+        local_device: torch.device,
     ) -> list[ClientResult]:
-        """Every rank's results, in plan order, on every rank (a client that failed is absent everywhere)."""
+        """Every rank's results, in task order, on every rank (a client that failed is absent everywhere)."""
         world, rank = len(assignment), dist.get_rank()
-        device = module.device if dist.get_backend() == "nccl" else torch.device("cpu")
-        by_slot = _slots(sub_plan, results)
+        device = local_device if dist.get_backend() == "nccl" else torch.device("cpu")
+        by_slot = _slots(mine, results)
         structures = {slot: _structure(result) for slot, result in by_slot.items()}
         ids, rows = self._gather_headers(by_slot, structures, max(len(a) for a in assignment), device)
         sizes = [sum(_layout(self.structures[i])[1] for i in ids_r if i) for ids_r in ids]
@@ -178,10 +160,10 @@ class DistributedExecution:
                     by_position[position] = by_slot[slot]
                 else:
                     upload, state, personal = _unpack(buffers[r][offset : offset + size], structure)
-                    if device != module.device:
-                        upload = {n: {k: v.to(module.device) for k, v in td.items()} for n, td in upload.items()}
+                    if device != local_device:
+                        upload = {n: {k: v.to(local_device) for k, v in td.items()} for n, td in upload.items()}
                     loss, steps = rows[r][slot]
-                    by_position[position] = ClientResult(int(plan.clients[position]), upload, state, int(steps), loss, personal)
+                    by_position[position] = ClientResult(tasks[position].client_id, upload, state, int(steps), loss, personal)
                 offset += size
         return [by_position[p] for p in sorted(by_position)]
 
@@ -214,11 +196,11 @@ class DistributedExecution:
         return ids, [h[:, 1:].tolist() for h in headers]
 
 
-def _slots(sub_plan: RoundPlan, results: list[ClientResult]) -> dict[int, ClientResult]:
-    """Results by their slot in ``sub_plan``: a client that failed has no result, so match ids in order."""
+def _slots(mine: list[ClientTask], results: list[ClientResult]) -> dict[int, ClientResult]:
+    """Results by their slot in this rank's tasks: a client that failed has no result, so match ids in order."""
     by_slot, slot = {}, 0
     for result in results:
-        while int(sub_plan.clients[slot]) != result.client_id:
+        while mine[slot].client_id != result.client_id:
             slot += 1
         by_slot[slot] = result
         slot += 1

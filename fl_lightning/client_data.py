@@ -1,0 +1,40 @@
+"""The client-data contract: everything the engine reads from a federated dataset.
+
+``datamodules.FederatedDataModule`` implements it; an executor, the module and the
+callbacks read nothing else from data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from torch import Tensor
+
+
+class Unstackable(Exception):
+    """Clients' batches cannot be stacked on a leading dimension (the message says why)."""
+
+
+@runtime_checkable
+class ClientData(Protocol):
+    num_clients: int
+    client_sizes: Tensor  # int64 [N]: training samples per client
+    seed: int  # the federation's seed: partition, sampling and client randomness derive from it
+
+    def num_local_steps(self, client_id: int, batch_size: int | None, steps: int | None, epochs: int | None) -> int:
+        """K for this client: ``steps``, or ``epochs`` passes of ``batch_size`` batches."""
+
+    def client_batches(
+        self, client_id: int, seed: int, batch_size: int | None, steps: int | None = None, epochs: int | None = None
+    ) -> Iterator[Any]:
+        """The client's minibatches for one round, shuffled (and augmented) by ``seed``."""
+
+    def client_full_batch(self, client_id: int) -> Any:
+        """All of the client's training data as one batch."""
+
+    def stacked_client_batches(
+        self, client_ids: Sequence[int], seeds: Sequence[int], batch_size: int | None, steps: int
+    ) -> Iterator[Any]:
+        """Step k's batches of all the clients stacked ``[S, B, ...]`` (the same samples as
+        ``client_batches``); raises ``Unstackable`` before yielding if they cannot be stacked."""

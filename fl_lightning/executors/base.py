@@ -1,0 +1,78 @@
+"""The executor contract: run a round's client tasks, return their results.
+
+An executor receives the tasks (``fl_lightning.tasks``), the round's ``RoundInfo`` and a
+``ClientRuntime`` naming everything it may use; it never sees the LightningModule.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from lightning.fabric.utilities.apply_func import move_data_to_device
+from torch import Tensor
+
+from fl_lightning.algorithms.base import Algorithm, RoundInfo
+from fl_lightning.client_data import ClientData
+from fl_lightning.config import LocalTraining
+from fl_lightning.objective import Objective
+from fl_lightning.tasks import ClientResult, ClientTask
+
+
+@dataclass(frozen=True)
+class ClientRuntime:
+    """What client training may use, and nothing else.
+
+    Attributes:
+        algorithm: the client rule.
+        objective: the model's forward and loss.
+        data: the clients' data (``ClientData``).
+        local: local training settings (batch size, steps or epochs, weight decay).
+        device: where client tensors live.
+        fail_fast: a client that raises stops the run instead of being left out of the round.
+        personal_names: the model's personal tensors (kept per client, never sent).
+    """
+
+    algorithm: Algorithm
+    objective: Objective
+    data: ClientData
+    local: LocalTraining
+    device: torch.device
+    fail_fast: bool = False
+    personal_names: tuple[str, ...] = ()
+
+
+class Executor:
+    """Runs client tasks. Subclass it and implement ``run``; select it with
+    ``--model.execution`` (a short name or a ``class_path``). ``DistributedExecutor``
+    wraps any executor to split tasks over the processes of a DDP run.
+    """
+
+    def run(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> list[ClientResult]:
+        """Results of the tasks that completed, in task order (a failed client has none)."""
+        raise NotImplementedError
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    return batch if device.type == "cpu" else move_data_to_device(batch, device)
+
+
+def seed_client(seed: int, device: torch.device) -> None:
+    """Seed model-internal randomness (dropout) from (seed, round, client).
+
+    ``torch.manual_seed`` also queues a seed for every accelerator backend, which
+    costs about a millisecond per call; on CPU only the CPU generator matters.
+    """
+    if device.type == "cpu":
+        torch.default_generator.manual_seed(seed)
+    else:
+        torch.manual_seed(seed)
+
+
+def mean_loss(losses: list[Tensor]) -> float:
+    """The mean of a client's per-step losses (one host read per client, not per step)."""
+    values = torch.stack(losses).tolist() if losses else []
+    return sum(values) / len(values) if values else math.nan

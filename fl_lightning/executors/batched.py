@@ -1,0 +1,213 @@
+"""Batched execution: the round's clients train together, stacked on a leading dimension.
+
+Parameters, local optimizer state and client state are stacked on a leading client
+dimension and each step takes one ``[S, B, ...]`` batch (``ClientData.stacked_client_batches``:
+the samples of sequential execution). The per-client losses come from one ``vmap`` of the
+objective; one backward of their sum gives every client's own gradient.
+
+A rule whose own class declares ``elementwise = True`` is applied once to the stacked
+tensors; any other rule runs per client under ``vmap``. ``client_finish`` runs stacked
+unless it needs ``ctx.client_id``; then it runs client by client on the final tensors.
+
+Sequential execution is used instead only for declared reasons (logged once each);
+any other error is re-raised. If the clients fail sequentially too, it is a client
+fault and sequential execution's fault handling applies; if they do not, the batched
+path is wrong and ``BatchedExecutionError`` stops the run.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.func import grad_and_value, vmap
+
+from fl_lightning import params as P
+from fl_lightning.algorithms.base import ClientContext, ClientIdUnavailable, RoundInfo, declares_capability
+from fl_lightning.client_data import Unstackable
+from fl_lightning.executors.base import ClientRuntime, Executor, seed_client, to_device
+from fl_lightning.executors.sequential import SequentialExecutor
+from fl_lightning.params import TensorDict
+from fl_lightning.tasks import ClientResult, ClientTask, Payload
+
+log = logging.getLogger(__name__)
+
+
+class Unbatchable(Exception):
+    """A declared reason to run a round's clients one after another (the message says which)."""
+
+
+class BatchedExecutionError(RuntimeError):
+    """The batched path raised where the same clients train sequentially without error."""
+
+
+def _stack(states: list[Any]) -> Any:
+    """Stack a list of equally-shaped nested tensor dicts along a new leading dimension."""
+    first = states[0]
+    if isinstance(first, dict):
+        return {k: _stack([s[k] for s in states]) for k in first}
+    return torch.stack(states)
+
+
+def _unstack(state: Any, num_clients: int) -> list[Any]:
+    """The inverse of ``_stack``: one view per client (``unbind``: one op per tensor, not per client)."""
+    if isinstance(state, dict):
+        per_key = {k: _unstack(v, num_clients) for k, v in state.items()}
+        return [{k: parts[i] for k, parts in per_key.items()} for i in range(num_clients)]
+    return list(state.unbind(0))
+
+
+def _no_full_grad(params: TensorDict) -> TensorDict:
+    raise Unbatchable("full local gradients need sequential execution (clients differ in size)")
+
+
+class BatchedExecutor(Executor):
+    """Run all tasks' local steps together; sequential execution only for declared reasons."""
+
+    def __init__(self) -> None:
+        self.sequential = SequentialExecutor()
+        self.fallbacks: Counter[str] = Counter()  # rounds run sequentially, by reason
+        self._finish_per_client: set[type] = set()  # rules whose client_finish reads ctx.client_id
+
+    def run(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> list[ClientResult]:
+        if not tasks:
+            return []
+        if any(task.warmup for task in tasks):  # a pass over every client, once: not worth stacking
+            return self.sequential.run(tasks, info, runtime)
+        reason = self.unsupported_reason(tasks, runtime)
+        if reason is None:
+            try:
+                return self._run_stacked(tasks, info, runtime)
+            except (Unbatchable, Unstackable) as error:
+                reason = str(error)
+            except ClientIdUnavailable:
+                reason = f"{type(runtime.algorithm).__name__} reads ctx.client_id in its local steps (ctx.client holds the ids)"
+            except Exception as error:
+                results = self.sequential.run(tasks, info, runtime)
+                if len(results) == len(tasks):
+                    raise BatchedExecutionError(
+                        f"round {info.round}: batched execution raised {error!r} where sequential execution did not"
+                    ) from error
+                return results  # a client fails in sequential execution too: a client fault
+        if not self.fallbacks[reason]:
+            log.warning("batched execution falls back to sequential: %s", reason)
+        self.fallbacks[reason] += 1
+        return self.sequential.run(tasks, info, runtime)
+
+    @staticmethod
+    def unsupported_reason(tasks: Sequence[ClientTask], runtime: ClientRuntime) -> str | None:
+        """Why these tasks cannot run stacked (known before running), or None."""
+        local, algorithm = runtime.local, runtime.algorithm
+        if local.steps is None:
+            return "local.epochs gives clients different numbers of steps; use local.steps"
+        if any(task.num_steps != local.steps for task in tasks):
+            return "stragglers run fewer local steps than the others"
+        model = runtime.objective.model
+        if any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats for m in model.modules()):
+            return "BatchNorm running statistics are module state that vmap cannot update per client"
+        if runtime.personal_names:
+            return "personal tensors are trained client by client"
+        if not getattr(algorithm, "batchable", True):
+            return f"{type(algorithm).__name__} declares batchable = False"
+        return None
+
+    # ---- the round ---------------------------------------------------------------------------
+    def _run_stacked(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> list[ClientResult]:
+        local, broadcast = runtime.local, tasks[0].broadcast
+        clients, seeds = [t.client_id for t in tasks], [t.seed for t in tasks]
+        batches = runtime.data.stacked_client_batches(clients, seeds, local.batch_size, local.steps)
+        states = [task.load_state().algorithm for task in tasks]
+        # Different randomness per client (dropout); the CPU generator seeded from the round's first client.
+        seed_client(seeds[0], runtime.device)
+        params = {k: v.unsqueeze(0).expand(len(tasks), *v.shape) for k, v in broadcast["x"].items()}
+        ids, stacked_states = torch.tensor(clients), _stack(states)
+        losses: list[Tensor] = []
+        rule = self._elementwise_rule if declares_capability(runtime.algorithm, "elementwise") else self._vmapped_rule
+        step_batches = (to_device(batch, runtime.device) for batch in batches)
+        params, local_state = rule(runtime, params, stacked_states, ids, broadcast, info, step_batches, losses)
+        uploads, new_states = self._finish(runtime, params, local_state, (states, stacked_states), ids, broadcast, info)
+        mean_losses = torch.stack(losses).mean(0).tolist() if losses else [float("nan")] * len(tasks)
+        return [ClientResult(c, uploads[i], new_states[i], local.steps, mean_losses[i]) for i, c in enumerate(clients)]
+
+    @staticmethod
+    def _context(ids: Tensor, broadcast: Payload, state: Any, info: RoundInfo, runtime: ClientRuntime, **kw) -> ClientContext:
+        return ClientContext(ids, broadcast, state, info, runtime.local.steps, full_grad=_no_full_grad, **kw)
+
+    def _elementwise_rule(self, runtime, params, client_state, ids, broadcast, info, batches, losses):
+        """The rule applied once to all clients' stacked tensors (no vmap around it)."""
+        algorithm, objective, weight_decay = runtime.algorithm, runtime.objective, runtime.local.weight_decay
+        ctx = self._context(ids, broadcast, client_state, info, runtime)
+        local_state = algorithm.client_init(params, ctx)
+        for step, batch in enumerate(batches):
+            ctx.step = step
+            ctx.grad = objective.stacked_grad_fn(batch, weight_decay, losses)
+            params, local_state = algorithm.client_step(params, local_state, ctx)
+        return params, local_state
+
+    def _vmapped_rule(self, runtime, params, client_state, ids, broadcast, info, batches, losses):
+        """A rule with reductions (e.g. FedSAM's gradient norm): run per client under vmap."""
+        algorithm, objective, weight_decay = runtime.algorithm, runtime.objective, runtime.local.weight_decay
+
+        def loss_at(p: TensorDict, batch: Any) -> Tensor:
+            return objective.at(p, batch)[0]
+
+        def step_fn(step: int):
+            def one_client(params: TensorDict, local_state: Any, state: Any, cid: Tensor, batch: Any):
+                first_loss: list[Tensor] = []
+
+                def grad(p: TensorDict) -> tuple[Tensor, TensorDict]:
+                    g, loss = grad_and_value(loss_at)(p, batch)
+                    if weight_decay:
+                        g = P.add(g, p, weight_decay)
+                    if not first_loss:
+                        first_loss.append(loss)
+                    return loss, g
+
+                ctx = self._context(cid, broadcast, state, info, runtime, grad=grad, step=step)
+                new_params, new_local = algorithm.client_step(params, local_state, ctx)
+                return new_params, new_local, first_loss[0] if first_loss else torch.zeros(())
+
+            return vmap(one_client, randomness="different")
+
+        def init(p: TensorDict, state: Any, cid: Tensor) -> Any:
+            return algorithm.client_init(p, self._context(cid, broadcast, state, info, runtime))
+
+        local_state = vmap(init, randomness="different")(params, client_state, ids)
+        for step, batch in enumerate(batches):
+            params, local_state, loss = step_fn(step)(params, local_state, client_state, ids, batch)
+            losses.append(loss)
+        return params, local_state
+
+    def _finish(self, runtime, params, local_state, states, ids, broadcast, info) -> tuple[list[Payload], list[Any]]:
+        """Every client's (upload, new state): stacked, or client by client where the rule needs the id.
+
+        ``states`` is (the clients' states, the same stacked); ``ctx.step`` is the last step, as in sequential execution.
+        """
+        algorithm, (states, stacked_state), last = runtime.algorithm, states, runtime.local.steps - 1
+        num_clients = len(states)
+        if type(algorithm) not in self._finish_per_client:
+            try:
+                if declares_capability(algorithm, "elementwise"):
+                    upload, new_state = algorithm.client_finish(
+                        params, local_state, self._context(ids, broadcast, stacked_state, info, runtime, step=last)
+                    )
+                else:
+
+                    def finish(p: TensorDict, local: Any, state: Any, cid: Tensor):
+                        ctx = self._context(cid, broadcast, state, info, runtime, step=last)
+                        return algorithm.client_finish(p, local, ctx)
+
+                    upload, new_state = vmap(finish, randomness="different")(params, local_state, stacked_state, ids)
+                return _unstack(upload, num_clients), _unstack(new_state, num_clients)
+            except ClientIdUnavailable:
+                self._finish_per_client.add(type(algorithm))
+        views, local_views = _unstack(params, num_clients), _unstack(local_state, num_clients)
+        outputs = [
+            algorithm.client_finish(views[i], local_views[i], self._context(int(c), broadcast, states[i], info, runtime, step=last))
+            for i, c in enumerate(ids.tolist())
+        ]
+        return [u for u, _ in outputs], [s for _, s in outputs]

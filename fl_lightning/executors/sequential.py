@@ -1,0 +1,85 @@
+"""Sequential execution: the round's clients train one after another on the one model.
+
+Each client starts from the broadcast parameters (rules are pure functions, so no
+copy is made) and its stored state; no per-client model copies exist.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+
+from fl_lightning import params as P
+from fl_lightning.algorithms.base import ClientContext, RoundInfo
+from fl_lightning.executors.base import ClientRuntime, Executor, mean_loss, seed_client, to_device
+from fl_lightning.faults import ClientError
+from fl_lightning.params import TensorDict
+from fl_lightning.tasks import ClientResult, ClientTask
+
+log = logging.getLogger(__name__)
+
+
+class SequentialExecutor(Executor):
+    """Train the tasks' clients one after another."""
+
+    def run(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> list[ClientResult]:
+        """A client that raises is left out (see ``ClientFaults``); a ``ValueError`` (a bad
+        setting, not a client fault) and any error of the warm-up pass always propagate."""
+        results = []
+        for task in tasks:
+            try:
+                results.append(run_task(task, info, runtime))
+            except ValueError:
+                raise
+            except Exception as error:
+                if task.warmup:
+                    raise
+                if runtime.fail_fast:
+                    raise ClientError(f"round {info.round}: client {task.client_id} failed: {error!r}") from error
+                log.warning("round %d: client %d failed and is left out of the aggregate: %r", info.round, task.client_id, error)
+        return results
+
+
+def run_task(task: ClientTask, info: RoundInfo, runtime: ClientRuntime) -> ClientResult:
+    return (_warmup_client if task.warmup else _train_client)(task, info, runtime)
+
+
+def _train_client(task: ClientTask, info: RoundInfo, runtime: ClientRuntime) -> ClientResult:
+    algorithm, objective, data, local, device = runtime.algorithm, runtime.objective, runtime.data, runtime.local, runtime.device
+    cid, broadcast = task.client_id, task.broadcast
+    seed_client(task.seed, device)
+    client_state, personal = task.load_state()
+
+    def full_grad(params: TensorDict) -> TensorDict:
+        return objective.grad_fn(to_device(data.client_full_batch(cid), device), local.weight_decay)(params)[1]
+
+    ctx = ClientContext(cid, broadcast, client_state, info, task.num_steps, full_grad=full_grad, personal=personal)
+    params = {**broadcast["x"], **personal}  # personal tensors train beside the shared ones and never leave
+    local_state = algorithm.client_init(params, ctx)
+    losses = []
+    batches = data.client_batches(cid, task.seed, local.batch_size, local.steps, local.epochs)
+    for step, batch in zip(range(task.num_steps), batches):  # a straggler's budget stops it early
+        ctx.step = step
+        ctx.grad = objective.grad_fn(to_device(batch, device), local.weight_decay, losses)
+        params, local_state = algorithm.client_step(params, local_state, ctx)
+    shared = {k: params[k] for k in broadcast["x"]} if personal else params
+    upload, new_state = algorithm.client_finish(shared, local_state, ctx)
+    new_personal = algorithm.personal_finish(params, local_state, ctx) if personal else {}
+    return ClientResult(cid, upload, new_state, task.num_steps, mean_loss(losses), new_personal)
+
+
+def _warmup_client(task: ClientTask, info: RoundInfo, runtime: ClientRuntime) -> ClientResult:
+    """The algorithm's ``client_warmup`` (e.g. Scaffold-P's c_i^0 from K fresh minibatches)."""
+    algorithm, objective, data, local, device = runtime.algorithm, runtime.objective, runtime.data, runtime.local, runtime.device
+    cid, x = task.client_id, task.broadcast["x"]
+    seed_client(task.seed, device)
+
+    def mean_grad(params: TensorDict) -> TensorDict:
+        batches = data.client_batches(cid, task.seed, local.batch_size, local.steps, local.epochs)
+        return P.mean([objective.grad_fn(to_device(b, device), local.weight_decay)(params)[1] for b in batches])
+
+    client_state, personal = task.load_state()
+    ctx = ClientContext(cid, task.broadcast, client_state, info, task.num_steps, personal=personal, mean_grad=mean_grad)
+    upload, new_state = algorithm.client_warmup({**P.detach_clone(x), **P.detach_clone(personal)}, ctx)
+    return ClientResult(cid, upload, new_state, task.num_steps, math.nan)  # personal tensors unchanged: none kept

@@ -1,0 +1,199 @@
+"""The objective: a model's forward pass and loss on one batch, the only place the engine
+calls a model. Training, batched training, evaluation and every callback use it.
+
+A batch is ``(inputs..., target)`` or a dict with ``labels`` (Hugging Face style). The
+loss is ``model.loss(outputs, target)`` if the model defines one, else cross-entropy,
+plus ``output.penalty`` when the model's output carries one (a regularizer of the
+parameters, computed in ``forward`` so that substituted parameters are penalised).
+Outputs are a tensor of logits or an object with ``.logits``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import vmap
+
+from fl_lightning import params as P
+from fl_lightning.params import TensorDict
+
+GradFn = Callable[[TensorDict], tuple[Tensor, TensorDict]]
+
+
+class ParameterSwap:
+    """Evaluate one model with some of its parameters replaced by given tensors.
+
+    Equivalent to ``torch.func.functional_call`` for parameters, without its per-call
+    bookkeeping (the slot of every name is resolved once): the round loop swaps
+    parameters thousands of times per second.
+    """
+
+    def __init__(self, model: nn.Module, names: Sequence[str]) -> None:
+        self.slots = {}
+        for name in names:
+            owner, _, attr = name.rpartition(".")
+            self.slots[name] = (model.get_submodule(owner) if owner else model, attr)
+
+    def __call__(self, params: TensorDict) -> _Swapped:
+        """A context manager (a plain class: ``contextlib``'s generator costs more than the swap)."""
+        return _Swapped(self.slots, params)
+
+
+class _Swapped:
+    __slots__ = ("slots", "params", "saved")
+
+    def __init__(self, slots: dict, params: TensorDict) -> None:
+        self.slots, self.params, self.saved = slots, params, []
+
+    def __enter__(self) -> None:
+        for name, tensor in self.params.items():
+            module, attr = self.slots[name]
+            self.saved.append((module, attr, module._parameters[attr]))
+            module._parameters[attr] = tensor
+
+    def __exit__(self, *exc: object) -> None:
+        for module, attr, original in self.saved:
+            module._parameters[attr] = original
+        self.saved.clear()
+
+
+_UNIT_SEEDS: dict[tuple[torch.dtype, torch.device], Tensor] = {}
+
+
+def loss_grads(loss: Tensor, leaves: list[Tensor]) -> tuple[Tensor, ...]:
+    """``torch.autograd.grad(loss, leaves)``, minus its per-call Python checks.
+
+    The autograd engine is called the way ``torch.autograd.grad`` calls it, with a cached
+    unit seed: the wrapper's argument normalisation costs ~100 us per call, a quarter of a
+    small model's whole step (benchmarks/run.py). Falls back to the public function if
+    the engine entry point is missing.
+    """
+    engine = getattr(torch.autograd.Variable, "_execution_engine", None)
+    if engine is None or loss.dim() != 0:
+        return torch.autograd.grad(loss, leaves)
+    key = (loss.dtype, loss.device)
+    seed = _UNIT_SEEDS.get(key)
+    if seed is None:
+        seed = _UNIT_SEEDS[key] = torch.ones((), dtype=loss.dtype, device=loss.device)
+    return engine.run_backward((loss,), (seed,), False, False, tuple(leaves), False, False)
+
+
+class _NotPlainOutputs(Exception):
+    """The model's forward returns more than logits (e.g. a penalty): its loss is taken under vmap."""
+
+
+class Objective:
+    """Forward and loss of ``model``, at its own parameters or at substituted ones.
+
+    Args:
+        model: the network.
+        names: the parameters that may be substituted (``at``, ``grad_fn``, ``stacked_losses``).
+    """
+
+    def __init__(self, model: nn.Module, names: Sequence[str] = ()) -> None:
+        self.model = model
+        self.swap = ParameterSwap(model, names)
+        # Looked up once: ``nn.Module.__getattr__``'s miss is slow, and this runs every step.
+        has_loss = hasattr(type(model), "loss") or "loss" in model.__dict__ or "loss" in model._modules
+        self.custom_loss: Callable[[Tensor, Tensor], Tensor] | None = model.loss if has_loss else None
+        self._plain_outputs = self.custom_loss is None  # logits + cross-entropy, until a forward says otherwise
+
+    def __call__(self, batch: Any) -> tuple[Tensor, Tensor, Tensor]:
+        """``(loss, outputs, target)`` of the model on ``batch``."""
+        if isinstance(batch, dict):
+            target = batch["labels"]
+            raw = self.model(**{k: v for k, v in batch.items() if k != "labels"})
+        else:
+            *inputs, target = batch
+            raw = self.model(*inputs)
+        plain = type(raw) is Tensor
+        out = raw if plain else getattr(raw, "logits", raw)
+        loss = self.custom_loss(out, target) if self.custom_loss is not None else F.cross_entropy(out, target)
+        penalty = None if plain else getattr(raw, "penalty", None)
+        if penalty is not None:
+            loss = loss + penalty
+        return loss, out, target
+
+    def at(self, params: TensorDict, batch: Any) -> tuple[Tensor, Tensor, Tensor]:
+        """``self(batch)`` with ``params`` substituted for the model's parameters of those names."""
+        with self.swap(params):
+            return self(batch)
+
+    def grad_fn(self, batch: Any, weight_decay: float, losses: list[Tensor] | None = None) -> GradFn:
+        """Loss and gradient of the minibatch loss plus ``weight_decay/2 ||w||^2`` at given parameters.
+
+        The first evaluation's loss (without the decay term) is appended to ``losses``.
+        """
+
+        def grad(params: TensorDict) -> tuple[Tensor, TensorDict]:
+            leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
+            with self.swap(leaves):
+                loss = self(batch)[0]
+            grads = dict(zip(leaves, loss_grads(loss, list(leaves.values()))))
+            if weight_decay:
+                grads = P.add(grads, params, weight_decay)
+            loss = loss.detach()
+            if losses is not None and not grad.recorded:
+                losses.append(loss)
+                grad.recorded = True
+            return loss, grads
+
+        grad.recorded = False
+        return grad
+
+    # ---- clients stacked on a leading dimension ------------------------------------------------
+    def stacked_losses(self, params: TensorDict, batch: Any) -> Tensor:
+        """``[S]`` minibatch losses: client i's at ``params[.][i]`` on ``batch[.][i]``.
+
+        Plain logits are computed by one ``vmap`` of the forward and cross-entropy runs
+        outside it (one kernel for all clients); other models' whole objective runs under vmap.
+        """
+        if self._plain_outputs and not isinstance(batch, dict):
+            *inputs, target = batch
+
+            def outputs_at(p: TensorDict, *x: Tensor) -> Tensor:
+                with self.swap(p):
+                    out = self.model(*x)
+                if not isinstance(out, Tensor):
+                    raise _NotPlainOutputs
+                return out
+
+            try:
+                out = vmap(outputs_at, randomness="different")(params, *inputs)
+            except _NotPlainOutputs:
+                self._plain_outputs = False
+            else:
+                if out.dim() == 3 and target.dim() == 2 and not target.is_floating_point():
+                    per_sample = F.cross_entropy(out.flatten(0, 1), target.flatten(), reduction="none")
+                    return per_sample.view(target.shape).mean(1)
+                return vmap(F.cross_entropy)(out, target)
+
+        def loss_at(p: TensorDict, b: Any) -> Tensor:
+            return self.at(p, b)[0]
+
+        return vmap(loss_at, randomness="different")(params, batch)
+
+    def stacked_grad_fn(self, batch: Any, weight_decay: float, losses: list[Tensor]) -> GradFn:
+        """``grad_fn`` over stacked parameters: ``([S] losses, {name: [S, ...] gradients})``.
+
+        Clients are independent, so the gradient of the *sum* of their losses with respect
+        to the stacked parameters is every client's own gradient: one ordinary backward.
+        """
+
+        def grad(params: TensorDict) -> tuple[Tensor, TensorDict]:
+            leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
+            client_losses = self.stacked_losses(leaves, batch)
+            grads = dict(zip(leaves, loss_grads(client_losses.sum(), list(leaves.values()))))
+            if weight_decay:
+                grads = P.add(grads, params, weight_decay)
+            if not grad.recorded:  # the step's first evaluation is its reported loss
+                losses.append(client_losses.detach())
+                grad.recorded = True
+            return client_losses.detach(), grads
+
+        grad.recorded = False
+        return grad

@@ -1,0 +1,53 @@
+"""What the module hands an executor for one client, and what it gets back.
+
+Each round the module turns the round plan into client tasks once: the client's id,
+its round seed, its local step budget K (the only place K is computed), the
+broadcast, and a loader of its persistent state. Executors run tasks and return
+results; they never see the module, the plan or the store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from fl_lightning.params import TensorDict
+from fl_lightning.state import NestedState
+
+Payload = dict[str, TensorDict]
+"""A message between server and client: ``{"x": params, "c": control variate, ...}``."""
+
+
+class ClientState(NamedTuple):
+    """A client's persistent state: the algorithm's (e.g. SCAFFOLD's ``{"c": ...}``) and its personal tensors."""
+
+    algorithm: NestedState
+    personal: TensorDict
+
+
+@dataclass(frozen=True)
+class ClientTask:
+    """One client's work in a round.
+
+    ``load_state`` reads the client's state from the store when the client trains
+    (an executor that runs on another process never loads the clients it does not run).
+    ``warmup`` marks the algorithm's pass over every client before round 0.
+    """
+
+    client_id: int
+    seed: int
+    num_steps: int
+    broadcast: Payload
+    load_state: Callable[[], ClientState]
+    warmup: bool = False
+
+
+@dataclass
+class ClientResult:
+    client_id: int
+    upload: Payload
+    client_state: NestedState
+    num_steps: int
+    mean_loss: float
+    personal: TensorDict = field(default_factory=dict)  # the client's new personal tensors (never uploaded)
