@@ -91,5 +91,8 @@ class LoRAClassifier(nn.Module):
         return self.net(input_ids=input_ids, attention_mask=attention_mask).logits
 
     def save_pretrained(self, path: str | Path) -> None:
-        """Write the current adapter (and head) in peft's format, for ``PeftModel.from_pretrained``."""
+        """Write the current adapter (and head) in peft's format, for ``PeftModel.from_pretrained``,
+        and the base model's config (``config.json``: ``num_labels``, ``pad_token_id``) beside it,
+        the settings ``AutoPeftModelForSequenceClassification`` needs to rebuild the classifier."""
         self.net.save_pretrained(str(path))
+        self.net.get_base_model().config.save_pretrained(str(path))
