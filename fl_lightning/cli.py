@@ -14,10 +14,10 @@ import os
 import sys
 
 LIGHTNING_SUBCOMMANDS = ("fit", "validate", "test", "predict")
-OTHER_SUBCOMMANDS = ("compare", "montecarlo", "partition")
+OTHER_SUBCOMMANDS = ("compare", "montecarlo", "partition", "fixture")
 
 HELP = """\
-usage: fl-lightning [-h] [--version] {fit,validate,test,predict,compare,montecarlo,partition} ...
+usage: fl-lightning [-h] [--version] {fit,validate,test,predict,compare,montecarlo,partition,fixture} ...
 
 Federated learning on PyTorch Lightning: one training step = one federated round.
 
@@ -31,6 +31,8 @@ subcommands:
   montecarlo  many seeds of one config with a confidence band (e.g. configs/svrg_least_squares_mc.yaml)
   partition   draw the label distribution of every client of a config's partition:
               fl-lightning partition --config configs/quickstart.yaml --out partition.png
+  fixture     write a tiny offline copy of a hub vision dataset and print its dataset_args:
+              fl-lightning fixture cifar10 --out runs/fx
 
 options:
   -h, --help  show this help message and exit
@@ -92,6 +94,10 @@ def main(args: list[str] | None = None) -> None:
             from fl_lightning.partition_plot import main as partition_main
 
             partition_main(argv[1:])
+        elif argv[0] == "fixture":
+            from datamodules.fixtures import main as fixture_main
+
+            fixture_main(argv[1:])
         elif argv[0] == "montecarlo":
             from fl_lightning.montecarlo import main as montecarlo_main
 

@@ -164,7 +164,7 @@ def test_help_lists_every_subcommand_fast_and_version():
     proc = _cli("--help")
     seconds = time.perf_counter() - start
     assert proc.returncode == 0
-    for subcommand in ("fit", "validate", "test", "predict", "compare", "montecarlo", "partition"):
+    for subcommand in ("fit", "validate", "test", "predict", "compare", "montecarlo", "partition", "fixture"):
         assert f"  {subcommand} " in proc.stdout
     assert seconds < 3.0, f"fl-lightning --help took {seconds:.1f} s"
     version = _cli("--version")
