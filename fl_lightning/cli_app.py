@@ -39,6 +39,30 @@ def _is_optimizer_flag(arg: Any) -> bool:
     return isinstance(arg, str) and (arg == "--optimizer" or arg.startswith(("--optimizer.", "--optimizer=")))
 
 
+def _config_files(args: list[Any]) -> list[Path]:
+    files = []
+    for i, arg in enumerate(args):
+        if not isinstance(arg, str):
+            continue
+        if arg in ("--config", "-c") and i + 1 < len(args) and isinstance(args[i + 1], str):
+            files.append(Path(args[i + 1]))
+        elif arg.startswith("--config="):
+            files.append(Path(arg.split("=", 1)[1]))
+    return [f for f in files if f.is_file()]
+
+
+def _sets_optimizer(path: Path) -> bool:
+    """Whether a config file sets ``optimizer`` (top level or under a subcommand)."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return False  # the parser reports unreadable files itself
+    if not isinstance(data, dict):
+        return False
+    sections = [data, *(v for k, v in data.items() if k in ("fit", "validate", "test", "predict") and isinstance(v, dict))]
+    return any(section.get("optimizer") is not None for section in sections)
+
+
 class ServerLRSchedule(Callback):
     """Steps the server learning-rate scheduler(s) once per round, after the server step.
 
@@ -136,7 +160,9 @@ class FLCli(LightningCLI):
         parser.add_lr_scheduler_args(LRSchedulerTypeTuple)
 
     def parse_arguments(self, parser, args) -> None:
-        if isinstance(args, list) and any(_is_optimizer_flag(a) for a in args):
+        if isinstance(args, list) and (
+            any(_is_optimizer_flag(a) for a in args) or any(_sets_optimizer(f) for f in _config_files(args))
+        ):
             raise ValueError(OPTIMIZER_ERROR)
         super().parse_arguments(parser, args)
 

@@ -57,9 +57,14 @@ def test_class_help_prints_the_class_arguments(flag, cls, expected, capsys):
     assert expected in out and "unrecognized" not in err
 
 
-def test_optimizer_is_refused_in_one_line_pointing_to_the_server_optimizer(capsys):
+@pytest.mark.parametrize("where", ["command line", "config file"])
+def test_optimizer_is_refused_in_one_line_pointing_to_the_server_optimizer(where, tmp_path, capsys):
+    extra = ["--optimizer", "Adam"]
+    if where == "config file":
+        (tmp_path / "opt.yaml").write_text("optimizer:\n  class_path: torch.optim.Adam\n")
+        extra = ["--config", str(tmp_path / "opt.yaml")]
     with pytest.raises(SystemExit) as exit_:
-        main(["fit", "--config", QUICKSTART, "--optimizer", "Adam"])
+        main(["fit", "--config", QUICKSTART, *extra])
     err = capsys.readouterr().err.strip()
     assert exit_.value.code == 2
     assert len(err.splitlines()) == 1
