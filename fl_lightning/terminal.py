@@ -117,6 +117,7 @@ class RoundProgressBar(ProgressBar):
         super().__init__()
         self._enabled = True
         self._bar = None
+        self._eval_bar = None
         self.min_interval = min_interval
 
     def disable(self) -> None:
@@ -128,6 +129,41 @@ class RoundProgressBar(ProgressBar):
     @property
     def is_enabled(self) -> bool:
         return self._enabled
+
+    def _eval_start(self, trainer: Trainer, desc: str, total: float) -> None:
+        """``fl-lightning validate|test``: a bar over the evaluation batches (inside ``fit``,
+        evaluations only update the round bar's ``val acc``)."""
+        if not self._enabled or not trainer.is_global_zero or self._bar is not None:
+            return
+        from tqdm.auto import tqdm
+
+        self._eval_bar = tqdm(total=None if math.isinf(total) else int(total), desc=desc, unit="batch",
+                              dynamic_ncols=True, file=sys.stderr, mininterval=self.min_interval)  # fmt: skip
+
+    def _eval_step(self) -> None:
+        if getattr(self, "_eval_bar", None) is not None:
+            self._eval_bar.update(1)
+
+    def _eval_end(self) -> None:
+        if getattr(self, "_eval_bar", None) is not None:
+            self._eval_bar.close()
+            self._eval_bar = None
+
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.state.fn == "validate":
+            self._eval_start(trainer, "validate", self.total_val_batches)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._eval_step()
+
+    def on_test_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._eval_start(trainer, "test", sum(trainer.num_test_batches))
+
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._eval_step()
+
+    def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._eval_end()
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not self._enabled or not trainer.is_global_zero:
@@ -162,6 +198,7 @@ class RoundProgressBar(ProgressBar):
             self._bar.update(trainer.global_step - self._bar.n)
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._eval_end()
         if self._bar is not None:
             self._bar.set_postfix_str(self._postfix(trainer))
 
@@ -169,6 +206,7 @@ class RoundProgressBar(ProgressBar):
         self._close()
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self._eval_end()
         self._close()
 
     def _close(self) -> None:
