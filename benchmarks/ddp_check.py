@@ -24,11 +24,12 @@ import torch  # noqa: E402
 
 from datamodules import IID, FederatedDataModule, QuantitySkew  # noqa: E402
 from fl_lightning import FederatedModule, LocalTraining, UniformSampling  # noqa: E402
-from fl_lightning.algorithms import SCAFFOLD, FAdamET, FedAvg  # noqa: E402
+from fl_lightning.algorithms import SCAFFOLD, FAdamET, FedAvg, ScaffoldP  # noqa: E402
 from fl_lightning.state import flatten_state  # noqa: E402
 from models import MLP  # noqa: E402
 
-ALGORITHMS = {"fedavg": FedAvg, "scaffold": SCAFFOLD, "fadam_et": FAdamET}
+ALGORITHMS = {"fedavg": FedAvg, "scaffold": SCAFFOLD, "fadam_et": FAdamET, "scaffold_p": ScaffoldP}
+PERSONAL = {"scaffold_p": ["net.3"]}  # a personal head: the warm-up pass and personal client state cross the ranks
 
 
 def main() -> None:
@@ -44,7 +45,8 @@ def main() -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     local = LocalTraining(lr=0.05, steps=None, epochs=1, batch_size=16) if args.skew else LocalTraining(lr=0.05, steps=4, batch_size=16)
-    module = FederatedModule(MLP(32, 10, hidden=[64]), ALGORITHMS[args.algorithm](), local, execution=args.execution)
+    personal = PERSONAL.get(args.algorithm)
+    module = FederatedModule(MLP(32, 10, hidden=[64]), ALGORITHMS[args.algorithm](), local, personal=personal, execution=args.execution)
     data = FederatedDataModule(
         "synthetic", dict(num_samples=8000, num_features=32, num_classes=10, seed=0), num_clients=100,
         partition=QuantitySkew(sigma=1.0) if args.skew else IID(), participation=UniformSampling(args.clients_per_round),

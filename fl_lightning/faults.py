@@ -70,6 +70,15 @@ class ClientFaults:
         return False, num_steps
 
 
+def survivor_weights(selected: Tensor, weights: Tensor, reported: Sequence[int]) -> Tensor:
+    """The plan weights of the ``reported`` clients (of ``selected``), rescaled to the selected set's total."""
+    weight_of = dict(zip(selected.tolist(), weights.tolist()))
+    survivors = torch.tensor([weight_of[c] for c in reported], dtype=torch.float64)
+    if len(reported) < len(selected) and float(survivors.sum()) > 0:
+        survivors = survivors * (float(weights.sum()) / float(survivors.sum()))
+    return survivors
+
+
 def first_non_finite(tensors: dict[str, TensorDict]) -> str | None:
     """Name (``"payload/param"``) of the first tensor holding a NaN or Inf, else None."""
     for part, td in tensors.items():

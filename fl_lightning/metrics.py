@@ -38,6 +38,34 @@ def payload_bytes(payload: Payload) -> int:
     return sum(P.num_bytes(td.values()) for td in payload.values())
 
 
+def count_messages(totals: dict[str, int], broadcast: Payload, uploads: Sequence[Payload]) -> tuple[int, int]:
+    """Add a round's messages to ``totals`` (each reporting client downloads the broadcast and sends
+    its upload); returns the round's ``(bytes_down, bytes_up)``."""
+    bytes_down, bytes_up = payload_bytes(broadcast) * len(uploads), sum(payload_bytes(u) for u in uploads)
+    totals["bytes_down"] += bytes_down
+    totals["bytes_up"] += bytes_up
+    totals["client_uploads"] += len(uploads)
+    return bytes_down, bytes_up
+
+
+def round_metrics(
+    round_idx: int, local_lr: float, losses: Sequence[float], uploads: Sequence[Payload], broadcast: Payload, totals: dict[str, int]
+) -> dict[str, float]:
+    """The logged row of a round (communication counted into ``totals``)."""
+    bytes_down, bytes_up = count_messages(totals, broadcast, uploads)
+    return {
+        "train/loss": sum(losses) / len(losses) if losses else float("nan"),
+        "train/consistency": local_consistency([u["delta"] for u in uploads]),
+        "train/local_lr": local_lr,
+        "train/clients": float(len(uploads)),
+        "comm/bytes_up": float(bytes_up),
+        "comm/bytes_down": float(bytes_down),
+        "comm/bytes_total": float(totals["bytes_up"] + totals["bytes_down"]),
+        "comm/client_uploads_total": float(totals["client_uploads"]),
+        "round": float(round_idx + 1),
+    }
+
+
 def cep_radius(points: Tensor) -> float:
     """Circular error probable: the median distance of points ``[R, d]`` from their mean
     (Rostami & Kia, Sec. VI: the radius around the Monte Carlo mean holding half the runs)."""

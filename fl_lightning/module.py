@@ -17,18 +17,16 @@ from fl_lightning.algorithms import Algorithm, FedAvg, RoundInfo
 from fl_lightning.client_data import ClientData
 from fl_lightning.config import LocalTraining
 from fl_lightning.executors import ClientRuntime, Executor, resolve_executor
-from fl_lightning.faults import ClientFaults, DivergenceError, all_finite, first_non_finite
-from fl_lightning.metrics import local_consistency, payload_bytes
+from fl_lightning.faults import ClientFaults, DivergenceError, all_finite, first_non_finite, survivor_weights
+from fl_lightning.metrics import count_messages, round_metrics
 from fl_lightning.objective import Objective
 from fl_lightning.params import TensorDict
 from fl_lightning.participation import RoundPlan, derive_seed
 from fl_lightning.state import ClientStore, NestedState, flatten_state, unflatten_state
-from fl_lightning.tasks import ClientResult, ClientState, ClientTask, Payload
+from fl_lightning.tasks import PERSONAL, ClientState, ClientTask, Payload
 
 log = logging.getLogger(__name__)
 _CKPT_KEY = "federated"
-PERSONAL = "personal"
-"""The client-store entry holding a client's personal tensors (a reserved state name)."""
 WARMUP_STREAM = 0x3A4D
 """Seed stream of the warm-up pass: its samples xi^{-1} are fresh and addressable by client."""
 
@@ -103,6 +101,7 @@ class FederatedModule(L.LightningModule):
         self.server_state: NestedState | None = None
         self.executor = resolve_executor(execution)
         self.objective = Objective(model, self.federated_names + self.personal_names)
+        self._checked_data = None
         self.comm_totals = {"bytes_up": 0, "bytes_down": 0, "client_uploads": 0}
         self.val_loss, self.val_acc = MeanMetric(), MeanMetric()
         self.test_loss, self.test_acc = MeanMetric(), MeanMetric()
@@ -111,8 +110,10 @@ class FederatedModule(L.LightningModule):
     @property
     def datamodule(self) -> ClientData:
         datamodule = getattr(self.trainer, "datamodule", None)
-        if not isinstance(datamodule, ClientData):
-            raise RuntimeError("FederatedModule needs a FederatedDataModule passed as `datamodule=` to the Trainer")
+        if datamodule is not self._checked_data:  # a structural check costs microseconds per member: once per datamodule
+            if not isinstance(datamodule, ClientData):
+                raise RuntimeError("FederatedModule needs a FederatedDataModule passed as `datamodule=` to the Trainer")
+            self._checked_data = datamodule
         return datamodule
 
     def federated_parameters(self) -> list[nn.Parameter]:
@@ -144,10 +145,6 @@ class FederatedModule(L.LightningModule):
             values = {n: named[n].detach() for n in self.personal_names}
         return {k: v.to(self.device) for k, v in values.items()}
 
-    def _store_result(self, result: ClientResult) -> None:
-        state = {**result.client_state, PERSONAL: result.personal} if result.personal else result.client_state
-        self.store.put(result.client_id, state)
-
     def setup(self, stage: str) -> None:
         if self.server_state is None:
             self.server_state = self.algorithm.server_state_init(P.detach_clone(self.global_params()))
@@ -166,19 +163,14 @@ class FederatedModule(L.LightningModule):
 
     # ---- one round ------------------------------------------------------------------------
     def training_step(self, plan: RoundPlan, batch_idx: int) -> None:
-        info = RoundInfo(
-            round=plan.round,
-            local_lr=self.local.lr_at(plan.round),
-            num_clients=self.datamodule.num_clients,
-            plan=plan,
-            personal_lr=self.local.personal_lr_at(plan.round) if self.personal_names else None,
-        )
+        personal_lr = self.local.personal_lr_at(plan.round) if self.personal_names else None
+        info = RoundInfo(plan.round, self.local.lr_at(plan.round), self.datamodule.num_clients, plan, personal_lr)
         x = self.global_params()
         server_state = {n: {k: v.to(self.device) for k, v in td.items()} for n, td in self.server_state.items()}
         if self.algorithm.warmup_pass and plan.round == 0:
             server_state = self._warmup(x, server_state, info)
         broadcast = self.algorithm.broadcast(x, server_state, info)
-        tasks, stragglers = self._tasks(plan, broadcast)
+        tasks, stragglers = self._tasks(plan.clients.tolist(), plan.seeds.tolist(), broadcast, plan.round)
         results = self.executor.run(tasks, info, self._runtime())
         fault_metrics = {"faults/dropped": len(plan.clients) - len(tasks), "faults/failed": len(tasks) - len(results)}
         if self.faults.active:
@@ -192,11 +184,11 @@ class FederatedModule(L.LightningModule):
                 bad = first_non_finite(result.upload)
                 if bad is not None:
                     raise DivergenceError(f"round {plan.round}: client {result.client_id} sent a non-finite update ({bad})")
-        weights = self._survivor_weights(plan, results)
+        weights = survivor_weights(plan.clients, plan.weights, [r.client_id for r in results])
         local_steps = [r.num_steps for r in results]
         pseudo_grad, self.server_state = self.algorithm.aggregate(x, uploads, weights, server_state, info, local_steps)
         for result in results:
-            self._store_result(result)
+            self.store.put(result.client_id, result.client_state)
 
         optimizer = self.optimizers()
         optimizer.zero_grad()
@@ -213,36 +205,26 @@ class FederatedModule(L.LightningModule):
             self.algorithm, self.objective, self.datamodule, self.local, self.device, self.faults.fail_fast, tuple(self.personal_names)
         )
 
-    def _task(self, client_id: int, seed: int, num_steps: int, broadcast: Payload, warmup: bool = False) -> ClientTask:
-        load = functools.partial(self.client_state, client_id, broadcast["x"])
-        return ClientTask(client_id, seed, num_steps, broadcast, load, warmup)
+    def _tasks(
+        self, clients: list[int], seeds: list[int], broadcast: Payload, round_idx: int, warmup: bool = False
+    ) -> tuple[list[ClientTask], int]:
+        """The client tasks (each client's K computed here, and only here) and the number of stragglers.
 
-    def _tasks(self, plan: RoundPlan, broadcast: Payload) -> tuple[list[ClientTask], int]:
-        """The round's client tasks (each client's K computed here, once) and the number of stragglers.
-
-        ``self.faults`` drops clients and cuts stragglers' budgets, drawn from their round seeds.
+        In a round, ``self.faults`` drops clients and cuts stragglers' budgets, drawn from their round seeds.
         """
         data, local = self.datamodule, self.local
         tasks, stragglers = [], 0
-        for cid, seed in zip(plan.clients.tolist(), plan.seeds.tolist()):
+        for cid, seed in zip(clients, seeds):
             steps = budget = data.num_local_steps(cid, local.batch_size, local.steps, local.epochs)
-            if self.faults.active:
+            if self.faults.active and not warmup:
                 dropped, budget = self.faults.draw(seed, steps)
                 if dropped:
-                    log.warning("round %d: client %d dropped out (never reported)", plan.round, cid)
+                    log.warning("round %d: client %d dropped out (never reported)", round_idx, cid)
                     continue
                 stragglers += budget < steps
-            tasks.append(self._task(cid, seed, budget, broadcast))
+            load_state = functools.partial(self.client_state, cid, broadcast["x"])
+            tasks.append(ClientTask(cid, seed, budget, broadcast, load_state, warmup))
         return tasks, stragglers
-
-    @staticmethod
-    def _survivor_weights(selected: RoundPlan, results: list[ClientResult]) -> torch.Tensor:
-        """The plan weights of the clients that reported, rescaled to the selected set's total."""
-        weight_of = dict(zip(selected.clients.tolist(), selected.weights.tolist()))
-        weights = torch.tensor([weight_of[r.client_id] for r in results], dtype=torch.float64)
-        if len(results) < len(selected.clients) and float(weights.sum()) > 0:
-            weights = weights * (float(selected.weights.sum()) / float(weights.sum()))
-        return weights
 
     def _empty_round(self, plan: RoundPlan, broadcast: Payload, fault_metrics: dict[str, int]) -> None:
         """No client reported (possible under Bernoulli activation): x, the server state and the
@@ -261,40 +243,21 @@ class FederatedModule(L.LightningModule):
     def _warmup(self, x: TensorDict, server_state: NestedState, info: RoundInfo) -> NestedState:
         """The algorithm's pass over all N clients before round 0 (e.g. Scaffold-P's c_i^0, c^0),
         run by the executor like any round's tasks."""
-        data, local = self.datamodule, self.local
-        broadcast = self.algorithm.broadcast(x, server_state, info)
-        tasks = []
-        for cid in range(info.num_clients):
-            steps = data.num_local_steps(cid, local.batch_size, local.steps, local.epochs)
-            tasks.append(self._task(cid, derive_seed(data.seed, cid, WARMUP_STREAM), steps, broadcast, warmup=True))
+        broadcast, clients = self.algorithm.broadcast(x, server_state, info), list(range(info.num_clients))
+        seeds = [derive_seed(self.datamodule.seed, cid, WARMUP_STREAM) for cid in clients]
+        tasks, _ = self._tasks(clients, seeds, broadcast, info.round, warmup=True)
         results = self.executor.run(tasks, info, self._runtime())
         uploads = [r.upload for r in results]
         server_state = self.algorithm.server_warmup(x, uploads, server_state, info)
         for result in results:
-            self._store_result(result)
-        self.comm_totals["bytes_down"] += payload_bytes(broadcast) * len(results)
-        self.comm_totals["bytes_up"] += sum(payload_bytes(u) for u in uploads)
-        self.comm_totals["client_uploads"] += len(results)
+            self.store.put(result.client_id, result.client_state)
+        count_messages(self.comm_totals, broadcast, uploads)
         return server_state
 
-    def _log_round(self, plan: RoundPlan, broadcast, uploads, results, fault_metrics: dict[str, int]) -> None:
-        bytes_down = payload_bytes(broadcast) * len(results)
-        bytes_up = sum(payload_bytes(u) for u in uploads)
-        self.comm_totals["bytes_down"] += bytes_down
-        self.comm_totals["bytes_up"] += bytes_up
-        self.comm_totals["client_uploads"] += len(results)
-        metrics = {
-            "train/loss": sum(r.mean_loss for r in results) / len(results) if results else float("nan"),
-            "train/consistency": local_consistency([u["delta"] for u in uploads]),
-            "train/local_lr": self.local.lr_at(plan.round),
-            "train/clients": float(len(results)),
-            "comm/bytes_up": float(bytes_up),
-            "comm/bytes_down": float(bytes_down),
-            "comm/bytes_total": float(self.comm_totals["bytes_up"] + self.comm_totals["bytes_down"]),
-            "comm/client_uploads_total": float(self.comm_totals["client_uploads"]),
-            "round": float(plan.round + 1),
-            **{k: float(v) for k, v in fault_metrics.items()},
-        }
+    def _log_round(self, plan: RoundPlan, broadcast: Payload, uploads, results, fault_metrics: dict[str, int]) -> None:
+        losses = [r.mean_loss for r in results]
+        metrics = round_metrics(plan.round, self.local.lr_at(plan.round), losses, uploads, broadcast, self.comm_totals)
+        metrics.update({k: float(v) for k, v in fault_metrics.items()})
         # Straight to the loggers (`self.log` costs milliseconds per key, a real share of a
         # small round), at the step Lightning gives this round's evaluation: the round index.
         for logger in self.loggers:

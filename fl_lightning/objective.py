@@ -123,21 +123,23 @@ class Objective:
         with self.swap(params):
             return self(batch)
 
-    def grad_fn(self, batch: Any, weight_decay: float, losses: list[Tensor] | None = None) -> GradFn:
+    def grad_fn(self, batch: Any, weight_decay: float, losses: list[Tensor] | None = None, stacked: bool = False) -> GradFn:
         """Loss and gradient of the minibatch loss plus ``weight_decay/2 ||w||^2`` at given parameters.
 
+        ``stacked``: parameters and batch hold clients on a leading dimension; the loss is then
+        ``[S]`` and the gradients ``[S, ...]``: clients are independent, so the gradient of the
+        *sum* of their losses is every client's own gradient, from one ordinary backward.
         The first evaluation's loss (without the decay term) is appended to ``losses``.
         """
 
         def grad(params: TensorDict) -> tuple[Tensor, TensorDict]:
             leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
-            with self.swap(leaves):
-                loss = self(batch)[0]
-            grads = dict(zip(leaves, loss_grads(loss, list(leaves.values()))))
+            loss = self.stacked_losses(leaves, batch) if stacked else self.at(leaves, batch)[0]
+            grads = dict(zip(leaves, loss_grads(loss.sum() if stacked else loss, list(leaves.values()))))
             if weight_decay:
                 grads = P.add(grads, params, weight_decay)
             loss = loss.detach()
-            if losses is not None and not grad.recorded:
+            if losses is not None and not grad.recorded:  # the step's first evaluation is its reported loss
                 losses.append(loss)
                 grad.recorded = True
             return loss, grads
@@ -176,24 +178,3 @@ class Objective:
             return self.at(p, b)[0]
 
         return vmap(loss_at, randomness="different")(params, batch)
-
-    def stacked_grad_fn(self, batch: Any, weight_decay: float, losses: list[Tensor]) -> GradFn:
-        """``grad_fn`` over stacked parameters: ``([S] losses, {name: [S, ...] gradients})``.
-
-        Clients are independent, so the gradient of the *sum* of their losses with respect
-        to the stacked parameters is every client's own gradient: one ordinary backward.
-        """
-
-        def grad(params: TensorDict) -> tuple[Tensor, TensorDict]:
-            leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
-            client_losses = self.stacked_losses(leaves, batch)
-            grads = dict(zip(leaves, loss_grads(client_losses.sum(), list(leaves.values()))))
-            if weight_decay:
-                grads = P.add(grads, params, weight_decay)
-            if not grad.recorded:  # the step's first evaluation is its reported loss
-                losses.append(client_losses.detach())
-                grad.recorded = True
-            return client_losses.detach(), grads
-
-        grad.recorded = False
-        return grad

@@ -9,7 +9,7 @@ results; they never see the module, the plan or the store.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from fl_lightning.params import TensorDict
@@ -17,6 +17,9 @@ from fl_lightning.state import NestedState
 
 Payload = dict[str, TensorDict]
 """A message between server and client: ``{"x": params, "c": control variate, ...}``."""
+
+PERSONAL = "personal"
+"""The client-state entry holding a client's personal tensors (a reserved state name)."""
 
 
 class ClientState(NamedTuple):
@@ -45,9 +48,10 @@ class ClientTask:
 
 @dataclass
 class ClientResult:
+    """A client's upload and its new state to store (its personal tensors, never uploaded, under ``PERSONAL``)."""
+
     client_id: int
     upload: Payload
     client_state: NestedState
     num_steps: int
     mean_loss: float
-    personal: TensorDict = field(default_factory=dict)  # the client's new personal tensors (never uploaded)

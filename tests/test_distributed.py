@@ -30,6 +30,7 @@ def _train(tmp_path, devices: int, algorithm: str, skew: bool) -> dict:
     [
         ("scaffold", True),  # client state; unequal local steps, so the ranks get unequal client counts
         ("fadam_et", False),  # only the tracking subset uploads y_delta: results of two structures
+        ("scaffold_p", False),  # the warm-up pass split over the ranks; personal tensors as client state
     ],
 )
 def test_ddp_two_processes_equal_one_process(tmp_path, algorithm, skew):

@@ -60,12 +60,11 @@ def test_fail_fast_stops_with_the_clients_error(tmp_path):
 
 
 def test_survivor_weights_are_renormalised():
-    from fl_lightning.algorithms import ClientResult
+    from fl_lightning.faults import survivor_weights
     from fl_lightning.participation import RoundPlan
 
     plan = RoundPlan(0, torch.tensor([1, 4, 7]), torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64), torch.zeros(3))
-    results = [ClientResult(c, {}, {}, 1, 0.0) for c in (1, 7)]
-    weights = FederatedModule._survivor_weights(plan, results)
+    weights = survivor_weights(plan.clients, plan.weights, [1, 7])
     torch.testing.assert_close(weights, torch.tensor([0.5, 0.2], dtype=torch.float64) / 0.7)
 
 

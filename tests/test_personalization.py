@@ -12,7 +12,8 @@ from datamodules import IID, Dirichlet, FederatedDataModule
 from fl_lightning import FedAvg, FederatedModule, LocalTraining, UniformSampling
 from fl_lightning import params as P
 from fl_lightning.algorithms import FedAlt, FedAvgP, FedSim, ScaffoldP
-from fl_lightning.module import PERSONAL, WARMUP_STREAM as _WARMUP_STREAM
+from fl_lightning.module import WARMUP_STREAM as _WARMUP_STREAM
+from fl_lightning.tasks import PERSONAL
 from fl_lightning.objective import Objective
 from fl_lightning.state import ClientStore
 from fl_lightning.participation import derive_seed
@@ -398,3 +399,16 @@ def test_personalization_config_runs_and_logs_the_gradient_norm(tmp_path, monkey
     assert len(evals) == 1 and float(evals[0]["algo/grad_norm"]) > 0
     assert 0 < float(evals[0]["val/personal_acc_mean"]) <= 1
     assert 9 <= len(personal_store(cli.model)) <= 10  # 2 rounds of m = 9 of n = 10 clients trained their v_i
+
+
+def test_checkpoints_with_a_separate_personal_store_still_load(tmp_path):
+    """Before personal tensors became client state, checkpoints kept them in ``federated.personal_store``."""
+    module = _fit_with_checkpoints(tmp_path, rounds=3)
+    ckpt = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)
+    flat = ckpt["federated"]["client_store"]
+    legacy = {k: v for k, v in flat.items() if f"/{PERSONAL}/" not in k}
+    legacy_personal = {k.replace(f"/{PERSONAL}/", "/v/"): v for k, v in flat.items() if f"/{PERSONAL}/" in k}
+    assert legacy_personal and len(legacy) < len(flat)
+    fresh = split_module(ScaffoldP())
+    fresh.on_load_checkpoint({"federated": {**ckpt["federated"], "client_store": legacy, "personal_store": legacy_personal}})
+    assert fresh.store.equal(module.store)

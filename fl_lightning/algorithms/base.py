@@ -185,12 +185,7 @@ class Algorithm:
 
     # ---- server update ----------------------------------------------------------
     def aggregate(
-        self,
-        x: TensorDict,
-        uploads: Sequence[Payload],
-        weights: Tensor,
-        server_state: NestedState,
-        info: RoundInfo,
+        self, x: TensorDict, uploads: Sequence[Payload], weights: Tensor, server_state: NestedState, info: RoundInfo,
         local_steps: Sequence[int],
     ) -> tuple[TensorDict, NestedState]:
         """Pseudo-gradient ``-sum_i w_i delta_i`` (FedAvg's aggregate) and unchanged server state.

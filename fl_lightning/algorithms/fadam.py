@@ -72,12 +72,7 @@ class _TrackedAdam(LocalAdam):
         return upload, state
 
     def aggregate(
-        self,
-        x: TensorDict,
-        uploads: Sequence[Payload],
-        weights: Tensor,
-        server_state: NestedState,
-        info: RoundInfo,
+        self, x: TensorDict, uploads: Sequence[Payload], weights: Tensor, server_state: NestedState, info: RoundInfo,
         local_steps: Sequence[int],
     ) -> tuple[TensorDict, NestedState]:
         pseudo_grad, _ = super().aggregate(x, uploads, weights, server_state, info, local_steps)

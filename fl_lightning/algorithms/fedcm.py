@@ -51,12 +51,7 @@ class FedCM(Algorithm):
         return sgd_step(params, direction, ctx.lr), local
 
     def aggregate(
-        self,
-        x: TensorDict,
-        uploads: Sequence[Payload],
-        weights: Tensor,
-        server_state: NestedState,
-        info: RoundInfo,
+        self, x: TensorDict, uploads: Sequence[Payload], weights: Tensor, server_state: NestedState, info: RoundInfo,
         local_steps: Sequence[int],
     ) -> tuple[TensorDict, NestedState]:
         pseudo_grad, _ = super().aggregate(x, uploads, weights, server_state, info, local_steps)

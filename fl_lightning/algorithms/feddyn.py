@@ -53,12 +53,7 @@ class FedDyn(Algorithm):
         return {"delta": delta}, {"l": P.add(ctx.client_state["l"], delta, -self.alpha)}
 
     def aggregate(
-        self,
-        x: TensorDict,
-        uploads: Sequence[Payload],
-        weights: Tensor,
-        server_state: NestedState,
-        info: RoundInfo,
+        self, x: TensorDict, uploads: Sequence[Payload], weights: Tensor, server_state: NestedState, info: RoundInfo,
         local_steps: Sequence[int],
     ) -> tuple[TensorDict, NestedState]:
         deltas = [u["delta"] for u in uploads]

@@ -56,12 +56,7 @@ class FedLADA(LocalAdam):
         return tracked_adam_step(params, grad, local, ctx.lr, self.betas, self.eps, step_shift=shift, scale=self.a)
 
     def aggregate(
-        self,
-        x: TensorDict,
-        uploads: Sequence[Payload],
-        weights: Tensor,
-        server_state: NestedState,
-        info: RoundInfo,
+        self, x: TensorDict, uploads: Sequence[Payload], weights: Tensor, server_state: NestedState, info: RoundInfo,
         local_steps: Sequence[int],
     ) -> tuple[TensorDict, NestedState]:
         """The server SGD step is x <- x - eta_g pseudo_grad, so g_a = eta_g pseudo_grad / (K eta_l)."""

@@ -78,12 +78,7 @@ class FedMIM(Algorithm):
         return inertial_step(params, grad, ctx.broadcast["shift_alpha"], self.alpha_sum, ctx.lr), local
 
     def aggregate(
-        self,
-        x: TensorDict,
-        uploads: Sequence[Payload],
-        weights: Tensor,
-        server_state: NestedState,
-        info: RoundInfo,
+        self, x: TensorDict, uploads: Sequence[Payload], weights: Tensor, server_state: NestedState, info: RoundInfo,
         local_steps: Sequence[int],
     ) -> tuple[TensorDict, NestedState]:
         pseudo_grad, _ = super().aggregate(x, uploads, weights, server_state, info, local_steps)

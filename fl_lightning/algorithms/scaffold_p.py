@@ -53,12 +53,7 @@ class ScaffoldP(FedAvgP):
         return {"delta": delta, "delta_c": P.sub(c_new, c_i)}, {"c": c_new}
 
     def aggregate(
-        self,
-        x: TensorDict,
-        uploads: Sequence[Payload],
-        weights: Tensor,
-        server_state: NestedState,
-        info: RoundInfo,
+        self, x: TensorDict, uploads: Sequence[Payload], weights: Tensor, server_state: NestedState, info: RoundInfo,
         local_steps: Sequence[int],
     ) -> tuple[TensorDict, NestedState]:
         pseudo_grad, _ = super().aggregate(x, uploads, weights, server_state, info, local_steps)

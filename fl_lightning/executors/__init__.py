@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from fl_lightning.executors.base import ClientRuntime, Executor
-from fl_lightning.executors.batched import BatchedExecutionError, BatchedExecutor, Unbatchable
+from fl_lightning.executors.base import ClientRuntime, Executor  # noqa: F401  (the contract, re-exported)
+from fl_lightning.executors.batched import BatchedExecutionError, BatchedExecutor, Unbatchable  # noqa: F401
 from fl_lightning.executors.distributed import DistributedExecutor
 from fl_lightning.executors.sequential import SequentialExecutor
 
@@ -13,23 +13,8 @@ EXECUTORS: dict[str, type[Executor]] = {"sequential": SequentialExecutor, "batch
 
 def resolve_executor(execution: str | Executor) -> DistributedExecutor:
     """The executor for a short name or an ``Executor`` instance, wrapped for multi-process runs."""
-    if isinstance(execution, str):
-        if execution not in EXECUTORS:
-            raise ValueError(f"execution must be one of {sorted(EXECUTORS)} or an Executor, got {execution!r}")
-        execution = EXECUTORS[execution]()
-    if not isinstance(execution, Executor):
-        raise ValueError(f"execution must be one of {sorted(EXECUTORS)} or an Executor, got {type(execution).__name__}")
-    return execution if isinstance(execution, DistributedExecutor) else DistributedExecutor(execution)
+    executor = EXECUTORS[execution]() if isinstance(execution, str) and execution in EXECUTORS else execution
+    if not isinstance(executor, Executor):
+        raise ValueError(f"execution must be one of {sorted(EXECUTORS)} or an Executor, got {execution!r}")
+    return executor if isinstance(executor, DistributedExecutor) else DistributedExecutor(executor)
 
-
-__all__ = [
-    "EXECUTORS",
-    "BatchedExecutionError",
-    "BatchedExecutor",
-    "ClientRuntime",
-    "DistributedExecutor",
-    "Executor",
-    "SequentialExecutor",
-    "Unbatchable",
-    "resolve_executor",
-]

@@ -7,7 +7,8 @@ objective; one backward of their sum gives every client's own gradient.
 
 A rule whose own class declares ``elementwise = True`` is applied once to the stacked
 tensors; any other rule runs per client under ``vmap``. ``client_finish`` runs stacked
-unless it needs ``ctx.client_id``; then it runs client by client on the final tensors.
+for an elementwise rule that does not read ``ctx.client_id``; otherwise client by client
+on the final tensors.
 
 Sequential execution is used instead only for declared reasons (logged once each);
 any other error is re-raised. If the clients fail sequentially too, it is a client
@@ -144,7 +145,7 @@ class BatchedExecutor(Executor):
         local_state = algorithm.client_init(params, ctx)
         for step, batch in enumerate(batches):
             ctx.step = step
-            ctx.grad = objective.stacked_grad_fn(batch, weight_decay, losses)
+            ctx.grad = objective.grad_fn(batch, weight_decay, losses, stacked=True)
             params, local_state = algorithm.client_step(params, local_state, ctx)
         return params, local_state
 
@@ -183,29 +184,20 @@ class BatchedExecutor(Executor):
         return params, local_state
 
     def _finish(self, runtime, params, local_state, states, ids, broadcast, info) -> tuple[list[Payload], list[Any]]:
-        """Every client's (upload, new state): stacked, or client by client where the rule needs the id.
+        """Every client's (upload, new state): once on the stacked tensors for an elementwise rule that
+        does not read ``ctx.client_id``, else client by client on the final tensors (once a round: cheap).
 
         ``states`` is (the clients' states, the same stacked); ``ctx.step`` is the last step, as in sequential execution.
         """
         algorithm, (states, stacked_state), last = runtime.algorithm, states, runtime.local.steps - 1
-        num_clients = len(states)
-        if type(algorithm) not in self._finish_per_client:
+        if declares_capability(algorithm, "elementwise") and type(algorithm) not in self._finish_per_client:
             try:
-                if declares_capability(algorithm, "elementwise"):
-                    upload, new_state = algorithm.client_finish(
-                        params, local_state, self._context(ids, broadcast, stacked_state, info, runtime, step=last)
-                    )
-                else:
-
-                    def finish(p: TensorDict, local: Any, state: Any, cid: Tensor):
-                        ctx = self._context(cid, broadcast, state, info, runtime, step=last)
-                        return algorithm.client_finish(p, local, ctx)
-
-                    upload, new_state = vmap(finish, randomness="different")(params, local_state, stacked_state, ids)
-                return _unstack(upload, num_clients), _unstack(new_state, num_clients)
+                ctx = self._context(ids, broadcast, stacked_state, info, runtime, step=last)
+                upload, new_state = algorithm.client_finish(params, local_state, ctx)
+                return _unstack(upload, len(states)), _unstack(new_state, len(states))
             except ClientIdUnavailable:
                 self._finish_per_client.add(type(algorithm))
-        views, local_views = _unstack(params, num_clients), _unstack(local_state, num_clients)
+        views, local_views = _unstack(params, len(states)), _unstack(local_state, len(states))
         outputs = [
             algorithm.client_finish(views[i], local_views[i], self._context(int(c), broadcast, states[i], info, runtime, step=last))
             for i, c in enumerate(ids.tolist())

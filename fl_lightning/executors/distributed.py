@@ -11,7 +11,7 @@ The warm-up pass over all clients is split the same way.
 The exchange is two tensor collectives per round, never pickled tensors:
 
 1. a small header per client slot: an id of the result's *structure* (names,
-   shapes and dtypes of its upload, client state and personal tensors; 0 for a
+   shapes and dtypes of its upload and client state; 0 for a
    slot without a result), its mean loss and its number of steps;
 2. the raw bytes of every result's tensors, laid out by that structure.
 
@@ -37,7 +37,7 @@ from fl_lightning.executors.base import ClientRuntime, Executor
 from fl_lightning.tasks import ClientResult, ClientTask, Payload
 
 _ALIGN = 16  # bytes, a multiple of every element size: slots start aligned for any dtype
-Structure = tuple  # (upload, client_state, personal), each nested tuples of (name, shape, dtype)
+Structure = tuple  # (upload, client_state), each nested tuples of (name, shape, dtype)
 
 
 def assign_clients(steps: list[int], world: int) -> list[list[int]]:
@@ -56,19 +56,14 @@ def assign_clients(steps: list[int], world: int) -> list[list[int]]:
 
 
 def _tensors(result: ClientResult) -> list[Tensor]:
-    nested = [result.upload, result.client_state]
-    return [v for part in nested for td in part.values() for v in td.values()] + list(result.personal.values())
+    return [v for part in (result.upload, result.client_state) for td in part.values() for v in td.values()]
 
 
 def _structure(result: ClientResult) -> Structure:
     def flat(td):
         return tuple((k, tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in td.items())
 
-    return (
-        tuple((n, flat(td)) for n, td in result.upload.items()),
-        tuple((n, flat(td)) for n, td in result.client_state.items()),
-        flat(result.personal),
-    )
+    return tuple(tuple((n, flat(td)) for n, td in part.items()) for part in (result.upload, result.client_state))
 
 
 def _structure_id(structure: Structure) -> int:
@@ -79,8 +74,7 @@ def _structure_id(structure: Structure) -> int:
 
 def _specs(structure: Structure) -> list[tuple[str, tuple, str]]:
     """(name, shape, dtype) of a result's tensors, in ``_tensors`` order."""
-    upload, state, personal = structure
-    return [e for part in (upload, state) for _, td in part for e in td] + list(personal)
+    return [e for part in structure for _, td in part for e in td]
 
 
 @functools.cache
@@ -99,8 +93,8 @@ def _layout(structure: Structure) -> tuple[tuple[int, ...], int]:
     return tuple(offsets), -(-end // _ALIGN) * _ALIGN
 
 
-def _unpack(buffer: Tensor, structure: Structure) -> tuple[Payload, Payload, dict[str, Tensor]]:
-    """Views into one slot of ``buffer`` (uint8) laid out by ``structure``: (upload, client_state, personal)."""
+def _unpack(buffer: Tensor, structure: Structure) -> tuple[Payload, Payload]:
+    """Views into one slot of ``buffer`` (uint8) laid out by ``structure``: (upload, client_state)."""
     offsets = iter(_layout(structure)[0])
 
     def take(td_structure):
@@ -110,10 +104,8 @@ def _unpack(buffer: Tensor, structure: Structure) -> tuple[Payload, Payload, dic
             out[key] = buffer[start : start + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
         return out
 
-    upload_s, state_s, personal_s = structure
-    upload = {n: take(td) for n, td in upload_s}
-    state = {n: take(td) for n, td in state_s}
-    return upload, state, take(personal_s)
+    upload, state = ({n: take(td) for n, td in part} for part in structure)
+    return upload, state
 
 
 class DistributedExecutor(Executor):
@@ -142,7 +134,8 @@ class DistributedExecutor(Executor):
         """Every rank's results, in task order, on every rank (a client that failed is absent everywhere)."""
         world, rank = len(assignment), dist.get_rank()
         device = local_device if dist.get_backend() == "nccl" else torch.device("cpu")
-        by_slot = _slots(mine, results)
+        reported = {r.client_id: r for r in results}  # a client that failed has no result
+        by_slot = {slot: reported[t.client_id] for slot, t in enumerate(mine) if t.client_id in reported}
         structures = {slot: _structure(result) for slot, result in by_slot.items()}
         ids, rows = self._gather_headers(by_slot, structures, max(len(a) for a in assignment), device)
         sizes = [sum(_layout(self.structures[i])[1] for i in ids_r if i) for ids_r in ids]
@@ -159,11 +152,11 @@ class DistributedExecutor(Executor):
                 if r == rank:  # this rank's own results, as they are
                     by_position[position] = by_slot[slot]
                 else:
-                    upload, state, personal = _unpack(buffers[r][offset : offset + size], structure)
+                    upload, state = _unpack(buffers[r][offset : offset + size], structure)
                     if device != local_device:
                         upload = {n: {k: v.to(local_device) for k, v in td.items()} for n, td in upload.items()}
                     loss, steps = rows[r][slot]
-                    by_position[position] = ClientResult(tasks[position].client_id, upload, state, int(steps), loss, personal)
+                    by_position[position] = ClientResult(tasks[position].client_id, upload, state, int(steps), loss)
                 offset += size
         return [by_position[p] for p in sorted(by_position)]
 
@@ -194,17 +187,6 @@ class DistributedExecutor(Executor):
             for part in gathered:
                 self.structures.update(part)
         return ids, [h[:, 1:].tolist() for h in headers]
-
-
-def _slots(mine: list[ClientTask], results: list[ClientResult]) -> dict[int, ClientResult]:
-    """Results by their slot in this rank's tasks: a client that failed has no result, so match ids in order."""
-    by_slot, slot = {}, 0
-    for result in results:
-        while mine[slot].client_id != result.client_id:
-            slot += 1
-        by_slot[slot] = result
-        slot += 1
-    return by_slot
 
 
 def _gather_bytes(

@@ -15,7 +15,7 @@ from fl_lightning.algorithms.base import ClientContext, RoundInfo
 from fl_lightning.executors.base import ClientRuntime, Executor, mean_loss, seed_client, to_device
 from fl_lightning.faults import ClientError
 from fl_lightning.params import TensorDict
-from fl_lightning.tasks import ClientResult, ClientTask
+from fl_lightning.tasks import PERSONAL, ClientResult, ClientTask
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +65,9 @@ def _train_client(task: ClientTask, info: RoundInfo, runtime: ClientRuntime) -> 
         params, local_state = algorithm.client_step(params, local_state, ctx)
     shared = {k: params[k] for k in broadcast["x"]} if personal else params
     upload, new_state = algorithm.client_finish(shared, local_state, ctx)
-    new_personal = algorithm.personal_finish(params, local_state, ctx) if personal else {}
-    return ClientResult(cid, upload, new_state, task.num_steps, mean_loss(losses), new_personal)
+    if personal:
+        new_state = {**new_state, PERSONAL: algorithm.personal_finish(params, local_state, ctx)}
+    return ClientResult(cid, upload, new_state, task.num_steps, mean_loss(losses))
 
 
 def _warmup_client(task: ClientTask, info: RoundInfo, runtime: ClientRuntime) -> ClientResult:
@@ -82,4 +83,4 @@ def _warmup_client(task: ClientTask, info: RoundInfo, runtime: ClientRuntime) ->
     client_state, personal = task.load_state()
     ctx = ClientContext(cid, task.broadcast, client_state, info, task.num_steps, personal=personal, mean_grad=mean_grad)
     upload, new_state = algorithm.client_warmup({**P.detach_clone(x), **P.detach_clone(personal)}, ctx)
-    return ClientResult(cid, upload, new_state, task.num_steps, math.nan)  # personal tensors unchanged: none kept
+    return ClientResult(cid, upload, new_state, task.num_steps, math.nan)  # personal tensors unchanged: not stored
