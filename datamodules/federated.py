@@ -55,7 +55,8 @@ class FederatedDataModule(L.LightningDataModule):
         holdout_fraction: share of each client's data held out for per-client
             evaluation, in [0, 1).
         eval_batch_size: batch size of the global validation/test loaders.
-        seed: seed of the partition, the sampling and all client randomness.
+        seed: seed of the partition, the sampling and all client randomness. ``None``
+            (the default): the CLI's ``--seed_everything``; 0 outside the CLI.
     """
 
     def __init__(
@@ -67,7 +68,7 @@ class FederatedDataModule(L.LightningDataModule):
         participation: Participation | None = None,
         holdout_fraction: float = 0.0,
         eval_batch_size: int = 512,
-        seed: int = 0,
+        seed: int | None = None,
     ) -> None:
         super().__init__()
         if num_clients < 1:
@@ -86,7 +87,7 @@ class FederatedDataModule(L.LightningDataModule):
         self.participation.validate(num_clients)
         self.holdout_fraction = holdout_fraction
         self.eval_batch_size = eval_batch_size
-        self.seed = seed
+        self.seed = 0 if seed is None else seed
         self.source: DataSource | None = None
 
     # ---- building the federation ------------------------------------------------

@@ -96,7 +96,14 @@ def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
     """A tokenizer with a pad token (causal LMs lack one; the end-of-text token is used)."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+    except OSError as error:
+        from fl_lightning.hub import hub_error
+
+        raise hub_error(
+            "data.init_args.tokenizer", name_or_path, "tokenizer", error, "a local directory with the tokenizer files"
+        ) from error
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
             raise ValueError(f"tokenizer {name_or_path!r} has neither a pad nor an end-of-text token")
@@ -153,7 +160,7 @@ class TextDataModule(FederatedDataModule):
         participation: Participation | None = None,
         holdout_fraction: float = 0.0,
         eval_batch_size: int = 128,
-        seed: int = 0,
+        seed: int | None = None,
     ) -> None:
         if task not in TASKS:
             raise ValueError(f"unknown text task {task!r}; allowed: {sorted(TASKS)}")
@@ -188,10 +195,23 @@ class TextDataModule(FederatedDataModule):
     def _load_raw(self):
         from datasets import load_dataset
 
+        from fl_lightning.hub import hub_error
+
         if self.data_files is not None:
             builder = _FILE_BUILDERS[Path(next(iter(self.data_files.values()))).suffix]
-            return load_dataset(builder, data_files=self.data_files, cache_dir=self.cache_dir)
-        return load_dataset(self.dataset_path or self.spec.path, self.spec.name, cache_dir=self.cache_dir)
+            try:
+                return load_dataset(builder, data_files=self.data_files, cache_dir=self.cache_dir)
+            except OSError as error:
+                raise hub_error("data.init_args.data_files", self.data_files, "data files", error,
+                                "existing local files (one per split)") from error  # fmt: skip
+        path = self.dataset_path or self.spec.path
+        try:
+            return load_dataset(path, self.spec.name, cache_dir=self.cache_dir)
+        except OSError as error:
+            raise hub_error(
+                "data.init_args.dataset_path", path, f"{self.task} dataset", error,
+                "a local copy (datasets save_to_disk/parquet directory) or use data.init_args.data_files",
+            ) from error
 
     def _tokenize(self, ds, tokenizer, tokenizer_digest: str) -> TokenSequences:
         missing = [c for c in (*self.spec.fields, "label") if c not in ds.column_names]

@@ -1,31 +1,49 @@
-"""fl-lightning: federated optimization on PyTorch Lightning."""
+"""fl-lightning: federated optimization on PyTorch Lightning.
 
-from typing import TYPE_CHECKING
+The public names below are imported on first use (PEP 562), so that ``fl-lightning --help``
+and ``--version`` answer without importing torch and Lightning.
+"""
 
-from fl_lightning.algorithms import Algorithm, FedAvg
-from fl_lightning.config import LocalTraining
-from fl_lightning.participation import Participation, RoundPlan, UniformSampling
-from fl_lightning.state import ClientStore
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from fl_lightning.algorithms import Algorithm, FedAvg
+    from fl_lightning.config import LocalTraining
     from fl_lightning.module import FederatedModule
+    from fl_lightning.participation import Participation, RoundPlan, UniformSampling
+    from fl_lightning.state import ClientStore
 
-__all__ = [
-    "Algorithm",
-    "ClientStore",
-    "FedAvg",
-    "FederatedModule",
-    "LocalTraining",
-    "Participation",
-    "RoundPlan",
-    "UniformSampling",
-]
+try:
+    from importlib.metadata import PackageNotFoundError, version
+
+    __version__ = version("fl-lightning")
+except PackageNotFoundError:  # running from a source tree that is not installed
+    __version__ = "0+unknown"
+
+_EXPORTS = {
+    "Algorithm": "fl_lightning.algorithms",
+    "ClientStore": "fl_lightning.state",
+    "FedAvg": "fl_lightning.algorithms",
+    "FederatedModule": "fl_lightning.module",
+    "LocalTraining": "fl_lightning.config",
+    "Participation": "fl_lightning.participation",
+    "RoundPlan": "fl_lightning.participation",
+    "UniformSampling": "fl_lightning.participation",
+}
+
+__all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    """``FederatedModule`` is imported on first use: no engine component depends on the LightningModule."""
-    if name == "FederatedModule":
-        from fl_lightning.module import FederatedModule
-
-        return FederatedModule
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'fl_lightning' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

@@ -1,29 +1,58 @@
-"""The ``fl-lightning`` command: LightningCLI over FederatedModule and any FederatedDataModule."""
+"""The ``fl-lightning`` command.
+
+``fit``, ``validate``, ``test`` and ``predict`` are LightningCLI subcommands over FederatedModule
+and any FederatedDataModule (fl_lightning/cli_app.py); ``compare`` runs a sweep
+(fl_lightning/compare.py), ``montecarlo`` a Monte Carlo experiment (fl_lightning/montecarlo.py)
+and ``partition`` draws a config's partition (fl_lightning/partition_plot.py).
+Lightning is imported only by the subcommand that needs it: ``fl-lightning --help`` and
+``--version`` answer at once.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
 
-from lightning.pytorch.cli import LightningCLI
+LIGHTNING_SUBCOMMANDS = ("fit", "validate", "test", "predict")
+OTHER_SUBCOMMANDS = ("compare", "montecarlo", "partition", "fixture")
 
-import datamodules  # noqa: F401  (registers datamodule subclasses and partitioners for short class names)
-import models  # noqa: F401
-from datamodules import FederatedDataModule
-from fl_lightning.module import FederatedModule, quiet_known_warnings
+HELP = """\
+usage: fl-lightning [-h] [--version] {fit,validate,test,predict,compare,montecarlo,partition,fixture} ...
+
+Federated learning on PyTorch Lightning: one training step = one federated round.
+
+subcommands:
+  fit         train: fl-lightning fit --config configs/quickstart.yaml [--trainer.max_steps ROUNDS]
+  validate    evaluate the global model on the validation set (--ckpt_path CKPT)
+  test        evaluate the global model on the test set (--ckpt_path CKPT)
+  predict     run the global model on the predict set (--ckpt_path CKPT)
+  compare     run every run x seed of a sweep file, then plots and tables:
+              fl-lightning compare --config configs/compare_quickstart.yaml --out runs/compare_quickstart
+  montecarlo  many seeds of one config with a confidence band (e.g. configs/svrg_least_squares_mc.yaml)
+  partition   draw the label distribution of every client of a config's partition:
+              fl-lightning partition --config configs/quickstart.yaml --out partition.png
+  fixture     write a tiny offline copy of a hub vision dataset and print its dataset_args:
+              fl-lightning fixture cifar10 --out runs/fx
+
+options:
+  -h, --help  show this help message and exit
+  --version   show the version and exit
+
+Each subcommand has its own help, e.g. `fl-lightning fit --help`, `fl-lightning compare --help`;
+the arguments of one class: `fl-lightning fit --model.algorithm.help FedProx`.
+Every setting of a config with its default: `fl-lightning fit --config FILE --print_config`.
+A bad setting ends with one line naming it (exit code 2); FL_LIGHTNING_TRACEBACK=1 shows the traceback.
+"""
 
 
-def build_cli(args: list[str] | None = None, run: bool = True) -> LightningCLI:
-    """The LightningCLI object (``run=False`` only parses and instantiates, for validation and tests)."""
-    quiet_known_warnings()
-    return LightningCLI(
-        FederatedModule,
-        FederatedDataModule,
-        subclass_mode_data=True,
-        save_config_kwargs={"overwrite": True},
-        args=args,
-        run=run,
-    )
+def build_cli(args: list[str] | None = None, run: bool = True, exit_on_error: bool = True):
+    """The LightningCLI object (``run=False`` only parses and instantiates, for validation and tests).
+
+    ``exit_on_error=False`` raises jsonargparse's ArgumentError on a bad setting instead of exiting.
+    """
+    from fl_lightning.cli_app import build
+
+    return build(args, run=run, exit_on_error=exit_on_error)
 
 
 def _essential(message: str) -> str:
@@ -38,35 +67,51 @@ def _essential(message: str) -> str:
     return "; ".join(reasons) or message
 
 
-def with_safe_loading(argv: list[str]) -> list[str]:
-    """Checkpoints are loaded with ``weights_only=True`` unless the command line says otherwise.
+def _version() -> str:
+    from fl_lightning import __version__
 
-    Everything fl-lightning writes into a checkpoint (tensors, numbers, strings) loads
-    that way; a checkpoint needing arbitrary unpickling is refused rather than executed.
-    """
-    if argv[:1] and argv[0] in ("fit", "validate", "test", "predict") and not any(
-        a.startswith("--weights_only") for a in argv
-    ):
-        return [*argv, "--weights_only", "true"]
-    return argv
+    return f"fl-lightning {__version__}"
 
 
 def main(args: list[str] | None = None) -> None:
     """Console entry point: a bad setting ends with one line naming it (exit code 2).
 
-    ``fl-lightning compare --config SWEEP.yaml --out DIR`` runs a sweep (fl_lightning/compare.py);
-    every other subcommand (fit, validate, test, ...) is LightningCLI's.
-
     Set ``FL_LIGHTNING_TRACEBACK=1`` to see the full traceback instead.
     """
     argv = sys.argv[1:] if args is None else list(args)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(HELP, end="")
+        return
+    if argv[0] == "--version":
+        print(_version())
+        return
     try:
-        if argv[:1] == ["compare"]:  # not a LightningCLI subcommand: runs many fits, see fl_lightning/compare.py
+        if argv[0] == "compare":  # not a LightningCLI subcommand: runs many fits, see fl_lightning/compare.py
             from fl_lightning.compare import main as compare_main
 
             compare_main(argv[1:])
+        elif argv[0] == "partition":
+            from fl_lightning.partition_plot import main as partition_main
+
+            partition_main(argv[1:])
+        elif argv[0] == "fixture":
+            from datamodules.fixtures import main as fixture_main
+
+            fixture_main(argv[1:])
+        elif argv[0] == "montecarlo":
+            from fl_lightning.montecarlo import main as montecarlo_main
+
+            montecarlo_main(argv[1:])
         else:
-            build_cli(with_safe_loading(argv))
+            if argv[0] not in LIGHTNING_SUBCOMMANDS and not argv[0].startswith("-"):
+                raise ValueError(
+                    f"unknown subcommand {argv[0]!r}; allowed: {', '.join((*LIGHTNING_SUBCOMMANDS, *OTHER_SUBCOMMANDS))}"
+                )
+            saved, sys.argv = sys.argv, sys.argv[:1]  # the arguments are passed explicitly
+            try:
+                build_cli(argv)
+            finally:
+                sys.argv = saved
     except ValueError as error:
         if os.environ.get("FL_LIGHTNING_TRACEBACK"):
             raise

@@ -2,7 +2,17 @@
 
 Any model with ``save_pretrained(path)`` can be exported; for ``models.LoRAClassifier``
 that writes the global LoRA adapter and head, loadable with
-``peft.PeftModel.from_pretrained(base_model, path)``.
+``peft.PeftModel.from_pretrained(base_model, path)``, with the classifier's ``config.json``
+(``num_labels``, ``pad_token_id``) and, when the datamodule tokenizes text, the tokenizer
+(with its pad token) beside it, so that
+
+    config = AutoConfig.from_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoPeftModelForSequenceClassification.from_pretrained(
+        path, num_labels=config.num_labels, pad_token_id=config.pad_token_id)
+    model(**tokenizer(texts, padding=True, return_tensors="pt")).logits
+
+works on padded batches.
 """
 
 from __future__ import annotations
@@ -12,14 +22,20 @@ from pathlib import Path
 import lightning as L
 
 
-def export_pretrained(module: L.LightningModule, dirpath: str | Path) -> Path:
-    """Write ``module.model`` (the current global model) with its ``save_pretrained``."""
+def export_pretrained(module: L.LightningModule, dirpath: str | Path, datamodule=None) -> Path:
+    """Write ``module.model`` (the current global model) with its ``save_pretrained``, and the
+    datamodule's tokenizer (if it has one: ``tokenizer_name``) with its pad token."""
     model = module.model
     if not callable(getattr(model, "save_pretrained", None)):
         raise ValueError(f"export needs a model with save_pretrained(path); {type(model).__name__} has none")
     path = Path(dirpath)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
+    tokenizer_name = getattr(datamodule, "tokenizer_name", None)
+    if tokenizer_name:
+        from datamodules.text import load_tokenizer
+
+        load_tokenizer(tokenizer_name, getattr(datamodule, "trust_remote_code", False)).save_pretrained(str(path))
     return path
 
 
@@ -46,11 +62,11 @@ class ExportPretrained(L.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.every_n_rounds and trainer.global_step % self.every_n_rounds == 0 and trainer.is_global_zero:
-            export_pretrained(pl_module, Path(self.dirpath) / f"round_{trainer.global_step}")
+            export_pretrained(pl_module, Path(self.dirpath) / f"round_{trainer.global_step}", trainer.datamodule)
 
     def _export(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.is_global_zero:
-            export_pretrained(pl_module, self.dirpath)
+            export_pretrained(pl_module, self.dirpath, trainer.datamodule)
 
     def on_fit_end(self, trainer, pl_module) -> None:
         self._export(trainer, pl_module)

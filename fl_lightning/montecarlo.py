@@ -222,7 +222,7 @@ def load_spec(path: str) -> tuple[dict[str, list[Series]], dict]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, list[SeriesResult]]:
-    parser = argparse.ArgumentParser(prog="python -m fl_lightning.montecarlo", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="fl-lightning montecarlo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", action="append", default=[], help="fit config (repeatable: one series each)")
     parser.add_argument("--spec", help="YAML of several cases (overrides --config)")
     parser.add_argument("--runs", type=int, default=None, help="Monte Carlo runs R (default: spec's runs, else 20)")

@@ -1,8 +1,16 @@
-"""Comparison plots: mean over seeds with a +-1 std band, each PNG next to the CSV of its data."""
+"""Comparison plots: mean over seeds with a +-1 std band, each PNG next to the CSV of its data.
+
+Every run has its own colour *and* line style and marker, so identical curves (FedAvg and
+FedProx with a tiny mu) stay visible; bands are clipped to the metric's range (accuracy in
+[0, 1], losses and norms >= 0); axes carry human labels; a metric that is zero everywhere
+(e.g. fault counters when faults are off) gets no figure. A run whose seeds failed or diverged
+is drawn from its finished seeds, its legend entry saying what happened.
+"""
 
 from __future__ import annotations
 
 import csv
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -18,16 +26,31 @@ from fl_lightning.history import ACC, BYTES, PER_CLIENT, ROUND, UPLOADS, History
 
 LABELS = {
     ACC: "test accuracy",
-    ROUND: "rounds",
+    ROUND: "round",
     BYTES: "total communication (MB)",
     UPLOADS: "client uploads (total)",
     PER_CLIENT: "communication per client (model-sized messages)",
     "train/loss": "train loss (mean over active clients)",
     "train/consistency": "local consistency (1/S) Σ ||x_i - x̄||²",
+    "train/server_lr": "server learning rate",
     "val/loss": "test loss",
+    "clients/acc_mean": "per-client accuracy, mean over clients",
+    "clients/acc_worst10": "per-client accuracy, worst 10% of clients",
+    "clients/acc_std": "per-client accuracy, std over clients",
+    "faults/dropped": "clients dropped per round",
+    "faults/failed": "clients failed per round",
+    "faults/stragglers": "stragglers per round",
+}
+SHORT_LABELS = {  # the overview's panels are small
+    "train/consistency": "local consistency",
+    "train/loss": "train loss",
+    PER_CLIENT: "comm. per client (messages)",
 }
 X_SCALE = {BYTES: 1e-6}  # bytes are plotted in MB
 NOT_PLOTTED = ("comm/", "target/", "train/local_lr", "train/clients", ROUND, ACC)
+COLORS = plt.get_cmap("tab10").colors
+LINESTYLES = ("-", "--", "-.", ":")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 
 @dataclass(frozen=True)
@@ -50,13 +73,34 @@ def figures_for(histories: Mapping[str, Sequence[History]]) -> list[Figure]:
     return [f for f in figures if f.metric in logged]
 
 
-def label(key: str) -> str:
-    return LABELS.get(key, key)
+def label(key: str, short: bool = False) -> str:
+    """A human label for a logged key: the table above, else ``algo/c_norm`` -> ``c norm``."""
+    if short and key in SHORT_LABELS:
+        return SHORT_LABELS[key]
+    if key in LABELS:
+        return LABELS[key]
+    name = key.split("/", 1)[-1].replace("_", " ")
+    name = re.sub(r"\bacc\b", "accuracy", name)
+    name = re.sub(r"\blr\b", "learning rate", name)
+    return name
+
+
+def value_range(metric: str) -> tuple[float, float]:
+    """The range a metric's values (and so its band) lie in."""
+    leaf = metric.split("/")[-1]
+    if re.search(r"(^|_)acc(uracy)?(_|$)", leaf) and not leaf.endswith("_std"):
+        return 0.0, 1.0
+    if re.search(r"loss|consistency|norm|lr|bytes|time|std|dropped|failed|stragglers|clients", leaf):
+        return 0.0, math.inf
+    return -math.inf, math.inf
 
 
 def curves(histories: Mapping[str, Sequence[History]], figure: Figure) -> dict[str, dict[str, np.ndarray]]:
     out = {}
     for run, hs in histories.items():
+        hs = [h for h in hs if h.records]
+        if not hs:
+            continue
         curve = seed_curve(hs, figure.metric, figure.x)
         if len(curve["round"]):
             curve["x"] = curve["x"] * X_SCALE.get(figure.x, 1.0)
@@ -64,16 +108,40 @@ def curves(histories: Mapping[str, Sequence[History]], figure: Figure) -> dict[s
     return out
 
 
-def draw(ax, data: Mapping[str, Mapping[str, np.ndarray]], figure: Figure) -> None:
+def style(index: int) -> dict:
+    """The index-th run's colour, line style and marker (distinct for the first 10 runs in colour,
+    and in (line style, marker) for the first 8)."""
+    return {
+        "color": COLORS[index % len(COLORS)],
+        "linestyle": LINESTYLES[index % len(LINESTYLES)],
+        "marker": MARKERS[index % len(MARKERS)],
+        "lw": max(1.1, 2.6 - 0.4 * index),  # earlier runs drawn wider: a later identical curve leaves them visible
+        "index": index,  # markers of different runs sit on different points
+    }
+
+
+def draw(ax, data: Mapping[str, Mapping[str, np.ndarray]], figure: Figure, styles: Mapping[str, dict],
+         labels: Mapping[str, str] | None = None, short: bool = False) -> None:  # fmt: skip
+    low, high = value_range(figure.metric)
     for run, curve in data.items():
-        (line,) = ax.plot(curve["x"], curve["mean"], label=run, lw=1.5, marker="o" if len(curve["x"]) <= 30 else None, ms=3)
-        ax.fill_between(curve["x"], curve["mean"] - curve["std"], curve["mean"] + curve["std"], color=line.get_color(), alpha=0.2, lw=0)
-    ax.set_xlabel(label(figure.x))
-    ax.set_ylabel(label(figure.metric))
+        st = styles[run]
+        every = max(1, len(curve["x"]) // 10)
+        ax.plot(curve["x"], curve["mean"], label=(labels or {}).get(run, run), lw=st["lw"], ms=4.5,
+                markevery=(st["index"] % every, every), color=st["color"], linestyle=st["linestyle"],
+                marker=st["marker"])  # fmt: skip
+        lower = np.clip(curve["mean"] - curve["std"], low, high)
+        upper = np.clip(curve["mean"] + curve["std"], low, high)
+        ax.fill_between(curve["x"], lower, upper, color=st["color"], alpha=0.15, lw=0)
+    ax.set_xlabel(label(figure.x, short))
+    ax.set_ylabel(label(figure.metric, short))
     means = np.concatenate([np.asarray(c["mean"], dtype=float) for c in data.values()]) if data else np.array([])
     if means.size and (means > 0).all() and means.max() > 1e3 * means.min():  # e.g. gradient norms: span decades
         ax.set_yscale("log")
     ax.grid(alpha=0.3)
+
+
+def all_zero(data: Mapping[str, Mapping[str, np.ndarray]]) -> bool:
+    return all(np.all(np.asarray(c["mean"]) == 0) and np.all(np.asarray(c["std"]) == 0) for c in data.values())
 
 
 def write_csv(path: Path, data: Mapping[str, Mapping[str, np.ndarray]], figure: Figure) -> None:
@@ -87,21 +155,46 @@ def write_csv(path: Path, data: Mapping[str, Mapping[str, np.ndarray]], figure: 
                 writer.writerow([run, f"{r:g}", *xs, repr(float(m)), repr(float(s)), int(n)])
 
 
-def plot_all(histories: Mapping[str, Sequence[History]], out: Path, title: str = "") -> list[Path]:
+def _plotted(histories: Mapping[str, Sequence[History]], statuses: Mapping[str, Sequence[str | None]] | None):
+    """The histories to draw (finished seeds; a run none of whose seeds finished: its partial logs)
+    and each run's legend label."""
+    plotted, labels = {}, {}
+    for run, hs in histories.items():
+        status = list((statuses or {}).get(run) or [None] * len(hs))
+        ok = [h for h, s in zip(hs, status) if s is None]
+        failures = [s for s in status if s]
+        plotted[run] = ok or [h for h in hs if h.records]
+        if not failures:
+            labels[run] = run
+        elif ok:
+            labels[run] = f"{run} ({len(ok)}/{len(hs)} seeds; {failures[0]})"
+        else:
+            labels[run] = f"{run} ({failures[0]})"
+    return plotted, labels
+
+
+def plot_all(
+    histories: Mapping[str, Sequence[History]],
+    out: Path,
+    title: str = "",
+    statuses: Mapping[str, Sequence[str | None]] | None = None,
+) -> list[Path]:
     """One PNG + CSV per figure in ``out/plots``, and ``out/overview.png`` (accuracy, cost, loss, consistency)."""
     plots = out / "plots"
     plots.mkdir(parents=True, exist_ok=True)
-    written, seeds = [], max(len(hs) for hs in histories.values())
+    seeds = max(len(hs) for hs in histories.values())
+    histories, labels = _plotted(histories, statuses)
+    styles = {run: style(i) for i, run in enumerate(histories)}
+    written: list[Path] = []
     drawn: dict[str, tuple[Figure, dict]] = {}
     for figure in figures_for(histories):
         data = curves(histories, figure)
-        if not data:
+        if not data or all_zero(data):
             continue
-        fig, ax = plt.subplots(figsize=(5.5, 4))
-        draw(ax, data, figure)
+        fig, ax = plt.subplots(figsize=(6, 4.2), layout="constrained")
+        draw(ax, data, figure, styles, labels)
         ax.set_title(f"{title} (mean ± std over {seeds} seeds)".strip(), fontsize=9)
         ax.legend(fontsize=8)
-        fig.tight_layout()
         fig.savefig(plots / f"{figure.name}.png", dpi=110)
         plt.close(fig)
         write_csv(plots / f"{figure.name}.csv", data, figure)
@@ -112,15 +205,51 @@ def plot_all(histories: Mapping[str, Sequence[History]], out: Path, title: str =
     if panels:
         cols = 2 if len(panels) > 2 else len(panels)
         rows = -(-len(panels) // cols)
-        fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.5 * rows), squeeze=False)
+        fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.8 * rows), squeeze=False, layout="constrained")
         for ax, name in zip(axes.flat, panels):
-            draw(ax, drawn[name][1], drawn[name][0])
+            draw(ax, drawn[name][1], drawn[name][0], styles, labels, short=True)
         for ax in list(axes.flat)[len(panels):]:
             ax.set_visible(False)
         axes[0][0].legend(fontsize=8)
         fig.suptitle(f"{title} (mean ± std over {seeds} seeds)".strip(), fontsize=10)
-        fig.tight_layout()
         fig.savefig(out / "overview.png", dpi=100)
         plt.close(fig)
         written.append(out / "overview.png")
     return written
+
+
+def plot_per_client(
+    accuracies: Mapping[str, Sequence[float]], out: Path, title: str = "", rounds: Mapping[str, float] | None = None
+) -> list[Path]:
+    """``plots/per_client_acc.png`` + ``.csv``: the distribution over clients (pooled over seeds) of
+    each run's accuracy on the clients' held-out data at its last evaluation (a box per run with
+    every client as a dot), from ``PerClientEvaluation``'s ``per_client_acc.csv``."""
+    runs = [run for run, values in accuracies.items() if len(values)]
+    if not runs:
+        return []
+    plots = out / "plots"
+    plots.mkdir(parents=True, exist_ok=True)
+    styles = {run: style(i) for i, run in enumerate(accuracies)}
+    fig, ax = plt.subplots(figsize=(max(4.5, 1.3 * len(runs) + 2), 4.2), layout="constrained")
+    ax.boxplot([accuracies[run] for run in runs], showfliers=False, widths=0.5)
+    rng = np.random.default_rng(0)
+    for i, run in enumerate(runs, start=1):
+        values = np.asarray(accuracies[run], dtype=float)
+        ax.scatter(i + rng.uniform(-0.15, 0.15, len(values)), values, s=10, alpha=0.6,
+                   color=styles[run]["color"], marker=styles[run]["marker"])  # fmt: skip
+    ax.set_xticks(range(1, len(runs) + 1), runs, rotation=20 if len(runs) > 3 else 0)
+    ax.set_ylabel("accuracy on the client's held-out data")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3, axis="y")
+    ax.set_title(f"{title}: per-client accuracy at the last evaluation (clients of all seeds)".strip(": "), fontsize=9)
+    fig.savefig(plots / "per_client_acc.png", dpi=110)
+    plt.close(fig)
+    with open(plots / "per_client_acc.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["run", "round", "clients", "mean", "median", "worst10", "min", "max"])
+        for run in runs:
+            values = np.sort(np.asarray(accuracies[run], dtype=float))
+            worst = values[: max(1, math.ceil(0.1 * len(values)))].mean()
+            writer.writerow([run, f"{(rounds or {}).get(run, float('nan')):g}", len(values), repr(float(values.mean())),
+                             repr(float(np.median(values))), repr(float(worst)), repr(float(values[0])), repr(float(values[-1]))])  # fmt: skip
+    return [plots / "per_client_acc.png", plots / "per_client_acc.csv"]

@@ -9,14 +9,18 @@ overrides:                         # dotted CLI keys applied to every run
 runs:                              # name -> dotted CLI keys of that run (may be empty)
   FedAvg: {}
   FedAvg K=1: {model.local.steps: 1}
+grid:                              # optional: every run x every combination of these values,
+  model.local.lr: [0.01, 0.03]     # named "<run> lr=0.01", ...
 targets: [0.8, 0.9]                # test-accuracy targets for the cost-to-target tables
-wandb: {project: my-project}       # optional: also log every run to wandb (WandbLogger init_args)
+wandb: {project: my-project}       # optional: also log every run to wandb (WandbLogger init_args;
+                                   # group = run name, job_type = sweep file name, name = "<run> seed<s>")
 ```
 Dict and list values are passed to the CLI as JSON.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -26,7 +30,7 @@ from typing import Any
 
 import yaml
 
-KEYS = ("base", "seeds", "overrides", "runs", "targets", "wandb")
+KEYS = ("base", "seeds", "overrides", "runs", "grid", "targets", "wandb")
 RESERVED = {  # set by compare itself for every run
     "seed_everything": "use `seeds`",
     "data.init_args.seed": "use `seeds`",
@@ -110,6 +114,7 @@ def load_sweep(path: str | Path) -> Sweep:
     runs = raw["runs"]
     if not isinstance(runs, dict) or not runs:
         raise _error(path, "runs must be a non-empty mapping of run name -> dotted CLI keys")
+    runs = expand_grid(path, runs, raw.get("grid"))
     checked_runs: dict[str, dict[str, Any]] = {}
     dirs: dict[str, str] = {}
     for name, keys in runs.items():
@@ -143,6 +148,32 @@ def load_sweep(path: str | Path) -> Sweep:
     )
 
 
+def _grid_value(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value) if isinstance(value, (dict, list)) else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def expand_grid(path: Path, runs: dict[str, Any], grid: Any) -> dict[str, Any]:
+    """Every run x every combination of the ``grid`` values, named ``"<run> <key>=<value> ..."``
+    (``<key>``: the last part of the dotted key); a run's own setting of a grid key is replaced."""
+    if grid is None:
+        return runs
+    grid = _check_keys(path, "grid", grid)
+    if not grid:
+        raise _error(path, "grid must map dotted CLI keys to non-empty lists of values")
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise _error(path, f"grid.{key} must be a non-empty list of values, got {values!r}")
+    expanded: dict[str, Any] = {}
+    for name, keys in runs.items():
+        for combination in itertools.product(*grid.values()):
+            suffix = " ".join(f"{k.rsplit('.', 1)[-1]}={_grid_value(v)}" for k, v in zip(grid, combination))
+            if not isinstance(keys, (dict, type(None))):
+                expanded[f"{name} {suffix}"] = keys  # rejected with its name by _check_keys
+                continue
+            expanded[f"{name} {suffix}"] = {**(keys or {}), **dict(zip(grid, combination))}
+    return expanded
+
+
 def cli_value(value: Any) -> str:
     """A YAML value as one CLI argument: strings as they are, everything else as JSON."""
     return value if isinstance(value, str) else json.dumps(value)
@@ -161,7 +192,13 @@ def run_args(sweep: Sweep, name: str, seed: int, out: Path) -> list[str]:
         }
     ]
     if sweep.wandb is not None:
-        wandb_args = {"name": f"{name} seed{seed}", "group": name, "save_dir": str(run_dir), **sweep.wandb}
+        wandb_args = {
+            "name": f"{name} seed{seed}",
+            "group": name,  # wandb aggregates a group's seeds, like the plots
+            "job_type": sweep.path.stem,
+            "save_dir": str(run_dir),
+            **sweep.wandb,
+        }
         loggers.append({"class_path": "lightning.pytorch.loggers.WandbLogger", "init_args": wandb_args})
     args += [
         "--seed_everything", str(seed),

@@ -62,9 +62,17 @@ class LoRAClassifier(nn.Module):
         from peft import LoraConfig, get_peft_model
         from transformers import AutoModelForSequenceClassification
 
-        base = AutoModelForSequenceClassification.from_pretrained(
-            model_name_or_path, num_labels=num_labels, trust_remote_code=trust_remote_code
-        )
+        try:
+            base = AutoModelForSequenceClassification.from_pretrained(
+                model_name_or_path, num_labels=num_labels, trust_remote_code=trust_remote_code
+            )
+        except OSError as error:  # not downloadable (offline, no such repo) and not a local model directory
+            from fl_lightning.hub import hub_error
+
+            raise hub_error(
+                "model.model.init_args.model_name_or_path", model_name_or_path, "base model", error,
+                "a local directory with config.json and the weights (save_pretrained)",
+            ) from error
         if base.config.pad_token_id is None:  # causal LMs have no pad token; the head finds the last non-pad token
             eos = base.config.eos_token_id
             base.config.pad_token_id = eos[0] if isinstance(eos, list) else eos
@@ -91,5 +99,8 @@ class LoRAClassifier(nn.Module):
         return self.net(input_ids=input_ids, attention_mask=attention_mask).logits
 
     def save_pretrained(self, path: str | Path) -> None:
-        """Write the current adapter (and head) in peft's format, for ``PeftModel.from_pretrained``."""
+        """Write the current adapter (and head) in peft's format, for ``PeftModel.from_pretrained``,
+        and the base model's config (``config.json``: ``num_labels``, ``pad_token_id``) beside it,
+        the settings ``AutoPeftModelForSequenceClassification`` needs to rebuild the classifier."""
         self.net.save_pretrained(str(path))
+        self.net.get_base_model().config.save_pretrained(str(path))

@@ -2,6 +2,7 @@
 whose numbers are the run logs' numbers; the sweep file is validated before anything trains."""
 
 import csv
+import json
 import math
 from pathlib import Path
 
@@ -89,7 +90,7 @@ def test_compare_writes_plots_and_tables_with_the_logged_numbers(tmp_path):
         final = [a[-1] for a in accs]
         assert summary("Final test accuracy", run) == final
         assert summary("Best test accuracy", run) == [max(a) for a in accs]
-        assert f"{np.mean(final):.4f} ± {np.std(final, ddof=1):.4f}" in md
+        assert f"{100 * np.mean(final):.1f} ± {100 * np.std(final, ddof=1):.1f}" in md  # percentages, 1 decimal
 
         # rounds to 0.4: the table equals what the TargetAccuracy callback logged during the runs
         callback_rounds = [logged(s, target_key(0.4)) for s in seeds]
@@ -111,7 +112,10 @@ def test_compare_writes_plots_and_tables_with_the_logged_numbers(tmp_path):
         for i, r in enumerate(plotted):
             assert float(r["val/acc mean"]) == pytest.approx(np.mean([a[i] for a in accs]), abs=1e-12)
             assert float(r["val/acc std"]) == pytest.approx(np.std([a[i] for a in accs], ddof=1), abs=1e-12)
-    assert "| Total global iterations (rounds) | 0.999 | >6 | >6 |" in md
+    assert "| Total global iterations (rounds) | 0.999 | >6.0 | >6.0 |" in md
+    assert "| Wall time (s) |" in md and "| Status |" not in md  # no failures: no status row
+    tex = (out / "summary.tex").read_text()
+    assert "\\toprule" in tex and "$\\pm$" in tex and "Final test accuracy (\\%)" in tex
 
     # --reuse: a finished run with the same arguments is not trained again
     info = out / "runs" / "K=3" / "seed0" / INFO
@@ -150,18 +154,69 @@ def test_the_shipped_sweep_files_are_valid():
         assert sweep.base.is_file() and sweep.runs and sweep.targets, path
 
 
-def test_compare_cli_reports_bad_sweeps_and_bad_run_configs_in_one_line(tmp_path, capsys):
+def test_compare_cli_reports_bad_sweeps_in_one_line_and_fail_fast_stops_on_a_bad_run_config(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["compare", "--config", str(write_sweep(tmp_path, seeds=[])), "--out", str(tmp_path / "o")])
     assert exit_.value.code == 2
     assert "fl-lightning: error: sweep" in capsys.readouterr().err
-    # a bad value inside a run fails before any run trains
+    # --fail-fast: a bad value inside a run fails before any run trains
     bad = write_sweep(tmp_path, runs={"ok": {}, "bad": {"model.local.lr": -1.0}})
     with pytest.raises(SystemExit) as exit_:
-        main(["compare", "--config", str(bad), "--out", str(tmp_path / "o")])
+        main(["compare", "--config", str(bad), "--out", str(tmp_path / "o"), "--fail-fast"])
     assert exit_.value.code == 2
-    assert "local.lr must be > 0" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "local.lr must be > 0" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "o" / "runs").exists()
+
+
+def test_a_diverging_run_and_a_bad_config_are_recorded_and_the_sweep_goes_on(tmp_path, capsys):
+    sweep = write_sweep(
+        tmp_path,
+        seeds=[0],
+        runs={
+            "diverges": {"model.local.lr": 1.0e12},  # NaN/Inf after the first round: DivergenceError
+            "bad config": {"model.algorithm": {"class_path": "fl_lightning.algorithms.FedProx", "init_args": {"mu": -1}}},
+            "typo": {"model.local.no_such_key": 1},  # a jsonargparse error, not a ValueError
+            "ok": {},
+        },
+    )
+    out = tmp_path / "out"
+    main(["compare", "--config", str(sweep), "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert "[compare] diverges seed 0: diverged at round 0" in printed
+    assert "[compare] ok seed 0: final acc" in printed  # the next run still happened
+    assert "[compare] bad config seed 0: failed: " in printed and "mu" in printed
+    assert "[compare] typo seed 0: failed: " in printed and "no_such_key" in printed
+    assert "| Status |" in printed  # the summary table is printed at the end
+    infos = {name: json.loads((out / "runs" / d / "seed0" / INFO).read_text())
+             for name, d in (("diverges", "diverges"), ("ok", "ok"), ("typo", "typo"))}  # fmt: skip
+    assert infos["diverges"]["status"] == "diverged" and infos["ok"]["status"] == "ok"
+    assert infos["typo"]["status"] == "failed"
+    md = (out / "summary.md").read_text()
+    status_row = next(line for line in md.splitlines() if line.startswith("| Status |"))
+    assert "diverged at round 0" in status_row and "ok" in status_row and "failed:" in status_row
+    final_row = next(line for line in md.splitlines() if line.startswith("| Final test accuracy (%) |"))
+    assert "diverged at round 0" in final_row  # no numbers for a run none of whose seeds finished
+    assert (out / "overview.png").is_file() and (out / "summary.tex").is_file()
+
+
+def test_fail_fast_stops_at_the_first_diverging_run(tmp_path, capsys):
+    sweep = write_sweep(tmp_path, seeds=[0], runs={"diverges": {"model.local.lr": 1.0e12}, "ok": {}})
+    with pytest.raises(SystemExit) as exit_:
+        main(["compare", "--config", str(sweep), "--out", str(tmp_path / "out"), "--fail-fast"])
+    assert exit_.value.code == 1
+    assert "diverged at round 0" in capsys.readouterr().out
+    assert not (tmp_path / "out" / "runs" / "ok").exists()
+
+
+def test_grid_expands_every_run_over_every_combination(tmp_path):
+    sweep = load_sweep(write_sweep(tmp_path, runs={"A": {}, "B": {"model.local.steps": 1}},
+                                   grid={"model.local.lr": [0.01, 0.1], "model.local.batch_size": [8]}))  # fmt: skip
+    assert list(sweep.runs) == ["A lr=0.01 batch_size=8", "A lr=0.1 batch_size=8",
+                                "B lr=0.01 batch_size=8", "B lr=0.1 batch_size=8"]  # fmt: skip
+    assert sweep.runs["B lr=0.1 batch_size=8"] == {"model.local.steps": 1, "model.local.lr": 0.1, "model.local.batch_size": 8}
+    with pytest.raises(ValueError, match="grid.model.local.lr must be a non-empty list"):
+        load_sweep(write_sweep(tmp_path, grid={"model.local.lr": 0.1}))
 
 
 def test_history_merges_training_and_evaluation_rows(tmp_path):
@@ -192,4 +247,5 @@ def test_sweep_wandb_key_adds_a_wandb_logger_next_to_the_csv_logger(tmp_path):
     assert isinstance(csv_logger, CSVLogger) and isinstance(wandb, WandbLogger)
     assert Path(csv_logger.log_dir) == tmp_path / "out" / "runs" / "K=1_lr=0.3" / "seed1"
     assert wandb._wandb_init["group"] == "K=1 lr=0.3" and wandb._wandb_init["project"] == "fl-test"
+    assert wandb._wandb_init["job_type"] == "sweep" and wandb._wandb_init["name"] == "K=1 lr=0.3 seed1"
     assert cli.model.local.steps == 1 and cli.model.local.lr == 0.3 and cli.datamodule.seed == 1

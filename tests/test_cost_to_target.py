@@ -47,10 +47,10 @@ def test_table_cells_mean_std_and_lower_bounds():
     never = history({2: 0.1, 4: 0.2, 6: 0.3, 8: 0.4, 10: 0.5})
     # rounds to 0.8: 8 and 4 -> mean 6, sample std sqrt(8)
     assert cost_cell([fast, slow], 0.8, ROUND)[0] == "6.0 ± 2.8"
-    assert cost_cell([never, never], 0.8, ROUND)[0] == ">10"
+    assert cost_cell([never, never], 0.8, ROUND)[0] == ">10.0"  # same decimals as the mean ± std cells
     # one of two seeds reached (after 4 rounds), the other spent 10: mean cost > 7
     cell, values = cost_cell([slow, never], 0.8, ROUND)
-    assert cell == ">7 (1/2)" and values == [(True, 4.0), (False, 10.0)]
+    assert cell == ">7.0 (1/2)" and values == [(True, 4.0), (False, 10.0)]
     assert cost_cell([fast, fast], 0.8, BYTES)[0] == "0.00 ± 0.00"  # 800 B in MB
 
 

@@ -274,3 +274,33 @@ def test_lora_resume_is_bitwise_identical(assets, tmp_path):
     for (name, a), b in zip(straight.model.named_parameters(), resumed.model.parameters()):
         assert torch.equal(a, b), name
     assert len(straight.store) > 0 and straight.store.equal(resumed.store)
+
+
+def test_exported_adapter_loads_with_the_peft_auto_class_and_its_tokenizer_and_predicts_a_batch(assets, tmp_path):
+    from peft import AutoPeftModelForSequenceClassification
+    from transformers import AutoConfig, AutoTokenizer
+
+    module = lora_module(assets)
+    data = sst2(assets)
+    export = tmp_path / "adapter"
+    tiny_trainer(tmp_path, rounds=2, callbacks=[ExportPretrained(str(export))]).fit(module, datamodule=data)
+    assert (export / "tokenizer_config.json").is_file() and (export / "config.json").is_file()
+
+    config = AutoConfig.from_pretrained(str(export))
+    tokenizer = AutoTokenizer.from_pretrained(str(export))
+    assert config.num_labels == 2 and config.pad_token_id is not None
+    assert tokenizer.pad_token_id == config.pad_token_id  # padded positions are the ones the head skips
+    model = AutoPeftModelForSequenceClassification.from_pretrained(
+        str(export), num_labels=config.num_labels, pad_token_id=config.pad_token_id
+    ).eval()
+    texts = ["a fine film", "the plot was dull and far too long for what it had to say", "good"]
+    batch = tokenizer(texts, padding=True, return_tensors="pt")  # lengths differ: a padded batch of 3
+    assert (batch["attention_mask"] == 0).any()
+    module.model.eval()
+    with torch.no_grad():
+        got = model(**batch).logits
+        expected = module.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+        one_by_one = torch.cat([module.model(**tokenizer([t], return_tensors="pt")) for t in texts])
+    assert got.shape == (3, 2)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+    torch.testing.assert_close(got, one_by_one, rtol=0, atol=1e-5)  # padding changes nothing

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fl_lightning.cli import main, with_safe_loading
+from fl_lightning.cli import main
 from tests.conftest import tiny_datamodule, tiny_module, tiny_trainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -15,12 +15,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 class Payload:
     """Stands for anything a malicious checkpoint could ask pickle to build."""
-
-
-def test_cli_defaults_to_weights_only_loading():
-    assert with_safe_loading(["fit", "--ckpt_path", "x"])[-2:] == ["--weights_only", "true"]
-    assert with_safe_loading(["fit", "--weights_only", "false"]) == ["fit", "--weights_only", "false"]
-    assert with_safe_loading(["compare", "--config", "s.yaml"]) == ["compare", "--config", "s.yaml"]
 
 
 def test_a_checkpoint_needing_unpickling_is_refused(tmp_path, monkeypatch):

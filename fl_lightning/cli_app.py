@@ -1,0 +1,259 @@
+"""The LightningCLI behind ``fl-lightning fit|validate|test|predict`` (imported lazily by cli.py).
+
+What it adds to LightningCLI:
+
+- ``--lr_scheduler``: any ``torch.optim.lr_scheduler`` class, built on the algorithm's server
+  optimizer and stepped once per round by ``ServerLRSchedule`` (which logs ``train/server_lr``).
+  There is no ``--optimizer``: the server optimizer is the algorithm's (``Algorithm.server_optimizer``).
+- the full parsed config as every logger's hyperparameters (wandb run config, CSV ``hparams.yaml``)
+  and a ``config.yaml`` in every logger's own run directory (``ConfigToLoggers``);
+- a default wandb run name ``<experiment>-<Algorithm>-seed<s>``;
+- ``data.seed`` follows ``--seed_everything`` unless set explicitly;
+- checkpoints load with ``weights_only=True`` unless ``--weights_only false``;
+- a progress bar counted in rounds and a one-line result after ``fit`` (fl_lightning/terminal.py).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.cli import LightningCLI, LRSchedulerTypeTuple, SaveConfigCallback, instantiate_class
+from torch.optim.lr_scheduler import ReduceLROnPlateau
+
+from fl_lightning.terminal import RoundProgressBar, RunSummary, quiet_lightning
+
+SERVER_LR = "train/server_lr"
+OPTIMIZER_ERROR = (
+    "--optimizer is not an fl-lightning setting: the server optimizer belongs to the algorithm "
+    "(Algorithm.server_optimizer); set its learning rate with --model.algorithm.init_args.global_lr (> 0), "
+    "choose an adaptive server with --model.algorithm (FedAdam, FedYogi, FedAvgM), "
+    "and schedule the server lr per round with --lr_scheduler"
+)
+
+
+def _is_optimizer_flag(arg: Any) -> bool:
+    return isinstance(arg, str) and (arg == "--optimizer" or arg.startswith(("--optimizer.", "--optimizer=")))
+
+
+def _config_files(args: list[Any]) -> list[Path]:
+    files = []
+    for i, arg in enumerate(args):
+        if not isinstance(arg, str):
+            continue
+        if arg in ("--config", "-c") and i + 1 < len(args) and isinstance(args[i + 1], str):
+            files.append(Path(args[i + 1]))
+        elif arg.startswith("--config="):
+            files.append(Path(arg.split("=", 1)[1]))
+    return [f for f in files if f.is_file()]
+
+
+def _sets_optimizer(path: Path) -> bool:
+    """Whether a config file sets ``optimizer`` (top level or under a subcommand)."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return False  # the parser reports unreadable files itself
+    if not isinstance(data, dict):
+        return False
+    sections = [data, *(v for k, v in data.items() if k in ("fit", "validate", "test", "predict") and isinstance(v, dict))]
+    return any(section.get("optimizer") is not None for section in sections)
+
+
+class ServerLRSchedule(Callback):
+    """Steps the server learning-rate scheduler(s) once per round, after the server step.
+
+    Logs ``train/server_lr``, the server lr the round used, at the round's step. A
+    ``ReduceLROnPlateau`` steps with the current value of its ``monitor`` metric (skipped
+    while that metric has not been logged yet). The scheduler's state is checkpointed by
+    Lightning, so a resumed run continues the schedule.
+    """
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
+        if not trainer.optimizers:
+            return
+        lr = float(trainer.optimizers[0].param_groups[0]["lr"])
+        round_ = int(getattr(batch, "round", trainer.global_step - 1))
+        for logger in trainer.loggers:
+            logger.log_metrics({SERVER_LR: lr}, step=round_)
+        import torch
+
+        trainer.callback_metrics[SERVER_LR] = torch.tensor(lr)
+        for config in trainer.lr_scheduler_configs:
+            scheduler = config.scheduler
+            if isinstance(scheduler, ReduceLROnPlateau):
+                monitor = getattr(scheduler, "monitor", None) or config.monitor
+                value = trainer.callback_metrics.get(monitor) if monitor else None
+                if value is not None:
+                    scheduler.step(float(value))
+            else:
+                scheduler.step()
+
+
+class ConfigToLoggers(SaveConfigCallback):
+    """Saves the run's config into every logger's own run directory and logs the full parsed config
+    as every logger's hyperparameters.
+
+    CSVLogger/TensorBoardLogger: ``<log_dir>/config.yaml`` beside ``metrics.csv`` and ``hparams.yaml``;
+    WandbLogger: ``<run>/files/cli_config.yaml`` (synced with the run; wandb keeps its own
+    ``files/config.yaml`` for the run config, which holds the same settings). Without a logger:
+    ``<trainer.log_dir>/config.yaml``.
+    """
+
+    WANDB_FILENAME = "cli_config.yaml"
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if self.already_saved:
+            return
+        default_dir = trainer.log_dir  # a collective call under DDP: every rank makes it
+        if trainer.is_global_zero:
+            for path in self.config_paths(trainer, default_dir):
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                self.parser.save(self.config, path, skip_none=False, overwrite=True)
+            config = yaml.safe_load(self.parser.dump(self.config, skip_none=False))
+            config.pop("config", None)  # the paths of the config files, not a setting
+            for logger in trainer.loggers:
+                logger.log_hyperparams(config)
+        self.already_saved = trainer.strategy.broadcast(True)
+
+    def config_paths(self, trainer: Trainer, default_dir: str | None) -> list[str]:
+        paths = []
+        for logger in trainer.loggers:
+            kind = type(logger).__name__
+            if kind == "WandbLogger":
+                directory = getattr(logger.experiment, "dir", None)
+                path = os.path.join(directory, self.WANDB_FILENAME) if directory else None
+            else:
+                directory = getattr(logger, "log_dir", None) or default_dir
+                path = os.path.join(directory, self.config_filename) if directory else None
+            if path and path not in paths:
+                paths.append(path)
+        if not paths and default_dir:
+            paths.append(os.path.join(default_dir, self.config_filename))
+        return paths
+
+
+def _loggers(trainer_config: Any) -> list[Any]:
+    logger = trainer_config.get("logger") if trainer_config is not None else None
+    if logger is None or isinstance(logger, bool):
+        return []
+    return list(logger) if isinstance(logger, list) else [logger]
+
+
+def _class_name(entry: Any) -> str:
+    class_path = entry.get("class_path") if hasattr(entry, "get") else None
+    return str(class_path or "").rsplit(".", 1)[-1]
+
+
+class FLCli(LightningCLI):
+    """LightningCLI over FederatedModule with the server lr schedule, config logging and round terminal."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.summary = RunSummary()
+        super().__init__(*args, auto_configure_optimizers=False, **kwargs)
+
+    def add_arguments_to_parser(self, parser) -> None:
+        # Only the scheduler: it is built on the algorithm's server optimizer (see after_instantiate_classes).
+        parser.add_lr_scheduler_args(LRSchedulerTypeTuple)
+
+    def parse_arguments(self, parser, args) -> None:
+        if isinstance(args, list) and (
+            any(_is_optimizer_flag(a) for a in args) or any(_sets_optimizer(f) for f in _config_files(args))
+        ):
+            raise ValueError(OPTIMIZER_ERROR)
+        super().parse_arguments(parser, args)
+
+    # ---- before instantiation: defaults that depend on other settings ------------------------
+    def before_instantiate_classes(self) -> None:
+        config = self.config.get(str(self.subcommand), self.config)
+        if self.subcommand is not None and "weights_only" in config and config.get("weights_only") is None:
+            config["weights_only"] = True  # checkpoints never unpickle arbitrary objects unless asked
+        seed = config.get("seed_everything")
+        data = config.get("data")
+        init_args = data.get("init_args") if data is not None and hasattr(data, "get") else None
+        if init_args is not None and "seed" in init_args and init_args.get("seed") is None:
+            init_args["seed"] = seed if isinstance(seed, int) and not isinstance(seed, bool) else 0
+        self._name_wandb_runs(config)
+        self.trainer_defaults["callbacks"] = self._extra_callbacks(config)
+
+    def _experiment(self, config: Any) -> str:
+        files = config.get("config") or []
+        stems = [Path(str(getattr(f, "relative", f))).stem for f in files if f is not None]
+        return stems[0] if stems else "fl-lightning"
+
+    def _name_wandb_runs(self, config: Any) -> None:
+        """A WandbLogger without a name of its own gets ``<experiment>-<Algorithm>-seed<s>``.
+
+        A name equal to the experiment's (inherited by jsonargparse from the CSVLogger that
+        ``--trainer.logger WandbLogger`` replaced, e.g. ``quickstart``) counts as no name.
+        """
+        experiment = self._experiment(config)
+        algorithm = config.get("model", {}).get("algorithm")
+        algorithm_name = _class_name(algorithm) or "FedAvg"
+        seed = config.get("seed_everything")
+        default = f"{experiment}-{algorithm_name}-seed{seed}"
+        for entry in _loggers(config.get("trainer")):
+            if _class_name(entry) != "WandbLogger":
+                continue
+            init_args = entry.get("init_args")
+            if init_args is not None and init_args.get("name") in (None, "", experiment):
+                init_args["name"] = default
+
+    def _extra_callbacks(self, config: Any) -> list[Callback]:
+        callbacks: list[Callback] = [self.summary]
+        if config.get("lr_scheduler") is not None:
+            callbacks.append(ServerLRSchedule())
+        trainer = config.get("trainer") or {}
+        user_callbacks = trainer.get("callbacks") or []
+        user_callbacks = user_callbacks if isinstance(user_callbacks, list) else [user_callbacks]
+        has_bar = any("ProgressBar" in _class_name(c) for c in user_callbacks)
+        if trainer.get("enable_progress_bar") is not False and not has_bar:
+            callbacks.append(RoundProgressBar())
+        return callbacks
+
+    # ---- after instantiation: the server lr scheduler --------------------------------------
+    def after_instantiate_classes(self) -> None:
+        for logger in self.trainer.loggers:
+            init = getattr(logger, "_wandb_init", None)
+            if isinstance(init, dict) and init.get("anonymous") is None:
+                # Lightning passes anonymous=None, which wandb >= 0.2x answers with a deprecation warning
+                init.pop("anonymous", None)
+        scheduler_init = self._get(self.config_init, "lr_scheduler")
+        if not scheduler_init:
+            return
+        model = self.model
+        server_optimizer = model.configure_optimizers  # the algorithm's server optimizer
+
+        def configure_optimizers() -> Any:
+            optimizer = server_optimizer()
+            return [optimizer], [instantiate_class(optimizer, scheduler_init)]
+
+        model.configure_optimizers = configure_optimizers
+
+    def after_fit(self) -> None:
+        if self.trainer.is_global_zero:
+            print(self.summary.line(), flush=True)
+
+
+def build(args: list[str] | None = None, run: bool = True, exit_on_error: bool = True) -> FLCli:
+    import datamodules  # noqa: F401  (registers datamodule subclasses and partitioners for short class names)
+    import models  # noqa: F401
+    from datamodules import FederatedDataModule
+    from fl_lightning.module import FederatedModule, quiet_known_warnings
+
+    quiet_known_warnings()
+    quiet_lightning()
+    parser_kwargs = {} if exit_on_error else {"exit_on_error": False}
+    return FLCli(
+        FederatedModule,
+        FederatedDataModule,
+        subclass_mode_data=True,
+        save_config_callback=ConfigToLoggers,
+        save_config_kwargs={"overwrite": True},
+        parser_kwargs=parser_kwargs,
+        args=args,
+        run=run,
+    )

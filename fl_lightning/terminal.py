@@ -1,0 +1,223 @@
+"""What ``fl-lightning fit`` prints: a progress bar counted in rounds, one result line at the end,
+and none of Lightning's start-up boilerplate.
+
+``RoundProgressBar`` replaces Lightning's epoch/batch bar (which reads ``Epoch 0/-2 … 20/20``
+for a round loop) with ``round 20/100 · 2.1 rounds/s · train loss 0.512 · val acc 0.873``.
+``RunSummary`` records the evaluations of a fit and renders the closing line
+``FedAvg: 100 rounds in 52.1 s · final val acc 0.9123 · best 0.9230 (round 90) · 12.3 MB sent``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import time
+import warnings
+from typing import Any
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks.progress.progress_bar import ProgressBar
+
+ACC, LOSS, BYTES = "val/acc", "train/loss", "comm/bytes_total"
+
+#: Lightning loggers whose INFO lines are boilerplate for a round loop ("GPU available: False",
+#: "TPU available", "💡 Tip: ...", "`Trainer.fit` stopped: `max_steps=…` reached", "Seed set to 0").
+QUIET_LOGGERS = (
+    "lightning.pytorch.utilities.rank_zero",
+    "lightning.fabric.utilities.rank_zero",
+    "lightning.fabric.utilities.seed",
+    "lightning.pytorch.accelerators.cuda",
+)
+
+
+def quiet_lightning() -> None:
+    """Silence Lightning's start-up INFO lines and warnings that do not apply to the CLI.
+
+    Warnings (``rank_zero_warn``) still show; ``FL_LIGHTNING_VERBOSE=1`` keeps everything.
+    """
+    if os.environ.get("FL_LIGHTNING_VERBOSE"):
+        return
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    # fl-lightning passes parsed arguments to LightningCLI itself (it handles `compare` and the
+    # checkpoint defaults first), which Lightning would flag on every command.
+    warnings.filterwarnings("ignore", message=".*LightningCLI's args parameter is intended to run from within Python.*")
+
+
+def _value(metrics: dict[str, Any], key: str) -> float | None:
+    value = metrics.get(key)
+    if value is None:
+        return None
+    value = float(value)
+    return None if math.isnan(value) else value
+
+
+class RunSummary(Callback):
+    """Records a fit's evaluations and wall time; ``line()`` is the one-line result of the run."""
+
+    def __init__(self) -> None:
+        self.start: float | None = None
+        self.seconds = 0.0
+        self.rounds = 0
+        self.accuracies: list[tuple[int, float]] = []  # (round, val/acc)
+        self.bytes_total: float | None = None
+        self.name = ""
+        self.start_round = 0
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.start = time.perf_counter()
+        self.name = type(getattr(pl_module, "algorithm", pl_module)).__name__
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.start_round = trainer.global_step  # > 0 after a resume (the checkpoint is restored by now)
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        acc = _value(trainer.callback_metrics, ACC)
+        if acc is not None and not trainer.sanity_checking:
+            self.accuracies.append((trainer.global_step, acc))
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.seconds = time.perf_counter() - (self.start or time.perf_counter())
+        self.rounds = trainer.global_step
+        self.bytes_total = _value(trainer.callback_metrics, BYTES)
+
+    @property
+    def final_acc(self) -> float | None:
+        return self.accuracies[-1][1] if self.accuracies else None
+
+    @property
+    def best(self) -> tuple[int, float] | None:
+        return max(self.accuracies, key=lambda ra: ra[1]) if self.accuracies else None
+
+    def line(self) -> str:
+        resumed = f" (resumed at round {self.start_round})" if self.start_round else ""
+        parts = [f"{self.name}: {self.rounds} rounds{resumed} in {self.seconds:.1f} s"]
+        if self.final_acc is not None:
+            best_round, best_acc = self.best
+            parts.append(f"final val acc {self.final_acc:.4f}")
+            parts.append(f"best {best_acc:.4f} (round {best_round})")
+        else:
+            parts.append("no evaluation (set trainer.val_check_interval)")
+        if self.bytes_total is not None:
+            parts.append(f"{self.bytes_total / 1e6:.1f} MB sent")
+        return " · ".join(parts)
+
+
+class RoundProgressBar(ProgressBar):
+    """One bar for the whole fit, counted in rounds, with the train loss and the last val acc.
+
+    Evaluations update the bar's ``val acc`` field instead of drawing bars of their own.
+    Written to stderr with tqdm (a Lightning dependency); on a non-terminal it refreshes at
+    most every ``min_interval`` seconds.
+    """
+
+    def __init__(self, min_interval: float = 0.5) -> None:
+        super().__init__()
+        self._enabled = True
+        self._bar = None
+        self._eval_bar = None
+        self.min_interval = min_interval
+
+    def disable(self) -> None:
+        self._enabled = False
+
+    def enable(self) -> None:
+        self._enabled = True
+
+    @property
+    def is_enabled(self) -> bool:
+        return self._enabled
+
+    def _eval_start(self, trainer: Trainer, desc: str, total: float) -> None:
+        """``fl-lightning validate|test``: a bar over the evaluation batches (inside ``fit``,
+        evaluations only update the round bar's ``val acc``)."""
+        if not self._enabled or not trainer.is_global_zero or self._bar is not None:
+            return
+        from tqdm.auto import tqdm
+
+        self._eval_bar = tqdm(total=None if math.isinf(total) else int(total), desc=desc, unit="batch",
+                              dynamic_ncols=True, file=sys.stderr, mininterval=self.min_interval)  # fmt: skip
+
+    def _eval_step(self) -> None:
+        if getattr(self, "_eval_bar", None) is not None:
+            self._eval_bar.update(1)
+
+    def _eval_end(self) -> None:
+        if getattr(self, "_eval_bar", None) is not None:
+            self._eval_bar.close()
+            self._eval_bar = None
+
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.state.fn == "validate":
+            self._eval_start(trainer, "validate", self.total_val_batches)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._eval_step()
+
+    def on_test_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._eval_start(trainer, "test", sum(trainer.num_test_batches))
+
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._eval_step()
+
+    def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._eval_end()
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not self._enabled or not trainer.is_global_zero:
+            return
+        from tqdm.auto import tqdm
+
+        total = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
+        self._bar = tqdm(
+            total=total,
+            initial=trainer.global_step,
+            desc="round",
+            unit="round",
+            dynamic_ncols=True,
+            file=sys.stderr,
+            mininterval=self.min_interval,
+            bar_format="{desc} {n_fmt}/{total_fmt} |{bar:20}| {elapsed}<{remaining} · {rate_fmt}{postfix}",
+        )
+
+    def _postfix(self, trainer: Trainer) -> str:
+        parts = []
+        loss = _value(trainer.callback_metrics, LOSS)
+        if loss is not None:
+            parts.append(f"train loss {loss:.3f}")
+        acc = _value(trainer.callback_metrics, ACC)
+        if acc is not None:
+            parts.append(f"val acc {acc:.4f}")
+        return " · ".join(parts)
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
+        if self._bar is not None:
+            self._bar.set_postfix_str(self._postfix(trainer), refresh=False)
+            self._bar.update(trainer.global_step - self._bar.n)
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._eval_end()
+        if self._bar is not None:
+            self._bar.set_postfix_str(self._postfix(trainer))
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._close()
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self._eval_end()
+        self._close()
+
+    def _close(self) -> None:
+        if self._bar is not None:
+            self._bar.set_postfix_str(self._postfix(self.trainer))
+            self._bar.close()
+            self._bar = None
+
+    def print(self, *args: Any, sep: str = " ", **kwargs: Any) -> None:
+        message = sep.join(map(str, args))
+        if self._bar is not None:
+            self._bar.write(message, file=sys.stderr)
+        else:
+            print(message, **kwargs)
