@@ -3,7 +3,7 @@
 A history is one record per round that logged anything: the training row of round
 ``r`` and the evaluation after it share Lightning's ``step`` and are merged, so an
 evaluation record carries the round and the cumulative communication counters at
-that moment.
+that moment. In a history ``round`` counts the rounds completed (step + 1).
 """
 
 from __future__ import annotations
@@ -18,12 +18,18 @@ import numpy as np
 
 ACC = "val/acc"
 ROUND = "round"
-BYTES = "comm/bytes_total"
-UPLOADS = "comm/client_uploads_total"
+BYTES = "comm/cumulative_bytes"
+UPLOADS = "comm/cumulative_client_uploads"
+LEGACY_NAMES = {  # metrics.csv columns of runs logged before the names said per-round or cumulative
+    "comm/bytes_total": BYTES,
+    "comm/client_uploads_total": UPLOADS,
+    "comm/bytes_up": "comm/round_bytes_up",
+    "comm/bytes_down": "comm/round_bytes_down",
+}
 PER_CLIENT = "comm/per_client_total"
 """Derived: model-sized messages (up + down) per participating client, summed over rounds.
 
-``bytes_total / model_bytes / (client_uploads_total / rounds)``: the "total communication
+``cumulative_bytes / model_bytes / (cumulative_client_uploads / rounds)``: the "total communication
 per client" of Table 1 of the parameter-tracking paper (FedAvg: 2 per round, SCAFFOLD: 4).
 """
 
@@ -51,11 +57,11 @@ class History:
                 record = merged.setdefault(step, {})
                 for key, value in row.items():
                     if key not in ("step", "epoch") and value not in ("", None):
-                        record[key] = float(value)
+                        record[LEGACY_NAMES.get(key, key)] = float(value)
         records = []
         for step in sorted(merged):
             record = merged[step]
-            record.setdefault(ROUND, float(step + 1))
+            record[ROUND] = float(step + 1)  # rounds completed (the logged ``round`` is the 0-based index)
             records.append(record)
         history = cls(records)
         if model_bytes:

@@ -51,18 +51,22 @@ def count_messages(totals: dict[str, int], broadcast: Payload, uploads: Sequence
 def round_metrics(
     round_idx: int, local_lr: float, losses: Sequence[float], uploads: Sequence[Payload], broadcast: Payload, totals: dict[str, int]
 ) -> dict[str, float]:
-    """The logged row of a round (communication counted into ``totals``)."""
+    """The logged row of a round (communication counted into ``totals``).
+
+    ``comm/round_*`` are this round's bytes, ``comm/cumulative_*`` the run's totals so far;
+    ``round`` is the round's 0-based index (Lightning's step of the row).
+    """
     bytes_down, bytes_up = count_messages(totals, broadcast, uploads)
     return {
         "train/loss": sum(losses) / len(losses) if losses else float("nan"),
         "train/consistency": local_consistency([u["delta"] for u in uploads]),
         "train/local_lr": local_lr,
         "train/clients": float(len(uploads)),
-        "comm/bytes_up": float(bytes_up),
-        "comm/bytes_down": float(bytes_down),
-        "comm/bytes_total": float(totals["bytes_up"] + totals["bytes_down"]),
-        "comm/client_uploads_total": float(totals["client_uploads"]),
-        "round": float(round_idx + 1),
+        "comm/round_bytes_up": float(bytes_up),
+        "comm/round_bytes_down": float(bytes_down),
+        "comm/cumulative_bytes": float(totals["bytes_up"] + totals["bytes_down"]),
+        "comm/cumulative_client_uploads": float(totals["client_uploads"]),
+        "round": float(round_idx),
     }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 import warnings
 from typing import Any
 
@@ -163,6 +164,7 @@ class FederatedModule(L.LightningModule):
 
     # ---- one round ------------------------------------------------------------------------
     def training_step(self, plan: RoundPlan, batch_idx: int) -> None:
+        self._round_started = time.perf_counter()
         personal_lr = self.local.personal_lr_at(plan.round) if self.personal_names else None
         info = RoundInfo(plan.round, self.local.lr_at(plan.round), self.datamodule.num_clients, plan, personal_lr)
         x = self.global_params()
@@ -172,11 +174,11 @@ class FederatedModule(L.LightningModule):
         broadcast = self.algorithm.broadcast(x, server_state, info)
         tasks, stragglers = self._tasks(plan.clients.tolist(), plan.seeds.tolist(), broadcast, plan.round)
         results = self.executor.run(tasks, info, self._runtime())
-        fault_metrics = {"faults/dropped": len(plan.clients) - len(tasks), "faults/failed": len(tasks) - len(results)}
+        extra_metrics = {"faults/dropped": len(plan.clients) - len(tasks), "faults/failed": len(tasks) - len(results)}
         if self.faults.active:
-            fault_metrics["faults/stragglers"] = stragglers
+            extra_metrics["faults/stragglers"] = stragglers
         if not results:
-            self._empty_round(plan, broadcast, fault_metrics)
+            self._empty_round(plan, broadcast, extra_metrics)
             return
         uploads = [r.upload for r in results]
         if not all_finite(uploads):
@@ -187,6 +189,7 @@ class FederatedModule(L.LightningModule):
         weights = survivor_weights(plan.clients, plan.weights, [r.client_id for r in results])
         local_steps = [r.num_steps for r in results]
         pseudo_grad, self.server_state = self.algorithm.aggregate(x, uploads, weights, server_state, info, local_steps)
+        extra_metrics.update({f"algo/{k}": v for k, v in self.algorithm.metrics(self.server_state, info).items()})
         for result in results:
             self.store.put(result.client_id, result.client_state)
 
@@ -198,7 +201,7 @@ class FederatedModule(L.LightningModule):
         bad = None if all_finite([{"x": self.global_params()}]) else first_non_finite({"x": self.global_params()})
         if bad is not None:
             raise DivergenceError(f"round {plan.round}: the global model became non-finite ({bad})")
-        self._log_round(plan, broadcast, uploads, results, fault_metrics)
+        self._log_round(plan, broadcast, uploads, results, extra_metrics)
 
     def _runtime(self) -> ClientRuntime:
         return ClientRuntime(
@@ -226,7 +229,7 @@ class FederatedModule(L.LightningModule):
             tasks.append(ClientTask(cid, seed, budget, broadcast, load_state, warmup))
         return tasks, stragglers
 
-    def _empty_round(self, plan: RoundPlan, broadcast: Payload, fault_metrics: dict[str, int]) -> None:
+    def _empty_round(self, plan: RoundPlan, broadcast: Payload, extra_metrics: dict[str, int]) -> None:
         """No client reported (possible under Bernoulli activation): x, the server state and the
         client store stay as they are, and the round is logged with ``train/clients = 0``.
 
@@ -238,7 +241,7 @@ class FederatedModule(L.LightningModule):
         optimizer = self.optimizers()
         optimizer.zero_grad(set_to_none=True)
         optimizer.step()
-        self._log_round(plan, broadcast, [], [], fault_metrics)
+        self._log_round(plan, broadcast, [], [], extra_metrics)
 
     def _warmup(self, x: TensorDict, server_state: NestedState, info: RoundInfo) -> NestedState:
         """The algorithm's pass over all N clients before round 0 (e.g. Scaffold-P's c_i^0, c^0),
@@ -254,10 +257,11 @@ class FederatedModule(L.LightningModule):
         count_messages(self.comm_totals, broadcast, uploads)
         return server_state
 
-    def _log_round(self, plan: RoundPlan, broadcast: Payload, uploads, results, fault_metrics: dict[str, int]) -> None:
+    def _log_round(self, plan: RoundPlan, broadcast: Payload, uploads, results, extra_metrics: dict[str, int]) -> None:
         losses = [r.mean_loss for r in results]
         metrics = round_metrics(plan.round, self.local.lr_at(plan.round), losses, uploads, broadcast, self.comm_totals)
-        metrics.update({k: float(v) for k, v in fault_metrics.items()})
+        metrics.update({k: float(v) for k, v in extra_metrics.items()})
+        metrics["time/round_s"] = time.perf_counter() - self._round_started
         # Straight to the loggers (`self.log` costs milliseconds per key, a real share of a
         # small round), at the step Lightning gives this round's evaluation: the round index.
         for logger in self.loggers:
@@ -280,6 +284,10 @@ class FederatedModule(L.LightningModule):
 
     def test_step(self, batch: Any, batch_idx: int) -> None:
         self._evaluate(batch, self.test_loss, self.test_acc, "test")
+
+    def on_validation_epoch_end(self) -> None:
+        if self.global_step > 0:  # the 0-based round the evaluation follows, on the evaluation's row too
+            self.log("round", float(self.global_step - 1), on_step=False, on_epoch=True)
 
     # ---- checkpoints: everything a resume needs ------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

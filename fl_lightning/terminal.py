@@ -20,7 +20,7 @@ from typing import Any
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks.progress.progress_bar import ProgressBar
 
-ACC, LOSS, BYTES = "val/acc", "train/loss", "comm/bytes_total"
+ACC, LOSS, BYTES = "val/acc", "train/loss", "comm/cumulative_bytes"
 
 #: Lightning loggers whose INFO lines are boilerplate for a round loop ("GPU available: False",
 #: "TPU available", "💡 Tip: ...", "`Trainer.fit` stopped: `max_steps=…` reached", "Seed set to 0").

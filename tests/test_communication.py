@@ -81,3 +81,12 @@ def test_fedmim_client_history_differs_when_clients_skip_rounds_and_batches(tmp_
     assert sa.keys() == sb.keys() and sa
     for k in sa:
         torch.testing.assert_close(sa[k], sb[k], rtol=1e-5, atol=1e-6)
+
+
+def test_scaffold_logs_its_control_variate_norm_through_the_metrics_hook(tmp_path):
+    module = tiny_module(A.SCAFFOLD(), LocalTraining(lr=0.05, steps=3, batch_size=8))
+    trainer = tiny_trainer(tmp_path, rounds=2)
+    trainer.fit(module, datamodule=tiny_datamodule(num_clients=N, clients_per_round=S))
+    expected = float(sum((c.double() ** 2).sum() for c in module.server_state["c"].values())) ** 0.5
+    assert float(trainer.callback_metrics["algo/c_norm"]) == pytest.approx(expected, rel=1e-6) and expected > 0
+    assert float(trainer.callback_metrics["round"]) == 1.0 and float(trainer.callback_metrics["time/round_s"]) > 0

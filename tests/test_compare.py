@@ -225,9 +225,9 @@ def test_history_merges_training_and_evaluation_rows(tmp_path):
         "10,1,1,0,\n20,2,2,1,\n,,,1,0.5\n"
     )
     history = History.from_csv(tmp_path / "metrics.csv", model_bytes=5)
-    assert history.records[1] == {
-        "comm/bytes_total": 20.0,
-        "comm/client_uploads_total": 2.0,
+    assert history.records[1] == {  # the columns' old names read as today's; round = rounds completed
+        "comm/cumulative_bytes": 20.0,
+        "comm/cumulative_client_uploads": 2.0,
         "round": 2.0,
         "val/acc": 0.5,
         "comm/per_client_total": 4.0,

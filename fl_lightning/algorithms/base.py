@@ -194,6 +194,10 @@ class Algorithm:
         """
         return P.scale(P.weighted_sum([u["delta"] for u in uploads], weights), -1.0), server_state
 
+    def metrics(self, server_state: NestedState, info: RoundInfo) -> dict[str, float]:
+        """Algorithm-specific values logged after each round as ``algo/<name>`` (e.g. a control-variate norm)."""
+        return {}
+
     def server_optimizer(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
         return torch.optim.SGD(params, lr=self.global_lr)
 

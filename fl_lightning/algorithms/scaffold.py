@@ -51,3 +51,7 @@ class SCAFFOLD(Algorithm):
         pseudo_grad, _ = super().aggregate(x, uploads, weights, server_state, info, local_steps)
         dc = P.weighted_sum([u["delta_c"] for u in uploads], [1.0 / info.num_clients] * len(uploads))
         return pseudo_grad, {"c": P.add(server_state["c"], dc)}
+
+    def metrics(self, server_state: NestedState, info: RoundInfo) -> dict[str, float]:
+        """``algo/c_norm``: ||c||, the norm of the server control variate."""
+        return {"c_norm": float(P.sq_norm(server_state["c"])) ** 0.5}

@@ -39,6 +39,7 @@ class ScaffoldP(FedAvgP):
     client_state_init = SCAFFOLD.client_state_init
     server_state_init = SCAFFOLD.server_state_init
     broadcast = SCAFFOLD.broadcast
+    metrics = SCAFFOLD.metrics
 
     def client_step(self, params: TensorDict, local: NestedState, ctx: ClientContext) -> tuple[TensorDict, NestedState]:
         _, grad = ctx.grad(params)
