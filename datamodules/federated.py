@@ -9,7 +9,7 @@ from typing import Any
 import lightning as L
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, IterableDataset, TensorDataset, default_collate
+from torch.utils.data import DataLoader, IterableDataset, Subset, TensorDataset, default_collate
 
 from datamodules.partition import Dirichlet, Partitioner
 from datamodules.sources import SOURCES, DataSource, load_source
@@ -57,6 +57,9 @@ class FederatedDataModule(L.LightningDataModule):
         eval_batch_size: batch size of the global validation/test loaders.
         seed: seed of the partition, the sampling and all client randomness. ``None``
             (the default): the CLI's ``--seed_everything``; 0 outside the CLI.
+        val_fraction: share of each client's data held out, pooled over clients, as the
+            validation set, in [0, 1). With it, every evaluation logs ``val/*`` on that split
+            and ``test/*`` on the test set; without it (0), ``val/*`` is the test set.
     """
 
     def __init__(
@@ -69,12 +72,15 @@ class FederatedDataModule(L.LightningDataModule):
         holdout_fraction: float = 0.0,
         eval_batch_size: int = 512,
         seed: int | None = None,
+        val_fraction: float = 0.0,
     ) -> None:
         super().__init__()
         if num_clients < 1:
             raise ValueError(f"num_clients must be >= 1, got {num_clients}")
         if not 0.0 <= holdout_fraction < 1.0:
             raise ValueError(f"holdout_fraction must be in [0, 1), got {holdout_fraction}")
+        if not 0.0 <= val_fraction < 1.0 - holdout_fraction:
+            raise ValueError(f"val_fraction must be in [0, 1 - holdout_fraction) = [0, {1.0 - holdout_fraction:g}), got {val_fraction}")
         if eval_batch_size < 1:
             raise ValueError(f"eval_batch_size must be >= 1, got {eval_batch_size}")
         if type(self).build_source is FederatedDataModule.build_source and dataset not in SOURCES:
@@ -86,6 +92,7 @@ class FederatedDataModule(L.LightningDataModule):
         self.participation = participation if participation is not None else UniformSampling(0.1)
         self.participation.validate(num_clients)
         self.holdout_fraction = holdout_fraction
+        self.val_fraction = val_fraction
         self.eval_batch_size = eval_batch_size
         self.seed = 0 if seed is None else seed
         self.source: DataSource | None = None
@@ -106,14 +113,19 @@ class FederatedDataModule(L.LightningDataModule):
                 f"partition {type(self.partition).__name__} left {len(empty)} of num_clients={self.num_clients} "
                 f"clients empty (e.g. client {empty[0]}); use fewer clients or a partition with min_size >= 1"
             )
-        self.client_train, self.client_holdout = [], []
+        self.client_train, self.client_holdout, validation = [], [], []
         for cid, idx in enumerate(parts):
             perm = idx[torch.randperm(len(idx), generator=torch.Generator().manual_seed(derive_seed(self.seed, cid, _HOLDOUT_STREAM)))]
             n_hold = int(math.floor(self.holdout_fraction * len(idx)))
-            if len(idx) - n_hold < 1:
-                raise ValueError(f"holdout_fraction={self.holdout_fraction} leaves client {cid} no training data")
-            self.client_train.append(perm[n_hold:].sort().values)
+            n_val = int(math.floor(self.val_fraction * len(idx)))
+            if len(idx) - n_hold - n_val < 1:
+                raise ValueError(
+                    f"holdout_fraction={self.holdout_fraction} and val_fraction={self.val_fraction} leave client {cid} no training data"
+                )
+            self.client_train.append(perm[n_hold + n_val :].sort().values)
             self.client_holdout.append(perm[:n_hold].sort().values)
+            validation.append(perm[n_hold : n_hold + n_val])
+        self.validation_indices = torch.cat(validation).sort().values  # pooled over clients
         self.client_sizes = torch.tensor([len(i) for i in self.client_train], dtype=torch.int64)
         self.source = source
 
@@ -129,8 +141,12 @@ class FederatedDataModule(L.LightningDataModule):
     def _eval_loader(self) -> DataLoader:
         return DataLoader(self.source.test, batch_size=self.eval_batch_size, collate_fn=self.source.collate_fn)
 
-    def val_dataloader(self) -> DataLoader:
-        return self._eval_loader()
+    def val_dataloader(self) -> DataLoader | list[DataLoader]:
+        """The validation split, then the test set (``val_fraction > 0``); else the test set alone."""
+        if not self.val_fraction:
+            return self._eval_loader()
+        split = Subset(self.source.train, self.validation_indices.tolist())
+        return [DataLoader(split, batch_size=self.eval_batch_size, collate_fn=self.source.collate_fn), self._eval_loader()]
 
     def test_dataloader(self) -> DataLoader:
         return self._eval_loader()

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 ACC = "val/acc"
+TEST_ACC = "test/acc"  # logged at every evaluation when the data has a validation split
 ROUND = "round"
 BYTES = "comm/cumulative_bytes"
 UPLOADS = "comm/cumulative_client_uploads"
@@ -93,6 +94,11 @@ class History:
     def best(self, metric: str = ACC) -> float:
         values = self.series(metric)[2]
         return float(values.max()) if len(values) else math.nan
+
+    def at_best(self, select: str, report: str) -> float:
+        """``report`` at the first evaluation where ``select`` is highest (e.g. test accuracy at the best validation)."""
+        rows = [r for r in self.records if select in r and report in r]
+        return max(rows, key=lambda r: r[select])[report] if rows else math.nan
 
     def last(self, column: str) -> float:
         """The last logged value of ``column`` (e.g. the budget spent)."""

@@ -276,11 +276,16 @@ class FederatedModule(L.LightningModule):
         loss, logits, target = self.objective(batch)
         loss_metric.update(loss, weight=len(target))
         acc_metric.update((logits.argmax(-1) == target).float())
-        self.log(f"{prefix}/loss", loss_metric, on_step=False, on_epoch=True, prog_bar=prefix == "val")
-        self.log(f"{prefix}/acc", acc_metric, on_step=False, on_epoch=True, prog_bar=True)
+        kw = dict(on_step=False, on_epoch=True, add_dataloader_idx=False)
+        self.log(f"{prefix}/loss", loss_metric, prog_bar=prefix == "val", **kw)
+        self.log(f"{prefix}/acc", acc_metric, prog_bar=True, **kw)
 
-    def validation_step(self, batch: Any, batch_idx: int) -> None:
-        self._evaluate(batch, self.val_loss, self.val_acc, "val")
+    def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        """Loader 0 is the validation set; loader 1, when the data has a validation split, the test set."""
+        if dataloader_idx == 0:
+            self._evaluate(batch, self.val_loss, self.val_acc, "val")
+        else:
+            self._evaluate(batch, self.test_loss, self.test_acc, "test")
 
     def test_step(self, batch: Any, batch_idx: int) -> None:
         self._evaluate(batch, self.test_loss, self.test_acc, "test")

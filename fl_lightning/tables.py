@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fl_lightning.history import ACC, BYTES, COSTS, PER_CLIENT, ROUND, UPLOADS, History, cost_to_target, mean_std
+from fl_lightning.history import ACC, BYTES, COSTS, PER_CLIENT, ROUND, TEST_ACC, UPLOADS, History, cost_to_target, mean_std
 
 SCALE = {BYTES: 1e-6}  # bytes are reported in MB
 DIGITS = {ROUND: 1, PER_CLIENT: 1, UPLOADS: 1, BYTES: 2}
@@ -134,17 +134,28 @@ def summary_tables(
     def failed_cell(run: str) -> str:
         return _status_text(statuses[run], seeds) if not ok[run] else ""
 
+    validated = any(TEST_ACC in r for hs in histories.values() for h in hs for r in h.records)
+    if validated:  # a validation split: select on it, report the test set
+        how = ("Test accuracy is the global model's accuracy on the global test set (`test/acc`); the "
+               "\"selected\" row is the test accuracy at the evaluation with the best validation accuracy (`val/acc`).")
+        measures = (("Final test accuracy (%)", lambda h: h.final(TEST_ACC)),
+                    ("Test accuracy at best validation (%)", lambda h: h.at_best(ACC, TEST_ACC)),
+                    ("Final validation accuracy (%)", lambda h: h.final(ACC)))  # fmt: skip
+    else:
+        how = ("Test accuracy is the global model's accuracy on the global test set (`val/acc`: there is no "
+               "validation split, set `data.init_args.val_fraction` for one); \"best\" is the highest "
+               "evaluation of a run, so it is selected on the test set.")
+        measures = (("Final test accuracy (%)", lambda h: h.final(ACC)), ("Best test accuracy (%)", lambda h: h.best(ACC)))
     accuracy = Table(
         "Final test accuracy",
-        f"Mean ± std (sample, ddof=1) over seeds {list(seeds)}, in %. Test accuracy is the global model's "
-        "accuracy on the global test set (`val/acc`); \"best\" is the highest evaluation of a run. "
+        f"Mean ± std (sample, ddof=1) over seeds {list(seeds)}, in %. {how} "
         "A seed that failed or diverged is left out of the means (see Status).",
         ["", *runs],
     )
-    for row, fn in (("Final test accuracy (%)", History.final), ("Best test accuracy (%)", History.best)):
+    for row, fn in measures:
         cells = []
         for run in runs:
-            values = [(s, fn(h, ACC)) for s, h in per_seed(run)]
+            values = [(s, fn(h)) for s, h in per_seed(run)]
             long_rows += [["accuracy", row.replace(" (%)", ""), "", run, s, v, ""] for s, v in values]
             cells.append(failed_cell(run) or fmt_mean_std([v for _, v in values], 1, scale=100.0))
         accuracy.rows.append([row, *cells])
