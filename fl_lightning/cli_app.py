@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import yaml
 from lightning.pytorch import Callback, LightningModule, Trainer
@@ -158,6 +158,8 @@ class FLCli(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         # Only the scheduler: it is built on the algorithm's server optimizer (see after_instantiate_classes).
         parser.add_lr_scheduler_args(LRSchedulerTypeTuple)
+        parser.add_argument("--base", type=Optional[str], default=None,
+                            help="the config file this one overrides (fl_lightning/config_files.py)")  # fmt: skip
 
     def parse_arguments(self, parser, args) -> None:
         if isinstance(args, list) and (
@@ -180,8 +182,10 @@ class FLCli(LightningCLI):
         self.trainer_defaults["callbacks"] = self._extra_callbacks(config)
 
     def _experiment(self, config: Any) -> str:
-        files = config.get("config") or []
-        stems = [Path(str(getattr(f, "relative", f))).stem for f in files if f is not None]
+        from fl_lightning.config_files import EXPANDED_BASES
+
+        files = [Path(str(getattr(f, "relative", f))) for f in config.get("config") or [] if f is not None]
+        stems = [f.stem for f in files if f.resolve() not in EXPANDED_BASES] or [f.stem for f in files]
         return stems[0] if stems else "fl-lightning"
 
     def _name_wandb_runs(self, config: Any) -> None:
@@ -244,8 +248,11 @@ def build(args: list[str] | None = None, run: bool = True, exit_on_error: bool =
     from datamodules import FederatedDataModule
     from fl_lightning.module import FederatedModule, quiet_known_warnings
 
+    from fl_lightning.config_files import expand_bases
+
     quiet_known_warnings()
     quiet_lightning()
+    args = expand_bases(args) if isinstance(args, list) else args
     parser_kwargs = {} if exit_on_error else {"exit_on_error": False}
     return FLCli(
         FederatedModule,

@@ -1,0 +1,58 @@
+"""Fit configs composed from a base: a config file's top-level ``base:`` names the config it overrides.
+
+``fl-lightning fit --config configs/fedprox_digits.yaml``, where that file starts with
+``base: quickstart.yaml``, runs as ``--config configs/quickstart.yaml --config configs/fedprox_digits.yaml``
+(LightningCLI's repeated ``--config``: later files override earlier ones). Bases chain; a relative
+``base`` is looked up beside the file, then in the working directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+EXPANDED_BASES: set[Path] = set()
+"""Config files inserted as bases in this process (the run's experiment is named after the others)."""
+
+
+def expand_bases(args: list[str]) -> list[str]:
+    """``args`` with every ``--config FILE`` (or ``-c``) preceded by the chain of its bases."""
+    out, i = [], 0
+    while i < len(args):
+        arg = args[i]
+        if arg in ("--config", "-c") and i + 1 < len(args):
+            out += [*_bases(args[i + 1], ()), arg, args[i + 1]]
+            i += 2
+            continue
+        if isinstance(arg, str) and arg.startswith("--config="):
+            out += _bases(arg.split("=", 1)[1], ())
+        out.append(arg)
+        i += 1
+    return out
+
+
+def _bases(value: str, seen: tuple[Path, ...]) -> list[str]:
+    path = Path(value)
+    if not isinstance(value, str) or not path.is_file():
+        return []  # a YAML string, or a missing file the parser reports
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError:
+        return []  # the parser reports it
+    if not isinstance(raw, dict) or raw.get("base") is None:
+        return []
+    base = _resolve(path, raw["base"])
+    if base in seen or base == path.resolve():
+        raise ValueError(f"base: {path} and its bases form a loop through {base}")
+    EXPANDED_BASES.add(base)
+    return [*_bases(str(base), (*seen, path.resolve())), "--config", str(base)]
+
+
+def _resolve(path: Path, base: object) -> Path:
+    if not isinstance(base, str) or not base:
+        raise ValueError(f"base in {path} must be the path of a config file, got {base!r}")
+    for candidate in (path.parent / base, Path.cwd() / base):
+        if candidate.is_file():
+            return candidate.resolve()
+    raise ValueError(f"base in {path}: config {base!r} not found beside it or in the working directory")
