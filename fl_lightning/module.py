@@ -17,7 +17,7 @@ from fl_lightning.algorithms import Algorithm, FedAvg, RoundInfo
 from fl_lightning.client_data import ClientData
 from fl_lightning.config import LocalTraining
 from fl_lightning.executors import ClientRuntime, Executor, resolve_executor
-from fl_lightning.faults import ClientFaults, DivergenceError, all_finite, first_non_finite, survivor_weights
+from fl_lightning.faults import ClientError, ClientFaults, DivergenceError, all_finite, first_non_finite, survivor_weights
 from fl_lightning.metrics import count_messages, round_metrics
 from fl_lightning.objective import Objective
 from fl_lightning.params import TensorDict
@@ -102,6 +102,7 @@ class FederatedModule(L.LightningModule):
         self.executor = resolve_executor(execution)
         self.objective = Objective(model, self.federated_names + self.personal_names)
         self._checked_data = None
+        self._rounds_run, self._clients_trained = 0, 0  # this fit's, for "a run that trained nothing fails"
         self.comm_totals = {"bytes_up": 0, "bytes_down": 0, "client_uploads": 0}
         self.val_loss, self.val_acc = MeanMetric(), MeanMetric()
         self.test_loss, self.test_acc = MeanMetric(), MeanMetric()
@@ -153,6 +154,13 @@ class FederatedModule(L.LightningModule):
         if self.trainer.max_steps is None or self.trainer.max_steps < 1:
             raise ValueError(f"trainer.max_steps is the number of rounds and must be >= 1, got {self.trainer.max_steps}")
 
+    def on_train_end(self) -> None:
+        if self._rounds_run and not self._clients_trained:
+            raise ClientError(
+                f"no client completed its local training in {self._rounds_run} rounds: the model is untrained; "
+                "see the warnings above for the clients' errors"
+            )
+
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return self.algorithm.server_optimizer(self.federated_parameters())
 
@@ -172,6 +180,8 @@ class FederatedModule(L.LightningModule):
         broadcast = self.algorithm.broadcast(x, server_state, info)
         tasks, stragglers = self._tasks(plan.clients.tolist(), plan.seeds.tolist(), broadcast, plan.round)
         results = self.executor.run(tasks, info, self._runtime())
+        self.faults.check_failures(plan.round, len(tasks) - len(results), len(tasks))
+        self._rounds_run, self._clients_trained = self._rounds_run + 1, self._clients_trained + len(results)
         fault_metrics = {"faults/dropped": len(plan.clients) - len(tasks), "faults/failed": len(tasks) - len(results)}
         if self.faults.active:
             fault_metrics["faults/stragglers"] = stragglers

@@ -11,9 +11,10 @@ for an elementwise rule that does not read ``ctx.client_id``; otherwise client b
 on the final tensors.
 
 Sequential execution is used instead only for declared reasons (logged once each);
-any other error is re-raised. If the clients fail sequentially too, it is a client
-fault and sequential execution's fault handling applies; if they do not, the batched
-path is wrong and ``BatchedExecutionError`` stops the run.
+any other error is re-raised. The round's clients then train sequentially: a client
+that fails there too is handled as sequential execution handles it (left out for a
+declared or transient failure, the run stopped with ``FatalClientError`` for any other
+error); if none fails, the batched path is wrong and ``BatchedExecutionError`` stops the run.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from torch.func import grad_and_value, vmap
 from fl_lightning import params as P
 from fl_lightning.algorithms.base import ClientContext, ClientIdUnavailable, RoundInfo, declares_capability
 from fl_lightning.client_data import Unstackable
+from fl_lightning.errors import FLError, one_line
 from fl_lightning.executors.base import ClientRuntime, Executor, seed_client, to_device
 from fl_lightning.executors.sequential import SequentialExecutor
 from fl_lightning.params import TensorDict
@@ -42,7 +44,7 @@ class Unbatchable(Exception):
     """A declared reason to run a round's clients one after another (the message says which)."""
 
 
-class BatchedExecutionError(RuntimeError):
+class BatchedExecutionError(FLError, RuntimeError):
     """The batched path raised where the same clients train sequentially without error."""
 
 
@@ -91,7 +93,8 @@ class BatchedExecutor(Executor):
                 results = self.sequential.run(tasks, info, runtime)
                 if len(results) == len(tasks):
                     raise BatchedExecutionError(
-                        f"round {info.round}: batched execution raised {error!r} where sequential execution did not"
+                        f"round {info.round}: batched execution raised {one_line(error)} where sequential execution did not; "
+                        "run with --model.execution sequential and report it"
                     ) from error
                 return results  # a client fails in sequential execution too: a client fault
         if not self.fallbacks[reason]:
