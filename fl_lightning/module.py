@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
+import os
 import warnings
 from typing import Any
 
@@ -179,7 +181,10 @@ class FederatedModule(L.LightningModule):
             server_state = self._warmup(x, server_state, info)
         broadcast = self.algorithm.broadcast(x, server_state, info)
         tasks, stragglers = self._tasks(plan.clients.tolist(), plan.seeds.tolist(), broadcast, plan.round)
-        results = self.executor.run(tasks, info, self._runtime())
+        try:
+            results = self.executor.run(tasks, info, self._runtime())
+        except DivergenceError as error:  # a client's loss (the built-in executors check it)
+            raise self._diverged(str(error)) from error
         self.faults.check_failures(plan.round, len(tasks) - len(results), len(tasks))
         self._rounds_run, self._clients_trained = self._rounds_run + 1, self._clients_trained + len(results)
         fault_metrics = {"faults/dropped": len(plan.clients) - len(tasks), "faults/failed": len(tasks) - len(results)}
@@ -188,12 +193,15 @@ class FederatedModule(L.LightningModule):
         if not results:
             self._empty_round(plan, broadcast, fault_metrics)
             return
+        for result in results:  # any executor's: NaN may also mean "no loss recorded", infinity may not
+            if math.isinf(result.mean_loss):
+                raise self._diverged(f"round {plan.round}: client {result.client_id}'s training loss is non-finite ({result.mean_loss})")
         uploads = [r.upload for r in results]
         if not all_finite(uploads):
             for result in results:
                 bad = first_non_finite(result.upload)
                 if bad is not None:
-                    raise DivergenceError(f"round {plan.round}: client {result.client_id} sent a non-finite update ({bad})")
+                    raise self._diverged(f"round {plan.round}: client {result.client_id} sent a non-finite update ({bad})")
         weights = survivor_weights(plan.clients, plan.weights, [r.client_id for r in results])
         local_steps = [r.num_steps for r in results]
         pseudo_grad, self.server_state = self.algorithm.aggregate(x, uploads, weights, server_state, info, local_steps)
@@ -207,8 +215,17 @@ class FederatedModule(L.LightningModule):
         optimizer.step()
         bad = None if all_finite([{"x": self.global_params()}]) else first_non_finite({"x": self.global_params()})
         if bad is not None:
-            raise DivergenceError(f"round {plan.round}: the global model became non-finite ({bad})")
+            raise self._diverged(f"round {plan.round}: the global model became non-finite ({bad})")
         self._log_round(plan, broadcast, uploads, results, fault_metrics)
+
+    def _diverged(self, message: str) -> DivergenceError:
+        """The divergence error, naming the newest checkpoint (written from a finite state) to go back to."""
+        paths = []
+        for callback in getattr(self._trainer, "checkpoint_callbacks", None) or []:
+            paths += [p for p in (getattr(callback, "last_model_path", ""), getattr(callback, "best_model_path", "")) if p]
+        paths = [p for p in paths if os.path.exists(p)]
+        last = f"the last good checkpoint is {max(paths, key=os.path.getmtime)}" if paths else "no checkpoint was written"
+        return DivergenceError(f"{message}; {last}; lower local.lr or the algorithm's global_lr")
 
     def _runtime(self) -> ClientRuntime:
         return ClientRuntime(
@@ -293,6 +310,9 @@ class FederatedModule(L.LightningModule):
 
     # ---- checkpoints: everything a resume needs ------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = {"x": self.global_params(), **{f"server/{n}": td for n, td in (self.server_state or {}).items()}}
+        if not all_finite([state]):
+            raise DivergenceError(f"no checkpoint is written from a non-finite state ({first_non_finite(state)})")
         checkpoint[_CKPT_KEY] = {
             "client_store": self.store.checkpoint_state(self.global_step),
             "server_state": flatten_state(self.server_state or {}),

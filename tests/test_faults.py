@@ -202,3 +202,35 @@ def test_a_failing_batched_round_leaves_out_only_the_clients_that_fail_sequentia
     _fit(tmp_path, module)
     assert not module.executor.inner.fallbacks, "the stacked path ran (and raised)"
     assert module.global_step == 3 and BROKEN not in module.store and len(module.store) == 5
+
+
+# ---- divergence (issue 20, defect 4) ---------------------------------------------------------------
+class InfiniteLossAtRound2(FedAvg):
+    """In round 2 every client records a non-finite loss while its update stays finite."""
+
+    def client_step(self, params, local, ctx):
+        if ctx.info.round == 2:
+            ctx.grad({k: v * float("inf") for k, v in params.items()})
+        return super().client_step(params, local, ctx)
+
+
+@pytest.mark.parametrize("execution", ["sequential", "batched"])
+def test_a_non_finite_loss_is_divergence_and_names_the_last_good_checkpoint(tmp_path, execution):
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True, every_n_train_steps=1, save_top_k=0)
+    trainer = tiny_trainer(tmp_path, rounds=5, enable_checkpointing=True, callbacks=[checkpoint])
+    with pytest.raises(DivergenceError, match="^round 2: client \\d+'s training loss is non-finite \\(nan\\).*last.ckpt") as info:
+        trainer.fit(_module(InfiniteLossAtRound2(), execution=execution), datamodule=tiny_datamodule())
+    assert "\n" not in str(info.value)
+    good = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)
+    assert good["global_step"] == 2
+
+
+def test_no_checkpoint_is_written_from_a_non_finite_state(tmp_path):
+    module = _module(FedAvg())
+    trainer = tiny_trainer(tmp_path, rounds=1)
+    trainer.fit(module, datamodule=tiny_datamodule())
+    with torch.no_grad():
+        next(module.model.parameters())[0, 0] = float("inf")
+    with pytest.raises(DivergenceError, match="no checkpoint is written from a non-finite state \\(x/"):
+        trainer.save_checkpoint(tmp_path / "bad.ckpt")
+    assert not (tmp_path / "bad.ckpt").exists()

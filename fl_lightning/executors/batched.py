@@ -32,7 +32,7 @@ from fl_lightning import params as P
 from fl_lightning.algorithms.base import ClientContext, ClientIdUnavailable, RoundInfo, declares_capability
 from fl_lightning.client_data import Unstackable
 from fl_lightning.errors import FLError, one_line
-from fl_lightning.executors.base import ClientRuntime, Executor, seed_client, to_device
+from fl_lightning.executors.base import ClientRuntime, Executor, check_loss, seed_client, to_device
 from fl_lightning.executors.sequential import SequentialExecutor
 from fl_lightning.params import TensorDict
 from fl_lightning.tasks import ClientResult, ClientTask, Payload
@@ -89,6 +89,8 @@ class BatchedExecutor(Executor):
                 reason = str(error)
             except ClientIdUnavailable:
                 reason = f"{type(runtime.algorithm).__name__} reads ctx.client_id in its local steps (ctx.client holds the ids)"
+            except FLError:  # divergence: a known error, not a bug of the batched path
+                raise
             except Exception as error:
                 results = self.sequential.run(tasks, info, runtime)
                 if len(results) == len(tasks):
@@ -135,6 +137,8 @@ class BatchedExecutor(Executor):
         params, local_state = rule(runtime, params, stacked_states, ids, broadcast, info, step_batches, losses)
         uploads, new_states = self._finish(runtime, params, local_state, (states, stacked_states), ids, broadcast, info)
         mean_losses = torch.stack(losses).mean(0).tolist() if losses else [float("nan")] * len(tasks)
+        for client, loss in zip(clients, mean_losses if losses else []):
+            check_loss(info.round, client, loss)
         return [ClientResult(c, uploads[i], new_states[i], local.steps, mean_losses[i]) for i, c in enumerate(clients)]
 
     @staticmethod

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from fl_lightning import params as P
 from fl_lightning.algorithms.base import ClientContext, RoundInfo
 from fl_lightning.errors import FLError
-from fl_lightning.executors.base import ClientRuntime, Executor, mean_loss, seed_client, to_device
+from fl_lightning.executors.base import ClientRuntime, Executor, check_loss, mean_loss, seed_client, to_device
 from fl_lightning.faults import TRANSIENT_ERRORS, ClientError, fatal_client_error
 from fl_lightning.params import TensorDict
 from fl_lightning.tasks import PERSONAL, ClientResult, ClientTask
@@ -71,7 +71,10 @@ def _train_client(task: ClientTask, info: RoundInfo, runtime: ClientRuntime) -> 
     upload, new_state = algorithm.client_finish(shared, local_state, ctx)
     if personal:
         new_state = {**new_state, PERSONAL: algorithm.personal_finish(params, local_state, ctx)}
-    return ClientResult(cid, upload, new_state, task.num_steps, mean_loss(losses))
+    loss = mean_loss(losses)
+    if losses:
+        check_loss(info.round, cid, loss)
+    return ClientResult(cid, upload, new_state, task.num_steps, loss)
 
 
 def _warmup_client(task: ClientTask, info: RoundInfo, runtime: ClientRuntime) -> ClientResult:
