@@ -10,6 +10,7 @@ from lightning.pytorch.cli import LightningCLI
 import datamodules  # noqa: F401  (registers datamodule subclasses and partitioners for short class names)
 import models  # noqa: F401
 from datamodules import FederatedDataModule
+from fl_lightning.errors import KNOWN_ERRORS
 from fl_lightning.module import FederatedModule, quiet_known_warnings
 
 
@@ -67,7 +68,7 @@ def main(args: list[str] | None = None) -> None:
             compare_main(argv[1:])
         else:
             build_cli(with_safe_loading(argv))
-    except ValueError as error:
+    except KNOWN_ERRORS as error:  # a bad setting, divergence, failing clients, a bad checkpoint or store
         if os.environ.get("FL_LIGHTNING_TRACEBACK"):
             raise
         print(f"fl-lightning: error: {_essential(str(error))}", file=sys.stderr)
