@@ -12,6 +12,14 @@ class FLError(Exception):
     """A failure the user can act on: its message is one line plus a hint."""
 
 
+class CheckpointError(FLError):
+    """A checkpoint this run cannot use: it does not match the run, or what it references is gone or damaged."""
+
+
+class StoreError(FLError):
+    """A client store's folder is in use by another run, or one of its files is damaged."""
+
+
 KNOWN_ERRORS: tuple[type[BaseException], ...] = (ValueError, FLError)
 """What the command line reports in one line (exit code 2) instead of a traceback."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import math
 import os
@@ -18,6 +19,7 @@ from fl_lightning import params as P
 from fl_lightning.algorithms import Algorithm, FedAvg, RoundInfo
 from fl_lightning.client_data import ClientData
 from fl_lightning.config import LocalTraining
+from fl_lightning.errors import CheckpointError
 from fl_lightning.executors import ClientRuntime, Executor, resolve_executor
 from fl_lightning.faults import ClientError, ClientFaults, DivergenceError, all_finite, first_non_finite, survivor_weights
 from fl_lightning.metrics import count_messages, round_metrics
@@ -104,6 +106,8 @@ class FederatedModule(L.LightningModule):
         self.executor = resolve_executor(execution)
         self.objective = Objective(model, self.federated_names + self.personal_names)
         self._checked_data = None
+        self._schema: dict[str, Any] | None = None  # the fingerprint's algorithm and model part (fixed)
+        self._partition: tuple[Any, str] | None = None  # (datamodule, its partition's digest)
         self._rounds_run, self._clients_trained = 0, 0  # this fit's, for "a run that trained nothing fails"
         self.comm_totals = {"bytes_up": 0, "bytes_down": 0, "client_uploads": 0}
         self.val_loss, self.val_acc = MeanMetric(), MeanMetric()
@@ -309,6 +313,70 @@ class FederatedModule(L.LightningModule):
         self._evaluate(batch, self.test_loss, self.test_acc, "test")
 
     # ---- checkpoints: everything a resume needs ------------------------------------------------
+    def fingerprint(self) -> dict[str, Any]:
+        """What a resume must match: the algorithm's class and state schema, the model's tensor
+        names and shapes, the number of clients and the partition's identity (a digest of every
+        client's training sample indices)."""
+        if self._schema is None:
+            algorithm = type(self.algorithm)
+            x = self.global_params()
+            client_state, server_state = self.algorithm.client_state_init(x), self.algorithm.server_state_init(P.detach_clone(x))
+            self._schema = {
+                "version": 1,
+                "algorithm": f"{algorithm.__module__}.{algorithm.__qualname__}",
+                "client_state": sorted(f"{n}/{k}" for n, td in client_state.items() for k in td),
+                "server_state": sorted(f"{n}/{k}" for n, td in server_state.items() for k in td),
+                "model": {n: list(t.shape) for n, t in self.model.state_dict().items()},
+            }
+        data = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        if data is None or not hasattr(data, "client_sizes"):
+            return dict(self._schema)
+        if self._partition is None or self._partition[0] is not data:
+            digest = hashlib.sha256()
+            for part in getattr(data, "client_train", None) or [data.client_sizes]:
+                part = torch.as_tensor(part).to(torch.int64).reshape(-1)
+                digest.update(len(part).to_bytes(8, "little") + part.numpy().tobytes())
+            self._partition = (data, digest.hexdigest())
+        return {**self._schema, "num_clients": int(data.num_clients), "partition": self._partition[1]}
+
+    def _check_fingerprint(self, saved: dict[str, Any], federated: dict[str, Any]) -> None:
+        """Stop a resume whose checkpoint was written by a different run setup, naming what differs."""
+        now = self.fingerprint()
+
+        def schema(fp: dict[str, Any]) -> str:
+            names = lambda key: sorted({k.split("/")[0] for k in fp.get(key, [])})  # noqa: E731
+            client, server = names("client_state"), names("server_state")
+            return f"(client state {client or 'none'}, server state {server or 'none'})"
+
+        diffs = []
+        if saved is None:  # an old checkpoint: only what it holds can be checked
+            saved_server = sorted({k.split("/")[0] for k in federated.get("server_state", {})})
+            now_server = sorted({k.split("/")[0] for k in now["server_state"]})
+            if saved_server != now_server:
+                diffs.append(f"algorithm state: server state {saved_server} in the checkpoint, {now_server} for {type(self.algorithm).__name__}")
+        else:
+            keys = ("algorithm", "client_state", "server_state")
+            if any(saved.get(k) != now.get(k) for k in keys):
+                diffs.append(f"algorithm: {saved.get('algorithm')} {schema(saved)} in the checkpoint, {now['algorithm']} {schema(now)} in this run")
+            if "num_clients" in saved and "num_clients" in now and saved["num_clients"] != now["num_clients"]:
+                diffs.append(f"num_clients: {saved['num_clients']} in the checkpoint, {now['num_clients']} in this run")
+            elif saved.get("partition", now.get("partition")) != now.get("partition", saved.get("partition")):
+                diffs.append(
+                    "partition: the checkpoint's clients hold other samples (the data seed, partition, dataset or holdout changed)"
+                )
+            old_model, new_model = saved.get("model", {}), now["model"]
+            for name in [*old_model, *(n for n in new_model if n not in old_model)]:
+                if old_model.get(name) != new_model.get(name):
+                    old, new = old_model.get(name, "absent"), new_model.get(name, "absent")
+                    diffs.append(f"model parameters: {name} {old} in the checkpoint, {new} in this run")
+                    break
+        if diffs:
+            path = getattr(self._trainer, "ckpt_path", None) if self._trainer is not None else None
+            raise CheckpointError(
+                f"checkpoint {path or ''} does not match this run: {'; '.join(diffs)}; "
+                "resume with the settings it was written with, or start a new run without --ckpt_path"
+            )
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = {"x": self.global_params(), **{f"server/{n}": td for n, td in (self.server_state or {}).items()}}
         if not all_finite([state]):
@@ -317,12 +385,14 @@ class FederatedModule(L.LightningModule):
             "client_store": self.store.checkpoint_state(self.global_step),
             "server_state": flatten_state(self.server_state or {}),
             "comm_totals": dict(self.comm_totals),
+            "fingerprint": self.fingerprint(),
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get(_CKPT_KEY)
         if state is None:
             return
+        self._check_fingerprint(state.get("fingerprint"), state)
         self.store.load_checkpoint_state(state["client_store"])
         self.server_state = unflatten_state(state["server_state"])
         self.comm_totals = dict(state["comm_totals"])

@@ -30,3 +30,51 @@ def test_a_model_that_does_not_fit_the_data_ends_in_one_line(tmp_path, capsys):
         "--trainer.enable_checkpointing", "false", "--trainer.default_root_dir", str(tmp_path),
     )  # fmt: skip
     assert "round 0: client" in line and "not a client fault" in line and "in_channels" in line
+
+
+# ---- checked resumes (defect 5) ----------------------------------------------------------------------
+import torch  # noqa: E402
+from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
+
+from fl_lightning import FedAvg, FederatedModule, LocalTraining  # noqa: E402
+from fl_lightning.algorithms import SCAFFOLD  # noqa: E402
+from fl_lightning.errors import FLError  # noqa: E402
+from models import MLP  # noqa: E402
+from tests.conftest import tiny_datamodule, tiny_trainer  # noqa: E402
+
+
+def _fit(tmp_path, algorithm, rounds, num_clients=6, hidden=16, ckpt_path=None, data_seed=0):
+    torch.manual_seed(0)
+    module = FederatedModule(MLP(8, 3, hidden=[hidden]), algorithm, LocalTraining(lr=0.1, steps=2, batch_size=8))
+    callback = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True, every_n_train_steps=1, save_top_k=0)
+    trainer = tiny_trainer(tmp_path, rounds, enable_checkpointing=True, callbacks=[callback])
+    trainer.fit(module, datamodule=tiny_datamodule(num_clients, 3, seed=data_seed), ckpt_path=ckpt_path)
+    return tmp_path / "ckpt" / "last.ckpt"
+
+
+@pytest.mark.parametrize(
+    "first, then, message",
+    [
+        (dict(algorithm=SCAFFOLD, num_clients=6), dict(algorithm=SCAFFOLD, num_clients=7), "num_clients: 6 in the checkpoint, 7 in this run"),
+        (dict(algorithm=SCAFFOLD), dict(algorithm=FedAvg), "algorithm: fl_lightning.algorithms.scaffold.SCAFFOLD .*in the checkpoint, fl_lightning.algorithms.fedavg.FedAvg"),
+        (dict(algorithm=FedAvg), dict(algorithm=SCAFFOLD), "algorithm: fl_lightning.algorithms.fedavg.FedAvg .*in the checkpoint, fl_lightning.algorithms.scaffold.SCAFFOLD"),
+        (dict(algorithm=FedAvg), dict(algorithm=FedAvg, hidden=12), "model parameters: net.1.weight \\[16, 8\\] in the checkpoint, \\[12, 8\\] in this run"),
+        (dict(algorithm=FedAvg), dict(algorithm=FedAvg, data_seed=1), "partition: the checkpoint's clients hold other samples"),
+    ],
+)
+def test_a_resume_that_does_not_match_its_checkpoint_stops_naming_what_differs(tmp_path, first, then, message):
+    first, then = dict(first), dict(then)
+    ckpt = _fit(tmp_path / "a", first.pop("algorithm")(), 2, **first)
+    with pytest.raises(FLError, match=f"^checkpoint .*last.ckpt does not match this run: {message}") as info:
+        _fit(tmp_path / "b", then.pop("algorithm")(), 4, ckpt_path=ckpt, **then)
+    assert "\n" not in str(info.value)
+
+
+def test_a_matching_resume_and_an_old_checkpoint_without_fingerprint_load(tmp_path):
+    ckpt = _fit(tmp_path / "a", SCAFFOLD(), 2)
+    assert torch.load(ckpt, weights_only=True)["federated"]["fingerprint"]["num_clients"] == 6
+    _fit(tmp_path / "b", SCAFFOLD(), 3, ckpt_path=ckpt)
+    old = torch.load(ckpt, weights_only=True)
+    del old["federated"]["fingerprint"]
+    torch.save(old, tmp_path / "old.ckpt")
+    _fit(tmp_path / "c", SCAFFOLD(), 3, ckpt_path=tmp_path / "old.ckpt")
