@@ -159,8 +159,19 @@ class FederatedModule(L.LightningModule):
     def on_fit_start(self) -> None:
         if self.trainer.max_steps is None or self.trainer.max_steps < 1:
             raise ValueError(f"trainer.max_steps is the number of rounds and must be >= 1, got {self.trainer.max_steps}")
+        self.store.start()
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self._release_snapshots()  # the checkpoint callbacks (run before this hook) have written their files
+
+    def on_validation_end(self) -> None:
+        self._release_snapshots()
+
+    def _release_snapshots(self) -> None:
+        self.store.release_snapshots([str(c.dirpath) for c in self.trainer.checkpoint_callbacks if getattr(c, "dirpath", None)])
 
     def on_train_end(self) -> None:
+        self._release_snapshots()
         if self._rounds_run and not self._clients_trained:
             raise ClientError(
                 f"no client completed its local training in {self._rounds_run} rounds: the model is untrained; "
