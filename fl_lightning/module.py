@@ -159,6 +159,11 @@ class FederatedModule(L.LightningModule):
     def on_fit_start(self) -> None:
         if self.trainer.max_steps is None or self.trainer.max_steps < 1:
             raise ValueError(f"trainer.max_steps is the number of rounds and must be >= 1, got {self.trainer.max_steps}")
+        interval = self.trainer.val_check_interval
+        if interval is not None and not interval > 0:
+            raise ValueError(
+                f"trainer.val_check_interval must be > 0 (rounds between evaluations, or a fraction in (0, 1]), got {interval}"
+            )
         self.store.start()
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:

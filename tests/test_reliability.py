@@ -78,3 +78,22 @@ def test_a_matching_resume_and_an_old_checkpoint_without_fingerprint_load(tmp_pa
     del old["federated"]["fingerprint"]
     torch.save(old, tmp_path / "old.ckpt")
     _fit(tmp_path / "c", SCAFFOLD(), 3, ckpt_path=tmp_path / "old.ckpt")
+
+
+# ---- settings named in one line (issue 20, item 7) -----------------------------------------------------
+from datamodules import FederatedDataModule  # noqa: E402
+
+
+def test_a_negative_data_seed_is_named():
+    with pytest.raises(ValueError, match="^data.seed must be an integer >= 0, got -1$"):
+        FederatedDataModule(dataset="synthetic", seed=-1)
+
+
+def test_unknown_dataset_args_are_named_with_the_allowed_keys():
+    with pytest.raises(ValueError, match="^data.dataset_args: unknown key 'bogus' for dataset 'synthetic'; allowed: \\[.*'num_samples'"):
+        FederatedDataModule(dataset="synthetic", dataset_args={"bogus": 1})
+
+
+def test_val_check_interval_0_is_named(tmp_path, capsys):
+    line = _cli_error(capsys, "--trainer.val_check_interval", "0", "--trainer.default_root_dir", str(tmp_path))
+    assert line == "fl-lightning: error: trainer.val_check_interval must be > 0 (rounds between evaluations, or a fraction in (0, 1]), got 0"
