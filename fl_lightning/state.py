@@ -126,6 +126,10 @@ class DiskClientStore(ClientStore):
     to a finished run is refused too; resuming from one of that run's checkpoints (into the
     same folder or a new one) is not.
 
+    Under DDP every process holds its own store: processes other than the first use the
+    subfolder ``rank-<node>-<local rank>``; a resume restores the snapshot the checkpoint
+    (written by the first process) names, on every process.
+
     Snapshots of this run are deleted only when no checkpoint file in the trainer's
     checkpoint folders references them, keeping the newest ``keep_snapshots`` in any case;
     snapshots of other runs are never deleted.
@@ -140,6 +144,9 @@ class DiskClientStore(ClientStore):
         if keep_snapshots < 1:
             raise ValueError(f"keep_snapshots must be >= 1, got {keep_snapshots}")
         self.directory = Path(directory)
+        rank = (int(os.environ.get("NODE_RANK") or 0), int(os.environ.get("LOCAL_RANK") or 0))  # set for DDP's processes
+        if rank != (0, 0):
+            self.directory = self.directory / f"rank-{rank[0]}-{rank[1]}"
         self.keep_snapshots = keep_snapshots
         self.run_id = f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
         self.directory.mkdir(parents=True, exist_ok=True)

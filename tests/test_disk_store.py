@@ -157,3 +157,14 @@ def test_a_crafted_snapshot_path_is_refused_before_anything_is_touched(tmp_path,
         store.load_checkpoint_state({"disk_snapshot": crafted})
     assert torch.equal(store.get(1, dict)["c"]["w"], torch.ones(2)), "live/ is untouched"
     assert isinstance(CheckpointError("x"), FLError)
+
+
+def test_each_ddp_process_holds_its_own_store_and_resumes_the_checkpoints_snapshot(tmp_path, monkeypatch):
+    first = DiskClientStore(str(tmp_path))
+    first.put(4, {"c": {"w": torch.arange(3.0)}})
+    record = first.checkpoint_state(7)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    other = DiskClientStore(str(tmp_path))  # not refused: its own subfolder
+    assert other.directory == tmp_path / "rank-0-1"
+    other.load_checkpoint_state(record)
+    assert torch.equal(other.get(4, dict)["c"]["w"], torch.arange(3.0))
