@@ -97,3 +97,11 @@ def test_unknown_dataset_args_are_named_with_the_allowed_keys():
 def test_val_check_interval_0_is_named(tmp_path, capsys):
     line = _cli_error(capsys, "--trainer.val_check_interval", "0", "--trainer.default_root_dir", str(tmp_path))
     assert line == "fl-lightning: error: trainer.val_check_interval must be > 0 (rounds between evaluations, or a fraction in (0, 1]), got 0"
+
+
+@pytest.mark.parametrize("name", ["..", ".", "../..", "/.."])
+def test_a_run_name_never_leaves_the_runs_folder(tmp_path, name):
+    from fl_lightning.sweep import Sweep, dir_name
+
+    run_dir = Sweep(path=tmp_path, base=tmp_path, runs={name: {}}).run_dir(tmp_path / "out", name, 0)
+    assert run_dir.resolve().parent.parent == (tmp_path / "out" / "runs").resolve(), dir_name(name)
