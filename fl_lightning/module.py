@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import functools
 import hashlib
 import logging
@@ -108,6 +109,7 @@ class FederatedModule(L.LightningModule):
         self._checked_data = None
         self._schema: dict[str, Any] | None = None  # the fingerprint's algorithm and model part (fixed)
         self._partition: tuple[Any, str] | None = None  # (datamodule, its partition's digest)
+        self._resumed_step: int | None = None  # the global step of the checkpoint this fit resumed from
         self._rounds_run, self._clients_trained = 0, 0  # this fit's, for "a run that trained nothing fails"
         self.comm_totals = {"bytes_up": 0, "bytes_down": 0, "client_uploads": 0}
         self.val_loss, self.val_acc = MeanMetric(), MeanMetric()
@@ -165,6 +167,42 @@ class FederatedModule(L.LightningModule):
                 f"trainer.val_check_interval must be > 0 (rounds between evaluations, or a fraction in (0, 1]), got {interval}"
             )
         self.store.start()
+        if self._resumed_step is not None:
+            self._continue_metrics(self._resumed_step)
+        self._previous_metrics = {}
+
+    def prepare_data(self) -> None:
+        """Read the CSV logs a resume may continue (before Lightning's CSV writer deletes them)."""
+        from lightning.pytorch.loggers import CSVLogger
+
+        self._previous_metrics = {}
+        for logger in self.loggers:
+            if isinstance(logger, CSVLogger) and getattr(logger, "_experiment", None) is None:
+                path = os.path.join(logger.log_dir, "metrics.csv")
+                if os.path.isfile(path):
+                    with open(path, newline="") as file:
+                        reader = csv.DictReader(file)
+                        self._previous_metrics[path] = (list(reader.fieldnames or []), list(reader))
+
+    def _continue_metrics(self, step: int) -> None:
+        """A resume into an existing CSV log (same logger version) continues it: the rows of rounds
+        before ``step`` stay, later ones (logged after the checkpoint, before the run stopped) are
+        dropped and logged again by the resumed rounds. Lightning would otherwise delete the file."""
+        from lightning.pytorch.loggers import CSVLogger
+
+        previous = getattr(self, "_previous_metrics", None) or {}
+        for logger in self.loggers if self.global_rank == 0 else []:
+            path = os.path.join(logger.log_dir, "metrics.csv") if isinstance(logger, CSVLogger) else None
+            if path not in previous:
+                continue
+            header, rows = previous.pop(path)
+            kept = [row for row in rows if row.get("step", "").isdigit() and int(row["step"]) < step]
+            writer = logger.experiment
+            with open(writer.metrics_file_path, "w", newline="") as file:
+                out = csv.DictWriter(file, fieldnames=header)
+                out.writeheader()
+                out.writerows(kept)
+            writer.metrics_keys = list(header)
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         self._release_snapshots()  # the checkpoint callbacks (run before this hook) have written their files
@@ -409,6 +447,7 @@ class FederatedModule(L.LightningModule):
         if state is None:
             return
         self._check_fingerprint(state.get("fingerprint"), state)
+        self._resumed_step = int(checkpoint.get("global_step", 0))
         self.store.load_checkpoint_state(state["client_store"])
         self.server_state = unflatten_state(state["server_state"])
         self.comm_totals = dict(state["comm_totals"])

@@ -105,3 +105,31 @@ def test_a_run_name_never_leaves_the_runs_folder(tmp_path, name):
 
     run_dir = Sweep(path=tmp_path, base=tmp_path, runs={name: {}}).run_dir(tmp_path / "out", name, 0)
     assert run_dir.resolve().parent.parent == (tmp_path / "out" / "runs").resolve(), dir_name(name)
+
+
+# ---- metrics across resumes (defect 6) -------------------------------------------------------------
+import csv  # noqa: E402
+
+from lightning.pytorch.loggers import CSVLogger  # noqa: E402
+
+
+def _logged_fit(tmp_path, rounds, ckpt_path=None):
+    torch.manual_seed(0)
+    module = FederatedModule(MLP(8, 3, hidden=[16]), FedAvg(), LocalTraining(lr=0.1, steps=2, batch_size=8))
+    callback = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_top_k=-1, every_n_train_steps=2)
+    trainer = tiny_trainer(
+        tmp_path, rounds, enable_checkpointing=True, callbacks=[callback], logger=CSVLogger(tmp_path, name="logs", version=0),
+        limit_val_batches=1.0, val_check_interval=2, check_val_every_n_epoch=None,
+    )  # fmt: skip
+    trainer.fit(module, datamodule=tiny_datamodule(6, 3), ckpt_path=ckpt_path)
+    with open(tmp_path / "logs" / "version_0" / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def test_a_resume_into_the_same_logger_version_continues_its_metrics_without_gaps_or_duplicates(tmp_path):
+    straight = _logged_fit(tmp_path / "a", 6)
+    _logged_fit(tmp_path / "b", 5)  # "killed" after round 5; its last checkpoint is round 4's
+    ckpt = tmp_path / "b" / "ckpt" / "epoch=0-step=4.ckpt"
+    resumed = _logged_fit(tmp_path / "b", 6, ckpt_path=ckpt)
+    key = lambda rows: [(r["step"], r.get("round"), r.get("train/loss"), r.get("val/acc")) for r in rows]  # noqa: E731
+    assert key(resumed) == key(straight)
