@@ -100,7 +100,7 @@ class ClientFaults:
         if trained and failed > self.max_failed_fraction * trained:
             raise ClientError(
                 f"round {round_idx}: {failed} of {trained} clients failed, more than faults.max_failed_fraction = "
-                f"{self.max_failed_fraction}; see the warnings above for their errors (raise it up to 1 to tolerate this)"
+                f"{self.max_failed_fraction}; see the warnings above for their errors (a value closer to 1 tolerates more)"
             )
 
     @property

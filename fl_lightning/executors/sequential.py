@@ -38,7 +38,10 @@ class SequentialExecutor(Executor):
                 if task.warmup:
                     raise ClientError(f"warm-up: client {task.client_id} failed: {error!r}; the warm-up pass needs every client") from error
                 if runtime.fail_fast:
-                    raise ClientError(f"round {info.round}: client {task.client_id} failed: {error!r}") from error
+                    raise ClientError(
+                        f"round {info.round}: client {task.client_id} failed: {error!r}; faults.fail_fast stops the run at the first "
+                        "client failure (unset it to leave failed clients out of their round)"
+                    ) from error
                 log.warning("round %d: client %d failed and is left out of the aggregate: %r", info.round, task.client_id, error)
             except Exception as error:
                 raise fatal_client_error(info.round, task.client_id, error) from error
