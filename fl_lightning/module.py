@@ -380,14 +380,15 @@ class FederatedModule(L.LightningModule):
                 "algorithm": f"{algorithm.__module__}.{algorithm.__qualname__}",
                 "client_state": sorted(f"{n}/{k}" for n, td in client_state.items() for k in td),
                 "server_state": sorted(f"{n}/{k}" for n, td in server_state.items() for k in td),
-                "model": {n: list(t.shape) for n, t in self.model.state_dict().items()},
+                "model": {n: list(t.shape) for n, t in self.model.state_dict().items() if isinstance(t, torch.Tensor)},
             }
         data = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
         if data is None or not hasattr(data, "client_sizes"):
             return dict(self._schema)
         if self._partition is None or self._partition[0] is not data:
             digest = hashlib.sha256()
-            for part in getattr(data, "client_train", None) or [data.client_sizes]:
+            parts = getattr(data, "client_train", None)
+            for part in parts if parts is not None else [data.client_sizes]:
                 part = torch.as_tensor(part).to(torch.int64).reshape(-1)
                 digest.update(len(part).to_bytes(8, "little") + part.numpy().tobytes())
             self._partition = (data, digest.hexdigest())
