@@ -168,3 +168,20 @@ def test_each_ddp_process_holds_its_own_store_and_resumes_the_checkpoints_snapsh
     assert other.directory == tmp_path / "rank-0-1"
     other.load_checkpoint_state(record)
     assert torch.equal(other.get(4, dict)["c"]["w"], torch.arange(3.0))
+
+
+def test_a_snapshot_is_deleted_only_after_no_written_checkpoint_references_it(tmp_path):
+    """keep_snapshots 1: writing checkpoint 2 must not delete the snapshot checkpoint 1 (still the
+    only complete checkpoint if the write is killed) references."""
+    store = DiskClientStore(str(tmp_path / "store"), keep_snapshots=1)
+    store.put(0, {"c": {"w": torch.ones(2)}})
+    (tmp_path / "ckpt").mkdir()
+    torch.save({"federated": {"client_store": store.checkpoint_state(1)}}, tmp_path / "ckpt" / "last.ckpt")
+    first = tmp_path / "store" / f"snapshots/{store.run_id}-step_{1:09d}"
+    second = store.checkpoint_state(2)  # the checkpoint callback is about to write it (and may be killed)
+    assert first.is_dir()
+    store.release_snapshots([str(tmp_path / "ckpt")])
+    assert first.is_dir(), "last.ckpt still references it"
+    torch.save({"federated": {"client_store": second}}, tmp_path / "ckpt" / "last.ckpt")
+    store.release_snapshots([str(tmp_path / "ckpt")])
+    assert not first.is_dir() and (tmp_path / "store" / second["disk_snapshot"]).is_dir()
