@@ -83,8 +83,12 @@ class FederatedDataModule(L.LightningDataModule):
             raise ValueError(f"val_fraction must be in [0, 1 - holdout_fraction) = [0, {1.0 - holdout_fraction:g}), got {val_fraction}")
         if eval_batch_size < 1:
             raise ValueError(f"eval_batch_size must be >= 1, got {eval_batch_size}")
-        if type(self).build_source is FederatedDataModule.build_source and dataset not in SOURCES:
-            raise ValueError(f"unknown dataset {dataset!r}; allowed: {sorted(SOURCES)}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"data.seed must be an integer >= 0, got {seed}")
+        if type(self).build_source is FederatedDataModule.build_source:
+            if dataset not in SOURCES:
+                raise ValueError(f"unknown dataset {dataset!r}; allowed: {sorted(SOURCES)}")
+            _check_dataset_args(dataset, dict(dataset_args or {}))
         self.dataset = dataset
         self.dataset_args = dict(dataset_args or {})
         self.num_clients = num_clients
@@ -277,3 +281,16 @@ class FederatedDataModule(L.LightningDataModule):
 
     def client_holdout_batch(self, client_id: int) -> Any:
         return self.client_view(self._gather(self.client_holdout[client_id]), client_id)
+
+
+def _check_dataset_args(dataset: str, args: dict[str, Any]) -> None:
+    """Unknown ``dataset_args`` keys are named with the allowed ones, before any data is loaded."""
+    import inspect
+
+    parameters = inspect.signature(SOURCES[dataset]).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return
+    allowed = [n for n, p in parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    for key in args:
+        if key not in allowed:
+            raise ValueError(f"data.dataset_args: unknown key {key!r} for dataset {dataset!r}; allowed: {allowed}")

@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import sys
 
+from fl_lightning.errors import KNOWN_ERRORS
+
 LIGHTNING_SUBCOMMANDS = ("fit", "validate", "test", "predict")
 OTHER_SUBCOMMANDS = ("compare", "montecarlo", "partition", "fixture")
 
@@ -112,7 +114,7 @@ def main(args: list[str] | None = None) -> None:
                 build_cli(argv)
             finally:
                 sys.argv = saved
-    except ValueError as error:
+    except KNOWN_ERRORS as error:  # a bad setting, divergence, failing clients, a bad checkpoint or store
         if os.environ.get("FL_LIGHTNING_TRACEBACK"):
             raise
         print(f"fl-lightning: error: {_essential(str(error))}", file=sys.stderr)

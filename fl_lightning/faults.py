@@ -1,8 +1,14 @@
 """Simulated client faults and divergence checks.
 
 A selected client may drop out (never reports), straggle (completes only part of
-its local steps) or raise. Every fault is drawn from the client's round seed, so a
+its local steps) or fail. Every fault is drawn from the client's round seed, so a
 run with faults is as reproducible, and as resumable, as one without.
+
+Only declared failures are client faults: ``ClientFailure`` (raise it to simulate a
+crashed client) and the transient errors in ``TRANSIENT_ERRORS``. Any other error a
+client raises (a shape, dtype or index error, a memory or storage error) would recur
+on every client: it stops the run at once (``FatalClientError``), it is never
+"left out of the round".
 """
 
 from __future__ import annotations
@@ -15,18 +21,46 @@ import torch
 from torch import Tensor
 
 from fl_lightning import params as P
+from fl_lightning.errors import FLError, one_line
 from fl_lightning.params import TensorDict
 from fl_lightning.participation import derive_seed
 
 _FAULT_STREAM = 0xFA17
 
 
-class DivergenceError(RuntimeError):
-    """A client update or the global model became NaN or Inf."""
+class DivergenceError(FLError, RuntimeError):
+    """A client's loss or update, or the global model, became NaN or Inf."""
 
 
-class ClientError(RuntimeError):
-    """A client's local training raised while ``fail_fast`` is set."""
+class ClientError(FLError, RuntimeError):
+    """Clients failed: one while ``fail_fast`` is set, too many in a round, or all of a run's."""
+
+
+class FatalClientError(ClientError):
+    """A client raised an error that is not a client fault (it would recur on every client)."""
+
+
+class ClientFailure(Exception):
+    """A declared client failure: raise it (from a client rule, a data hook or a fault
+    simulation) to make the client count as failed for this round."""
+
+
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (ClientFailure, TimeoutError, ConnectionError)
+"""Errors that count as a client failure; every other error a client raises stops the run."""
+
+
+def fatal_client_error(round_idx: int, client_id: int, error: BaseException) -> FatalClientError:
+    """The one-line error for a non-fault raised while client ``client_id`` trained, with a hint by kind."""
+    if isinstance(error, (MemoryError, torch.OutOfMemoryError)):
+        hint = "out of memory: reduce local.batch_size, local.steps or the model size"
+    elif isinstance(error, OSError) or type(error).__name__ == "SafetensorsError":
+        hint = "a storage error: check the client store's directory (disk space, permissions, damaged files)"
+    else:
+        hint = "check the model against the data (e.g. in_channels, num_classes) and the algorithm's settings"
+    return FatalClientError(
+        f"round {round_idx}: client {client_id} raised {one_line(error)} -- not a client fault "
+        f"(it would recur on every client), so the run stops; {hint}"
+    )
 
 
 @dataclass
@@ -38,22 +72,36 @@ class ClientFaults:
         straggler: probability in [0, 1] that a client completes only part of its local steps.
         straggler_min_fraction: a straggler completes a uniform fraction in
             [straggler_min_fraction, 1) of its steps (at least one step); in (0, 1].
-        fail_fast: stop the run when a client's training raises; otherwise the client
-            is left out of that round's aggregate (weights renormalised, its state untouched).
+        fail_fast: stop the run when a client fails (``ClientFailure`` or a transient
+            error); otherwise the client is left out of that round's aggregate (weights
+            renormalised, its state untouched). Other errors always stop the run.
+        max_failed_fraction: in [0, 1]; the run stops when more than this fraction of a
+            round's training clients fail.
     """
 
     dropout: float = 0.0
     straggler: float = 0.0
     straggler_min_fraction: float = 0.1
     fail_fast: bool = False
+    max_failed_fraction: float = 0.5
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.max_failed_fraction <= 1.0:  # NaN fails too
+            raise ValueError(f"faults.max_failed_fraction must be in [0, 1], got {self.max_failed_fraction}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"faults.dropout must be in [0, 1), got {self.dropout}")
         if not 0.0 <= self.straggler <= 1.0:
             raise ValueError(f"faults.straggler must be in [0, 1], got {self.straggler}")
         if not 0.0 < self.straggler_min_fraction <= 1.0:
             raise ValueError(f"faults.straggler_min_fraction must be in (0, 1], got {self.straggler_min_fraction}")
+
+    def check_failures(self, round_idx: int, failed: int, trained: int) -> None:
+        """Stop the run when more than ``max_failed_fraction`` of the round's ``trained`` clients failed."""
+        if trained and failed > self.max_failed_fraction * trained:
+            raise ClientError(
+                f"round {round_idx}: {failed} of {trained} clients failed, more than faults.max_failed_fraction = "
+                f"{self.max_failed_fraction}; see the warnings above for their errors (a value closer to 1 tolerates more)"
+            )
 
     @property
     def active(self) -> bool:

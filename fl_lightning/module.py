@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import csv
 import functools
+import hashlib
 import logging
+import math
+import os
 import time
 import warnings
 from typing import Any
@@ -17,8 +21,9 @@ from fl_lightning import params as P
 from fl_lightning.algorithms import Algorithm, FedAvg, RoundInfo
 from fl_lightning.client_data import ClientData
 from fl_lightning.config import LocalTraining
+from fl_lightning.errors import CheckpointError
 from fl_lightning.executors import ClientRuntime, Executor, resolve_executor
-from fl_lightning.faults import ClientFaults, DivergenceError, all_finite, first_non_finite, survivor_weights
+from fl_lightning.faults import ClientError, ClientFaults, DivergenceError, all_finite, first_non_finite, survivor_weights
 from fl_lightning.metrics import count_messages, round_metrics
 from fl_lightning.objective import Objective
 from fl_lightning.params import TensorDict
@@ -103,6 +108,10 @@ class FederatedModule(L.LightningModule):
         self.executor = resolve_executor(execution)
         self.objective = Objective(model, self.federated_names + self.personal_names)
         self._checked_data = None
+        self._schema: dict[str, Any] | None = None  # the fingerprint's algorithm and model part (fixed)
+        self._partition: tuple[Any, str] | None = None  # (datamodule, its partition's digest)
+        self._resumed_step: int | None = None  # the global step of the checkpoint this fit resumed from
+        self._rounds_run, self._clients_trained = 0, 0  # this fit's, for "a run that trained nothing fails"
         self.comm_totals = {"bytes_up": 0, "bytes_down": 0, "client_uploads": 0}
         self.val_loss, self.val_acc = MeanMetric(), MeanMetric()
         self.test_loss, self.test_acc = MeanMetric(), MeanMetric()
@@ -153,6 +162,65 @@ class FederatedModule(L.LightningModule):
     def on_fit_start(self) -> None:
         if self.trainer.max_steps is None or self.trainer.max_steps < 1:
             raise ValueError(f"trainer.max_steps is the number of rounds and must be >= 1, got {self.trainer.max_steps}")
+        interval = self.trainer.val_check_interval
+        if interval is not None and not interval > 0:
+            raise ValueError(
+                f"trainer.val_check_interval must be > 0 (rounds between evaluations, or a fraction in (0, 1]), got {interval}"
+            )
+        self.store.start()
+        if self._resumed_step is not None:
+            self._continue_metrics(self._resumed_step)
+        self._previous_metrics = {}
+
+    def prepare_data(self) -> None:
+        """Read the CSV logs a resume may continue (before Lightning's CSV writer deletes them)."""
+        from lightning.pytorch.loggers import CSVLogger
+
+        self._previous_metrics = {}
+        for logger in self.loggers:
+            if isinstance(logger, CSVLogger) and getattr(logger, "_experiment", None) is None:
+                path = os.path.join(logger.log_dir, "metrics.csv")
+                if os.path.isfile(path):
+                    with open(path, newline="") as file:
+                        reader = csv.DictReader(file)
+                        self._previous_metrics[path] = (list(reader.fieldnames or []), list(reader))
+
+    def _continue_metrics(self, step: int) -> None:
+        """A resume into an existing CSV log (same logger version) continues it: the rows of rounds
+        before ``step`` stay, later ones (logged after the checkpoint, before the run stopped) are
+        dropped and logged again by the resumed rounds. Lightning would otherwise delete the file."""
+        from lightning.pytorch.loggers import CSVLogger
+
+        previous = getattr(self, "_previous_metrics", None) or {}
+        for logger in self.loggers if self.global_rank == 0 else []:
+            path = os.path.join(logger.log_dir, "metrics.csv") if isinstance(logger, CSVLogger) else None
+            if path not in previous:
+                continue
+            header, rows = previous.pop(path)
+            kept = [row for row in rows if row.get("step", "").isdigit() and int(row["step"]) < step]
+            writer = logger.experiment
+            with open(writer.metrics_file_path, "w", newline="") as file:
+                out = csv.DictWriter(file, fieldnames=header)
+                out.writeheader()
+                out.writerows(kept)
+            writer.metrics_keys = list(header)
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self._release_snapshots()  # the checkpoint callbacks (run before this hook) have written their files
+
+    def on_validation_end(self) -> None:
+        self._release_snapshots()
+
+    def _release_snapshots(self) -> None:
+        self.store.release_snapshots([str(c.dirpath) for c in self.trainer.checkpoint_callbacks if getattr(c, "dirpath", None)])
+
+    def on_train_end(self) -> None:
+        self._release_snapshots()
+        if self._rounds_run and not self._clients_trained:
+            raise ClientError(
+                f"no client completed its local training in {self._rounds_run} rounds: the model is untrained; "
+                "see the warnings above for the clients' errors"
+            )
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return self.algorithm.server_optimizer(self.federated_parameters())
@@ -173,19 +241,27 @@ class FederatedModule(L.LightningModule):
             server_state = self._warmup(x, server_state, info)
         broadcast = self.algorithm.broadcast(x, server_state, info)
         tasks, stragglers = self._tasks(plan.clients.tolist(), plan.seeds.tolist(), broadcast, plan.round)
-        results = self.executor.run(tasks, info, self._runtime())
+        try:
+            results = self.executor.run(tasks, info, self._runtime())
+        except DivergenceError as error:  # a client's loss (the built-in executors check it)
+            raise self._diverged(str(error)) from error
+        self.faults.check_failures(plan.round, len(tasks) - len(results), len(tasks))
+        self._rounds_run, self._clients_trained = self._rounds_run + 1, self._clients_trained + len(results)
         extra_metrics = {"faults/dropped": len(plan.clients) - len(tasks), "faults/failed": len(tasks) - len(results)}
         if self.faults.active:
             extra_metrics["faults/stragglers"] = stragglers
         if not results:
             self._empty_round(plan, broadcast, extra_metrics)
             return
+        for result in results:  # any executor's: NaN may also mean "no loss recorded", infinity may not
+            if math.isinf(result.mean_loss):
+                raise self._diverged(f"round {plan.round}: client {result.client_id}'s training loss is non-finite ({result.mean_loss})")
         uploads = [r.upload for r in results]
         if not all_finite(uploads):
             for result in results:
                 bad = first_non_finite(result.upload)
                 if bad is not None:
-                    raise DivergenceError(f"round {plan.round}: client {result.client_id} sent a non-finite update ({bad})")
+                    raise self._diverged(f"round {plan.round}: client {result.client_id} sent a non-finite update ({bad})")
         weights = survivor_weights(plan.clients, plan.weights, [r.client_id for r in results])
         local_steps = [r.num_steps for r in results]
         pseudo_grad, self.server_state = self.algorithm.aggregate(x, uploads, weights, server_state, info, local_steps)
@@ -200,8 +276,17 @@ class FederatedModule(L.LightningModule):
         optimizer.step()
         bad = None if all_finite([{"x": self.global_params()}]) else first_non_finite({"x": self.global_params()})
         if bad is not None:
-            raise DivergenceError(f"round {plan.round}: the global model became non-finite ({bad})")
+            raise self._diverged(f"round {plan.round}: the global model became non-finite ({bad})")
         self._log_round(plan, broadcast, uploads, results, extra_metrics)
+
+    def _diverged(self, message: str) -> DivergenceError:
+        """The divergence error, naming the newest checkpoint (written from a finite state) to go back to."""
+        paths = []
+        for callback in getattr(self._trainer, "checkpoint_callbacks", None) or []:
+            paths += [p for p in (getattr(callback, "last_model_path", ""), getattr(callback, "best_model_path", "")) if p]
+        paths = [p for p in paths if os.path.exists(p)]
+        last = f"the last good checkpoint is {max(paths, key=os.path.getmtime)}" if paths else "no checkpoint was written"
+        return DivergenceError(f"{message}; {last}; lower local.lr or the algorithm's global_lr")
 
     def _runtime(self) -> ClientRuntime:
         return ClientRuntime(
@@ -295,17 +380,88 @@ class FederatedModule(L.LightningModule):
             self.log("round", float(self.global_step - 1), on_step=False, on_epoch=True)
 
     # ---- checkpoints: everything a resume needs ------------------------------------------------
+    def fingerprint(self) -> dict[str, Any]:
+        """What a resume must match: the algorithm's class and state schema, the model's tensor
+        names and shapes, the number of clients and the partition's identity (a digest of every
+        client's training sample indices)."""
+        if self._schema is None:
+            algorithm = type(self.algorithm)
+            x = self.global_params()
+            client_state, server_state = self.algorithm.client_state_init(x), self.algorithm.server_state_init(P.detach_clone(x))
+            self._schema = {
+                "version": 1,
+                "algorithm": f"{algorithm.__module__}.{algorithm.__qualname__}",
+                "client_state": sorted(f"{n}/{k}" for n, td in client_state.items() for k in td),
+                "server_state": sorted(f"{n}/{k}" for n, td in server_state.items() for k in td),
+                "model": {n: list(t.shape) for n, t in self.model.state_dict().items() if isinstance(t, torch.Tensor)},
+            }
+        data = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        if data is None or not hasattr(data, "client_sizes"):
+            return dict(self._schema)
+        if self._partition is None or self._partition[0] is not data:
+            digest = hashlib.sha256()
+            parts = getattr(data, "client_train", None)
+            for part in parts if parts is not None else [data.client_sizes]:
+                part = torch.as_tensor(part).to(torch.int64).reshape(-1)
+                digest.update(len(part).to_bytes(8, "little") + part.numpy().tobytes())
+            self._partition = (data, digest.hexdigest())
+        return {**self._schema, "num_clients": int(data.num_clients), "partition": self._partition[1]}
+
+    def _check_fingerprint(self, saved: dict[str, Any], federated: dict[str, Any]) -> None:
+        """Stop a resume whose checkpoint was written by a different run setup, naming what differs."""
+        now = self.fingerprint()
+
+        def schema(fp: dict[str, Any]) -> str:
+            names = lambda key: sorted({k.split("/")[0] for k in fp.get(key, [])})  # noqa: E731
+            client, server = names("client_state"), names("server_state")
+            return f"(client state {client or 'none'}, server state {server or 'none'})"
+
+        diffs = []
+        if saved is None:  # an old checkpoint: only what it holds can be checked
+            saved_server = sorted({k.split("/")[0] for k in federated.get("server_state", {})})
+            now_server = sorted({k.split("/")[0] for k in now["server_state"]})
+            if saved_server != now_server:
+                diffs.append(f"algorithm state: server state {saved_server} in the checkpoint, {now_server} for {type(self.algorithm).__name__}")
+        else:
+            keys = ("algorithm", "client_state", "server_state")
+            if any(saved.get(k) != now.get(k) for k in keys):
+                diffs.append(f"algorithm: {saved.get('algorithm')} {schema(saved)} in the checkpoint, {now['algorithm']} {schema(now)} in this run")
+            if "num_clients" in saved and "num_clients" in now and saved["num_clients"] != now["num_clients"]:
+                diffs.append(f"num_clients: {saved['num_clients']} in the checkpoint, {now['num_clients']} in this run")
+            elif saved.get("partition", now.get("partition")) != now.get("partition", saved.get("partition")):
+                diffs.append(
+                    "partition: the checkpoint's clients hold other samples (the data seed, partition, dataset or holdout changed)"
+                )
+            old_model, new_model = saved.get("model", {}), now["model"]
+            for name in [*old_model, *(n for n in new_model if n not in old_model)]:
+                if old_model.get(name) != new_model.get(name):
+                    old, new = old_model.get(name, "absent"), new_model.get(name, "absent")
+                    diffs.append(f"model parameters: {name} {old} in the checkpoint, {new} in this run")
+                    break
+        if diffs:
+            path = getattr(self._trainer, "ckpt_path", None) if self._trainer is not None else None
+            raise CheckpointError(
+                f"checkpoint {path or ''} does not match this run: {'; '.join(diffs)}; "
+                "resume with the settings it was written with, or start a new run without --ckpt_path"
+            )
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = {"x": self.global_params(), **{f"server/{n}": td for n, td in (self.server_state or {}).items()}}
+        if not all_finite([state]):
+            raise DivergenceError(f"no checkpoint is written from a non-finite state ({first_non_finite(state)})")
         checkpoint[_CKPT_KEY] = {
             "client_store": self.store.checkpoint_state(self.global_step),
             "server_state": flatten_state(self.server_state or {}),
             "comm_totals": dict(self.comm_totals),
+            "fingerprint": self.fingerprint(),
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get(_CKPT_KEY)
         if state is None:
             return
+        self._check_fingerprint(state.get("fingerprint"), state)
+        self._resumed_step = int(checkpoint.get("global_step", 0))
         self.store.load_checkpoint_state(state["client_store"])
         self.server_state = unflatten_state(state["server_state"])
         self.comm_totals = dict(state["comm_totals"])

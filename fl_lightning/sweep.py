@@ -55,8 +55,10 @@ class Sweep:
 
 
 def dir_name(name: str) -> str:
-    """A run name as a directory name: anything but letters, digits, ``. = + -`` becomes ``_``."""
-    return re.sub(r"[^\w.=+-]+", "_", name).strip("_") or "run"
+    """A run name as a directory name: anything but letters, digits, ``. = + -`` becomes ``_``;
+    never ``.`` or ``..`` (a run directory always lies inside ``OUT/runs``)."""
+    name = re.sub(r"[^\w.=+-]+", "_", name).strip("_")
+    return name if name.strip(".") else "run"
 
 
 def _error(path: Path, message: str) -> ValueError:

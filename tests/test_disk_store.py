@@ -1,22 +1,32 @@
-"""DiskClientStore: same results as the in-memory store, exact resume, nothing resident."""
+"""DiskClientStore: same results as the in-memory store, exact resume, nothing resident;
+it owns its folder (lock, run id), keeps every snapshot a retained checkpoint references,
+and detects damaged files."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from fl_lightning import FederatedModule, LocalTraining
+from fl_lightning.errors import CheckpointError, FLError, StoreError
 from fl_lightning.state import DiskClientStore
 from models import MLP
 from tests.conftest import tiny_datamodule, tiny_trainer
 from tests.test_resume import StatefulFedAvg
 
 
-def _run(tmp_path, rounds, store=None, ckpt_dir=None, ckpt_path=None):
+def _run(tmp_path, rounds, store=None, ckpt_dir=None, ckpt_path=None, save_top_k=0):
     torch.manual_seed(0)
     module = FederatedModule(MLP(8, 3, hidden=[16]), StatefulFedAvg(), LocalTraining(lr=0.1, steps=2, batch_size=8), store=store)
     kw = {}
     if ckpt_dir is not None:
-        kw = dict(enable_checkpointing=True, callbacks=[ModelCheckpoint(dirpath=ckpt_dir, save_last=True, every_n_train_steps=1, save_top_k=0)])
+        callback = ModelCheckpoint(dirpath=ckpt_dir, save_last=True, every_n_train_steps=1, save_top_k=save_top_k)
+        kw = dict(enable_checkpointing=True, callbacks=[callback])
     tiny_trainer(tmp_path, rounds, **kw).fit(module, datamodule=tiny_datamodule(num_clients=8, clients_per_round=3), ckpt_path=ckpt_path)
     return module
 
@@ -42,8 +52,136 @@ def test_disk_store_resume_restores_the_checkpoint_snapshot(tmp_path):
         assert torch.equal(a, b)
 
 
-def test_disk_store_refuses_a_directory_holding_another_runs_states(tmp_path):
+def test_a_second_store_on_the_same_folder_is_refused_naming_the_owner(tmp_path):
     store = DiskClientStore(str(tmp_path))
     store.put(0, {"c": {"w": torch.ones(2)}})
-    with pytest.raises(ValueError, match="already holds client states"):
+    with pytest.raises(StoreError, match=f"^DiskClientStore directory {tmp_path} is in use by run {store.run_id} \\(pid {os.getpid()} "):
         DiskClientStore(str(tmp_path))
+    assert torch.equal(store.get(0, dict)["c"]["w"], torch.ones(2)), "the owner's states are untouched"
+    store.close()
+    DiskClientStore(str(tmp_path)).close()  # a released folder can be taken
+
+
+_HOLD = """
+import sys, time
+from fl_lightning.state import DiskClientStore
+store = DiskClientStore(sys.argv[1])
+print(store.run_id, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_second_process_on_the_same_folder_is_refused(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    owner = subprocess.Popen([sys.executable, "-c", _HOLD, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        run_id = owner.stdout.readline().strip()
+        assert run_id
+        with pytest.raises(StoreError, match=f"in use by run {run_id} \\(pid {owner.pid} on .*give each run its own store directory"):
+            DiskClientStore(str(tmp_path))
+    finally:
+        owner.kill()
+        owner.wait()
+        owner.stdout.close()
+    DiskClientStore(str(tmp_path)).close()  # a dead owner's lock is gone with it
+
+
+def test_every_retained_checkpoint_resumes_after_rotation(tmp_path):
+    """save_top_k -1 keeps every checkpoint; keep_snapshots 1 used to delete all but the newest's snapshot."""
+    first = _run(tmp_path / "a", 5, store=DiskClientStore(str(tmp_path / "a" / "store"), keep_snapshots=1), ckpt_dir=tmp_path / "ckpt", save_top_k=-1)
+    first.store.close()
+    checkpoints = sorted((tmp_path / "ckpt").glob("*step=*.ckpt"))
+    assert len(checkpoints) == 5
+    for i, ckpt in enumerate(checkpoints):
+        step = torch.load(ckpt, weights_only=True)["global_step"]
+        straight = _run(tmp_path / f"s{i}", step + 1, store=DiskClientStore(str(tmp_path / f"s{i}" / "store")))
+        resumed = _run(tmp_path / f"r{i}", step + 1, store=DiskClientStore(str(tmp_path / f"r{i}" / "store")), ckpt_path=ckpt)
+        assert straight.store.equal(resumed.store)
+        straight.store.close()
+        resumed.store.close()
+
+
+def test_snapshots_no_checkpoint_references_are_deleted(tmp_path):
+    module = _run(tmp_path, 5, store=DiskClientStore(str(tmp_path / "store"), keep_snapshots=1), ckpt_dir=tmp_path / "ckpt")
+    snapshots = [p for p in (tmp_path / "store" / "snapshots").iterdir() if not p.name.startswith(".")]
+    reference = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)["federated"]["client_store"]["disk_snapshot"]
+    assert [f"snapshots/{p.name}" for p in snapshots] == [reference]
+    assert reference == f"snapshots/{module.store.run_id}-step_{5:09d}", "named by run id and step, relative to the store"
+
+
+def test_resume_into_the_stores_own_folder_and_after_moving_it(tmp_path):
+    straight = _run(tmp_path / "a", 6, store=DiskClientStore(str(tmp_path / "a" / "store")))
+    first = _run(tmp_path / "b", 3, store=DiskClientStore(str(tmp_path / "b" / "store")), ckpt_dir=tmp_path / "b" / "ckpt")
+    first.store.close()  # the first run ends (its process would exit)
+    own = _run(tmp_path / "b", 6, store=DiskClientStore(str(tmp_path / "b" / "store")), ckpt_path=str(tmp_path / "b" / "ckpt" / "last.ckpt"))
+    assert straight.store.equal(own.store)
+    own.store.close()
+    shutil.move(tmp_path / "b", tmp_path / "moved")  # relative snapshot paths: a moved run folder still resumes
+    moved = _run(tmp_path / "m", 6, store=DiskClientStore(str(tmp_path / "moved" / "store")), ckpt_path=str(tmp_path / "moved" / "ckpt" / "last.ckpt"))
+    assert straight.store.equal(moved.store)
+
+
+def test_a_fresh_run_into_a_folder_holding_a_finished_runs_states_is_refused(tmp_path):
+    first = _run(tmp_path, 2, store=DiskClientStore(str(tmp_path / "store")))
+    first.store.close()
+    with pytest.raises(StoreError, match="holds the client states of run .* resume from one of its checkpoints .*or use an empty directory"):
+        _run(tmp_path, 2, store=DiskClientStore(str(tmp_path / "store")))
+
+
+def _snapshot(ckpt: Path, store: Path) -> Path:
+    return store / torch.load(ckpt, weights_only=True)["federated"]["client_store"]["disk_snapshot"]
+
+
+def test_a_damaged_client_file_stops_the_run_naming_it(tmp_path):
+    first = _run(tmp_path / "a", 3, store=DiskClientStore(str(tmp_path / "a" / "store")), ckpt_dir=tmp_path / "ckpt")
+    first.store.close()
+    victim = sorted(_snapshot(tmp_path / "ckpt" / "last.ckpt", tmp_path / "a" / "store").glob("*.safetensors"))[0]
+    data = victim.read_bytes()
+    victim.unlink()  # a hard link: write a new file so that live/ keeps its own copy
+    victim.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match=f"client file {victim} .*damaged"):
+        _run(tmp_path / "b", 5, store=DiskClientStore(str(tmp_path / "b" / "store")), ckpt_path=tmp_path / "ckpt" / "last.ckpt")
+
+    store = DiskClientStore(str(tmp_path / "c"))
+    store.put(3, {"c": {"w": torch.ones(4)}})
+    (tmp_path / "c" / "live" / "3.safetensors").write_bytes(b"\0" * 10)
+    with pytest.raises(StoreError, match=f"client file {tmp_path / 'c' / 'live' / '3.safetensors'} is damaged"):
+        store.get(3, dict)
+
+
+@pytest.mark.parametrize("crafted", ["../live", "/etc", "snapshots/../../x", "live"])
+def test_a_crafted_snapshot_path_is_refused_before_anything_is_touched(tmp_path, crafted):
+    store = DiskClientStore(str(tmp_path / "store"))
+    store.put(1, {"c": {"w": torch.ones(2)}})
+    with pytest.raises(CheckpointError, match="client-store snapshot"):
+        store.load_checkpoint_state({"disk_snapshot": crafted})
+    assert torch.equal(store.get(1, dict)["c"]["w"], torch.ones(2)), "live/ is untouched"
+    assert isinstance(CheckpointError("x"), FLError)
+
+
+def test_each_ddp_process_holds_its_own_store_and_resumes_the_checkpoints_snapshot(tmp_path, monkeypatch):
+    first = DiskClientStore(str(tmp_path))
+    first.put(4, {"c": {"w": torch.arange(3.0)}})
+    record = first.checkpoint_state(7)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    other = DiskClientStore(str(tmp_path))  # not refused: its own subfolder
+    assert other.directory == tmp_path / "rank-0-1"
+    other.load_checkpoint_state(record)
+    assert torch.equal(other.get(4, dict)["c"]["w"], torch.arange(3.0))
+
+
+def test_a_snapshot_is_deleted_only_after_no_written_checkpoint_references_it(tmp_path):
+    """keep_snapshots 1: writing checkpoint 2 must not delete the snapshot checkpoint 1 (still the
+    only complete checkpoint if the write is killed) references."""
+    store = DiskClientStore(str(tmp_path / "store"), keep_snapshots=1)
+    store.put(0, {"c": {"w": torch.ones(2)}})
+    (tmp_path / "ckpt").mkdir()
+    torch.save({"federated": {"client_store": store.checkpoint_state(1)}}, tmp_path / "ckpt" / "last.ckpt")
+    first = tmp_path / "store" / f"snapshots/{store.run_id}-step_{1:09d}"
+    second = store.checkpoint_state(2)  # the checkpoint callback is about to write it (and may be killed)
+    assert first.is_dir()
+    store.release_snapshots([str(tmp_path / "ckpt")])
+    assert first.is_dir(), "last.ckpt still references it"
+    torch.save({"federated": {"client_store": second}}, tmp_path / "ckpt" / "last.ckpt")
+    store.release_snapshots([str(tmp_path / "ckpt")])
+    assert not first.is_dir() and (tmp_path / "store" / second["disk_snapshot"]).is_dir()

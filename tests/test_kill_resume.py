@@ -60,7 +60,8 @@ def _federated_state(ckpt: Path) -> dict:
     if "disk_snapshot" in store:  # a DiskClientStore's checkpoint names its snapshot: compare the files' tensors
         from safetensors.torch import load_file
 
-        store = {f.name: load_file(f) for f in sorted(Path(store["disk_snapshot"]).iterdir())}
+        snapshot = Path(store.get("disk_store", "/")) / store["disk_snapshot"]  # relative to the store that wrote it
+        store = {f.name: load_file(f) for f in sorted(snapshot.glob("*.safetensors"))}
     federated = {**c["federated"], "client_store": store}
     return {"model": c["state_dict"], **{f"fl/{k}": v for k, v in federated.items()}, "opt": c["optimizer_states"]}
 

@@ -18,6 +18,7 @@ from torch import Tensor
 from fl_lightning.algorithms.base import Algorithm, RoundInfo
 from fl_lightning.client_data import ClientData
 from fl_lightning.config import LocalTraining
+from fl_lightning.faults import DivergenceError
 from fl_lightning.objective import Objective
 from fl_lightning.tasks import ClientResult, ClientTask
 
@@ -73,6 +74,13 @@ def seed_client(seed: int, device: torch.device) -> None:
 
 
 def mean_loss(losses: list[Tensor]) -> float:
-    """The mean of a client's per-step losses (one host read per client, not per step)."""
+    """The mean of a client's per-step losses (one host read per client, not per step);
+    NaN when no step recorded a loss (e.g. SVRG's snapshot steps use full gradients only)."""
     values = torch.stack(losses).tolist() if losses else []
     return sum(values) / len(values) if values else math.nan
+
+
+def check_loss(round_idx: int, client_id: int, loss: float) -> None:
+    """A recorded non-finite training loss is divergence (``DivergenceError`` names round and client)."""
+    if not math.isfinite(loss):
+        raise DivergenceError(f"round {round_idx}: client {client_id}'s training loss is non-finite ({loss})")

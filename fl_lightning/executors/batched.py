@@ -11,9 +11,10 @@ for an elementwise rule that does not read ``ctx.client_id``; otherwise client b
 on the final tensors.
 
 Sequential execution is used instead only for declared reasons (logged once each);
-any other error is re-raised. If the clients fail sequentially too, it is a client
-fault and sequential execution's fault handling applies; if they do not, the batched
-path is wrong and ``BatchedExecutionError`` stops the run.
+any other error is re-raised. The round's clients then train sequentially: a client
+that fails there too is handled as sequential execution handles it (left out for a
+declared or transient failure, the run stopped with ``FatalClientError`` for any other
+error); if none fails, the batched path is wrong and ``BatchedExecutionError`` stops the run.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from torch.func import grad_and_value, vmap
 from fl_lightning import params as P
 from fl_lightning.algorithms.base import ClientContext, ClientIdUnavailable, RoundInfo, declares_capability
 from fl_lightning.client_data import Unstackable
-from fl_lightning.executors.base import ClientRuntime, Executor, seed_client, to_device
+from fl_lightning.errors import FLError, one_line
+from fl_lightning.executors.base import ClientRuntime, Executor, check_loss, seed_client, to_device
 from fl_lightning.executors.sequential import SequentialExecutor
 from fl_lightning.params import TensorDict
 from fl_lightning.tasks import ClientResult, ClientTask, Payload
@@ -42,7 +44,7 @@ class Unbatchable(Exception):
     """A declared reason to run a round's clients one after another (the message says which)."""
 
 
-class BatchedExecutionError(RuntimeError):
+class BatchedExecutionError(FLError, RuntimeError):
     """The batched path raised where the same clients train sequentially without error."""
 
 
@@ -87,11 +89,14 @@ class BatchedExecutor(Executor):
                 reason = str(error)
             except ClientIdUnavailable:
                 reason = f"{type(runtime.algorithm).__name__} reads ctx.client_id in its local steps (ctx.client holds the ids)"
+            except FLError:  # divergence: a known error, not a bug of the batched path
+                raise
             except Exception as error:
                 results = self.sequential.run(tasks, info, runtime)
                 if len(results) == len(tasks):
                     raise BatchedExecutionError(
-                        f"round {info.round}: batched execution raised {error!r} where sequential execution did not"
+                        f"round {info.round}: batched execution raised {one_line(error)} where sequential execution did not; "
+                        "run with --model.execution sequential and report it"
                     ) from error
                 return results  # a client fails in sequential execution too: a client fault
         if not self.fallbacks[reason]:
@@ -132,6 +137,8 @@ class BatchedExecutor(Executor):
         params, local_state = rule(runtime, params, stacked_states, ids, broadcast, info, step_batches, losses)
         uploads, new_states = self._finish(runtime, params, local_state, (states, stacked_states), ids, broadcast, info)
         mean_losses = torch.stack(losses).mean(0).tolist() if losses else [float("nan")] * len(tasks)
+        for client, loss in zip(clients, mean_losses if losses else []):
+            check_loss(info.round, client, loss)
         return [ClientResult(c, uploads[i], new_states[i], local.steps, mean_losses[i]) for i, c in enumerate(clients)]
 
     @staticmethod

@@ -12,8 +12,9 @@ from collections.abc import Sequence
 
 from fl_lightning import params as P
 from fl_lightning.algorithms.base import ClientContext, RoundInfo
-from fl_lightning.executors.base import ClientRuntime, Executor, mean_loss, seed_client, to_device
-from fl_lightning.faults import ClientError
+from fl_lightning.errors import FLError
+from fl_lightning.executors.base import ClientRuntime, Executor, check_loss, mean_loss, seed_client, to_device
+from fl_lightning.faults import TRANSIENT_ERRORS, ClientError, fatal_client_error
 from fl_lightning.params import TensorDict
 from fl_lightning.tasks import PERSONAL, ClientResult, ClientTask
 
@@ -24,20 +25,26 @@ class SequentialExecutor(Executor):
     """Train the tasks' clients one after another."""
 
     def run(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> list[ClientResult]:
-        """A client that raises is left out (see ``ClientFaults``); a ``ValueError`` (a bad
-        setting, not a client fault) and any error of the warm-up pass always propagate."""
+        """A client that fails (``ClientFailure`` or a transient error, see ``fl_lightning.faults``)
+        is left out; a ``ValueError`` (a bad setting) and any error of the warm-up pass propagate;
+        any other error stops the run as ``FatalClientError`` (it is not a client fault)."""
         results = []
         for task in tasks:
             try:
                 results.append(run_task(task, info, runtime))
-            except ValueError:
+            except (ValueError, FLError):
                 raise
-            except Exception as error:
+            except TRANSIENT_ERRORS as error:
                 if task.warmup:
-                    raise
+                    raise ClientError(f"warm-up: client {task.client_id} failed: {error!r}; the warm-up pass needs every client") from error
                 if runtime.fail_fast:
-                    raise ClientError(f"round {info.round}: client {task.client_id} failed: {error!r}") from error
+                    raise ClientError(
+                        f"round {info.round}: client {task.client_id} failed: {error!r}; faults.fail_fast stops the run at the first "
+                        "client failure (unset it to leave failed clients out of their round)"
+                    ) from error
                 log.warning("round %d: client %d failed and is left out of the aggregate: %r", info.round, task.client_id, error)
+            except Exception as error:
+                raise fatal_client_error(info.round, task.client_id, error) from error
         return results
 
 
@@ -67,7 +74,10 @@ def _train_client(task: ClientTask, info: RoundInfo, runtime: ClientRuntime) -> 
     upload, new_state = algorithm.client_finish(shared, local_state, ctx)
     if personal:
         new_state = {**new_state, PERSONAL: algorithm.personal_finish(params, local_state, ctx)}
-    return ClientResult(cid, upload, new_state, task.num_steps, mean_loss(losses))
+    loss = mean_loss(losses)
+    if losses:
+        check_loss(info.round, cid, loss)
+    return ClientResult(cid, upload, new_state, task.num_steps, loss)
 
 
 def _warmup_client(task: ClientTask, info: RoundInfo, runtime: ClientRuntime) -> ClientResult:

@@ -1,0 +1,135 @@
+"""Issue 20: known failures end in one line plus a hint (exit code 2), checked resumes,
+and a client store that owns its folder."""
+
+from pathlib import Path
+
+import pytest
+
+from fl_lightning.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICK = [
+    "--config", str(ROOT / "configs" / "quickstart.yaml"), "--trainer.max_steps", "2", "--trainer.logger", "false",
+    "--trainer.enable_progress_bar", "false", "--trainer.val_check_interval", "2",
+]  # fmt: skip
+
+
+def _cli_error(capsys, *args: str) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", *QUICK, *args])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err and err[-1].startswith("fl-lightning: error: "), err
+    return err[-1]
+
+
+def test_a_model_that_does_not_fit_the_data_ends_in_one_line(tmp_path, capsys):
+    """in_channels 3 on 1-channel digits: was 'trains 0 clients for 30 rounds and exits 0'."""
+    line = _cli_error(
+        capsys, "--model.model.init_args.in_channels", "3", "--trainer.callbacks", "[]",
+        "--trainer.enable_checkpointing", "false", "--trainer.default_root_dir", str(tmp_path),
+    )  # fmt: skip
+    assert "round 0: client" in line and "not a client fault" in line and "in_channels" in line
+
+
+# ---- checked resumes (defect 5) ----------------------------------------------------------------------
+import torch  # noqa: E402
+from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
+
+from fl_lightning import FedAvg, FederatedModule, LocalTraining  # noqa: E402
+from fl_lightning.algorithms import SCAFFOLD  # noqa: E402
+from fl_lightning.errors import FLError  # noqa: E402
+from models import MLP  # noqa: E402
+from tests.conftest import tiny_datamodule, tiny_trainer  # noqa: E402
+
+
+def _fit(tmp_path, algorithm, rounds, num_clients=6, hidden=16, ckpt_path=None, data_seed=0):
+    torch.manual_seed(0)
+    module = FederatedModule(MLP(8, 3, hidden=[hidden]), algorithm, LocalTraining(lr=0.1, steps=2, batch_size=8))
+    callback = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True, every_n_train_steps=1, save_top_k=0)
+    trainer = tiny_trainer(tmp_path, rounds, enable_checkpointing=True, callbacks=[callback])
+    trainer.fit(module, datamodule=tiny_datamodule(num_clients, 3, seed=data_seed), ckpt_path=ckpt_path)
+    return tmp_path / "ckpt" / "last.ckpt"
+
+
+@pytest.mark.parametrize(
+    "first, then, message",
+    [
+        (dict(algorithm=SCAFFOLD, num_clients=6), dict(algorithm=SCAFFOLD, num_clients=7), "num_clients: 6 in the checkpoint, 7 in this run"),
+        (dict(algorithm=SCAFFOLD), dict(algorithm=FedAvg), "algorithm: fl_lightning.algorithms.scaffold.SCAFFOLD .*in the checkpoint, fl_lightning.algorithms.fedavg.FedAvg"),
+        (dict(algorithm=FedAvg), dict(algorithm=SCAFFOLD), "algorithm: fl_lightning.algorithms.fedavg.FedAvg .*in the checkpoint, fl_lightning.algorithms.scaffold.SCAFFOLD"),
+        (dict(algorithm=FedAvg), dict(algorithm=FedAvg, hidden=12), "model parameters: net.1.weight \\[16, 8\\] in the checkpoint, \\[12, 8\\] in this run"),
+        (dict(algorithm=FedAvg), dict(algorithm=FedAvg, data_seed=1), "partition: the checkpoint's clients hold other samples"),
+    ],
+)
+def test_a_resume_that_does_not_match_its_checkpoint_stops_naming_what_differs(tmp_path, first, then, message):
+    first, then = dict(first), dict(then)
+    ckpt = _fit(tmp_path / "a", first.pop("algorithm")(), 2, **first)
+    with pytest.raises(FLError, match=f"^checkpoint .*last.ckpt does not match this run: {message}") as info:
+        _fit(tmp_path / "b", then.pop("algorithm")(), 4, ckpt_path=ckpt, **then)
+    assert "\n" not in str(info.value)
+
+
+def test_a_matching_resume_and_an_old_checkpoint_without_fingerprint_load(tmp_path):
+    ckpt = _fit(tmp_path / "a", SCAFFOLD(), 2)
+    assert torch.load(ckpt, weights_only=True)["federated"]["fingerprint"]["num_clients"] == 6
+    _fit(tmp_path / "b", SCAFFOLD(), 3, ckpt_path=ckpt)
+    old = torch.load(ckpt, weights_only=True)
+    del old["federated"]["fingerprint"]
+    torch.save(old, tmp_path / "old.ckpt")
+    _fit(tmp_path / "c", SCAFFOLD(), 3, ckpt_path=tmp_path / "old.ckpt")
+
+
+# ---- settings named in one line (issue 20, item 7) -----------------------------------------------------
+from datamodules import FederatedDataModule  # noqa: E402
+
+
+def test_a_negative_data_seed_is_named():
+    with pytest.raises(ValueError, match="^data.seed must be an integer >= 0, got -1$"):
+        FederatedDataModule(dataset="synthetic", seed=-1)
+
+
+def test_unknown_dataset_args_are_named_with_the_allowed_keys():
+    with pytest.raises(ValueError, match="^data.dataset_args: unknown key 'bogus' for dataset 'synthetic'; allowed: \\[.*'num_samples'"):
+        FederatedDataModule(dataset="synthetic", dataset_args={"bogus": 1})
+
+
+def test_val_check_interval_0_is_named(tmp_path, capsys):
+    line = _cli_error(capsys, "--trainer.val_check_interval", "0", "--trainer.default_root_dir", str(tmp_path))
+    assert line == "fl-lightning: error: trainer.val_check_interval must be > 0 (rounds between evaluations, or a fraction in (0, 1]), got 0"
+
+
+@pytest.mark.parametrize("name", ["..", ".", "../..", "/.."])
+def test_a_run_name_never_leaves_the_runs_folder(tmp_path, name):
+    from fl_lightning.sweep import Sweep, dir_name
+
+    run_dir = Sweep(path=tmp_path, base=tmp_path, runs={name: {}}).run_dir(tmp_path / "out", name, 0)
+    assert run_dir.resolve().parent.parent == (tmp_path / "out" / "runs").resolve(), dir_name(name)
+
+
+# ---- metrics across resumes (defect 6) -------------------------------------------------------------
+import csv  # noqa: E402
+
+from lightning.pytorch.loggers import CSVLogger  # noqa: E402
+
+
+def _logged_fit(tmp_path, rounds, ckpt_path=None):
+    torch.manual_seed(0)
+    module = FederatedModule(MLP(8, 3, hidden=[16]), FedAvg(), LocalTraining(lr=0.1, steps=2, batch_size=8))
+    callback = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_top_k=-1, every_n_train_steps=2)
+    trainer = tiny_trainer(
+        tmp_path, rounds, enable_checkpointing=True, callbacks=[callback], logger=CSVLogger(tmp_path, name="logs", version=0),
+        limit_val_batches=1.0, val_check_interval=2, check_val_every_n_epoch=None,
+    )  # fmt: skip
+    trainer.fit(module, datamodule=tiny_datamodule(6, 3), ckpt_path=ckpt_path)
+    with open(tmp_path / "logs" / "version_0" / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def test_a_resume_into_the_same_logger_version_continues_its_metrics_without_gaps_or_duplicates(tmp_path):
+    straight = _logged_fit(tmp_path / "a", 6)
+    _logged_fit(tmp_path / "b", 5)  # "killed" after round 5; its last checkpoint is round 4's
+    ckpt = tmp_path / "b" / "ckpt" / "epoch=0-step=4.ckpt"
+    resumed = _logged_fit(tmp_path / "b", 6, ckpt_path=ckpt)
+    key = lambda rows: [(r["step"], r.get("round"), r.get("train/loss"), r.get("val/acc")) for r in rows]  # noqa: E731
+    assert key(resumed) == key(straight)
