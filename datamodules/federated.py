@@ -83,7 +83,7 @@ class FederatedDataModule(L.LightningDataModule):
             raise ValueError(f"val_fraction must be in [0, 1 - holdout_fraction) = [0, {1.0 - holdout_fraction:g}), got {val_fraction}")
         if eval_batch_size < 1:
             raise ValueError(f"eval_batch_size must be >= 1, got {eval_batch_size}")
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise ValueError(f"data.seed must be an integer >= 0, got {seed}")
         if type(self).build_source is FederatedDataModule.build_source:
             if dataset not in SOURCES:
