@@ -62,26 +62,19 @@ def _markdown(table: Table) -> list[str]:
     return lines + ["| " + " | ".join(row) + " |" for row in table.rows] + [""]
 
 
+_LATEX = {
+    **{ch: "\\" + ch for ch in "&%$#_{}"},
+    "±": "$\\pm$",
+    ">": "$>$",
+    "—": "---",
+    "~": "\\textasciitilde{}",
+    "^": "\\textasciicircum{}",
+    "\\": "\\textbackslash{}",
+}
+
+
 def _latex_escape(text: str) -> str:
-    out = []
-    for ch in str(text):
-        if ch in "&%$#_{}":
-            out.append("\\" + ch)
-        elif ch == "±":
-            out.append("$\\pm$")
-        elif ch == ">":
-            out.append("$>$")
-        elif ch == "—":
-            out.append("---")
-        elif ch == "~":
-            out.append("\\textasciitilde{}")
-        elif ch == "^":
-            out.append("\\textasciicircum{}")
-        elif ch == "\\":
-            out.append("\\textbackslash{}")
-        else:
-            out.append(ch)
-    return "".join(out)
+    return "".join(_LATEX.get(ch, ch) for ch in str(text))
 
 
 def _latex(table: Table) -> list[str]:

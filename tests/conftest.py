@@ -55,6 +55,15 @@ def iid():
     return IID()
 
 
+@pytest.fixture
+def wandb_offline(tmp_path, monkeypatch):
+    """wandb without an account or a network, run files under ``tmp_path``."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.chdir(tmp_path)
+
+
 # One intra-op thread per test process: `pytest -n 2` on 2 cores would otherwise oversubscribe
 # (measured: a 2-round fit 5x slower). Subprocesses started by tests inherit the variable.
 os.environ.setdefault("OMP_NUM_THREADS", "1")

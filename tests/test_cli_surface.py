@@ -122,11 +122,7 @@ def test_the_full_config_goes_to_every_logger_and_each_run_keeps_its_config(tmp_
     assert not (tmp_path / "config.yaml").exists()
 
 
-def test_wandb_offline_run_carries_the_config_and_a_default_name(tmp_path, monkeypatch):
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    monkeypatch.chdir(tmp_path)
+def test_wandb_offline_run_carries_the_config_and_a_default_name(tmp_path, wandb_offline):
     cli = build_cli(
         ["--config", QUICKSTART, "--trainer.max_steps", "2", "--trainer.val_check_interval", "2",
          "--trainer.enable_checkpointing", "false", "--trainer.callbacks", "[]", "--seed_everything", "3",
@@ -190,20 +186,18 @@ def test_fit_terminal_is_in_rounds_without_boilerplate_and_ends_with_the_result(
 def test_the_server_lr_schedule_continues_across_a_resume(tmp_path):
     schedule = ["--lr_scheduler", "StepLR", "--lr_scheduler.step_size", "1", "--lr_scheduler.gamma", "0.5"]
     whole = _fit(tmp_path, "whole", *schedule)  # 4 rounds
-    first = build_cli(
-        ["--config", QUICKSTART, "--trainer.max_steps", "2", "--trainer.val_check_interval", "4",
-         "--trainer.enable_checkpointing", "false", "--trainer.enable_progress_bar", "false",
-         "--trainer.callbacks", "[]", *_csv_logger(tmp_path, "first"), *schedule],
-        run=False,
-    )  # fmt: skip
+    def cli(rounds: int, name: str):
+        return build_cli(
+            ["--config", QUICKSTART, "--trainer.max_steps", str(rounds), "--trainer.val_check_interval", "4",
+             "--trainer.enable_checkpointing", "false", "--trainer.enable_progress_bar", "false",
+             "--trainer.callbacks", "[]", *_csv_logger(tmp_path, name), *schedule],
+            run=False,
+        )  # fmt: skip
+
+    first = cli(2, "first")
     first.trainer.fit(first.model, datamodule=first.datamodule)
     first.trainer.save_checkpoint(tmp_path / "round2.ckpt")
-    second = build_cli(
-        ["--config", QUICKSTART, "--trainer.max_steps", "4", "--trainer.val_check_interval", "4",
-         "--trainer.enable_checkpointing", "false", "--trainer.enable_progress_bar", "false",
-         "--trainer.callbacks", "[]", *_csv_logger(tmp_path, "second"), *schedule],
-        run=False,
-    )  # fmt: skip
+    second = cli(4, "second")
     second.trainer.fit(second.model, datamodule=second.datamodule, ckpt_path=tmp_path / "round2.ckpt", weights_only=True)
     rows = _rows(Path(second.trainer.logger.log_dir) / "metrics.csv")
     assert {int(r["step"]): float(r["train/server_lr"]) for r in rows if r.get("train/server_lr")} == {2: 0.25, 3: 0.125}

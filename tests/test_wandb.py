@@ -7,11 +7,7 @@ from fl_lightning.cli import build_cli
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_wandb_offline_run_writes_its_run_directory(tmp_path, monkeypatch):
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    monkeypatch.chdir(tmp_path)
+def test_wandb_offline_run_writes_its_run_directory(tmp_path, wandb_offline):
     cli = build_cli(
         [
             "--config", str(ROOT / "configs" / "quickstart.yaml"),
