@@ -179,7 +179,27 @@ class FLCli(LightningCLI):
         if init_args is not None and "seed" in init_args and init_args.get("seed") is None:
             init_args["seed"] = seed if isinstance(seed, int) and not isinstance(seed, bool) else 0
         self._name_wandb_runs(config)
+        if self.subcommand == "fit":
+            self._resume_in_place(config)
         self.trainer_defaults["callbacks"] = self._extra_callbacks(config)
+
+    @staticmethod
+    def _resume_in_place(config: Any) -> None:
+        """Resuming from ``<save_dir>/<name>/version_<N>/checkpoints/*.ckpt`` continues version N of that
+        CSVLogger/TensorBoardLogger (one run, one folder of metrics) unless the config names a version."""
+        ckpt = config.get("ckpt_path")
+        if not isinstance(ckpt, (str, Path)) or not Path(ckpt).is_file():
+            return
+        run_dir = Path(ckpt).resolve().parent.parent
+        if not run_dir.name.startswith("version_") or not run_dir.name[len("version_"):].isdigit():
+            return
+        for entry in _loggers(config.get("trainer")):
+            init_args = entry.get("init_args") if hasattr(entry, "get") else None
+            if _class_name(entry) not in ("CSVLogger", "TensorBoardLogger") or init_args is None or init_args.get("version") is not None:
+                continue
+            name = init_args.get("name") or "lightning_logs"
+            if (Path(str(init_args.get("save_dir") or ".")) / name).resolve() == run_dir.parent:
+                init_args["version"] = int(run_dir.name[len("version_"):])
 
     def _experiment(self, config: Any) -> str:
         from fl_lightning.config_files import EXPANDED_BASES

@@ -38,9 +38,11 @@ def test_quickstart_runs_through_the_cli_and_resumes(tmp_path):
     last = run / "checkpoints" / "last.ckpt"
     assert torch.load(last, weights_only=True)["global_step"] == 4
 
-    fl_lightning("fit", "--config", config, "--trainer.max_steps", "6", *common, "--ckpt_path", str(last), cwd=tmp_path)
-    resumed = _metrics(tmp_path / "runs" / "quickstart" / "version_1")
-    assert sorted({float(r["round"]) for r in resumed if r["round"]}) == [4.0, 5.0]
+    proc = fl_lightning("fit", "--config", config, "--trainer.max_steps", "6", *common, "--ckpt_path", str(last), cwd=tmp_path)
+    # one run, one folder: the resume continues version_0 (rounds 0-3 kept, 4-5 appended, none twice)
+    assert not (tmp_path / "runs" / "quickstart" / "version_1").exists() and "dirpath" not in proc.stderr
+    resumed = [(r["round"], bool(r["val/acc"])) for r in _metrics(run) if r["round"]]
+    assert sorted({float(r) for r, _ in resumed}) == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0] and len(resumed) == len(set(resumed))
 
     out = fl_lightning("test", "--config", config, "--ckpt_path", str(last), cwd=tmp_path)
     assert "test/acc" in out.stdout
