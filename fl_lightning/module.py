@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import csv
 import functools
-import hashlib
 import logging
 import math
 import os
@@ -17,6 +15,7 @@ import torch
 from torch import nn
 from torchmetrics import MeanMetric
 
+from fl_lightning import csv_resume, fingerprint
 from fl_lightning import params as P
 from fl_lightning.algorithms import Algorithm, FedAvg, RoundInfo
 from fl_lightning.client_data import ClientData
@@ -173,37 +172,11 @@ class FederatedModule(L.LightningModule):
         self._previous_metrics = {}
 
     def prepare_data(self) -> None:
-        """Read the CSV logs a resume may continue (before Lightning's CSV writer deletes them)."""
-        from lightning.pytorch.loggers import CSVLogger
-
-        self._previous_metrics = {}
-        for logger in self.loggers:
-            if isinstance(logger, CSVLogger) and getattr(logger, "_experiment", None) is None:
-                path = os.path.join(logger.log_dir, "metrics.csv")
-                if os.path.isfile(path):
-                    with open(path, newline="") as file:
-                        reader = csv.DictReader(file)
-                        self._previous_metrics[path] = (list(reader.fieldnames or []), list(reader))
+        self._previous_metrics = csv_resume.read(self.loggers)  # before Lightning's CSV writer deletes them
 
     def _continue_metrics(self, step: int) -> None:
-        """A resume into an existing CSV log (same logger version) continues it: the rows of rounds
-        before ``step`` stay, later ones (logged after the checkpoint, before the run stopped) are
-        dropped and logged again by the resumed rounds. Lightning would otherwise delete the file."""
-        from lightning.pytorch.loggers import CSVLogger
-
-        previous = getattr(self, "_previous_metrics", None) or {}
-        for logger in self.loggers if self.global_rank == 0 else []:
-            path = os.path.join(logger.log_dir, "metrics.csv") if isinstance(logger, CSVLogger) else None
-            if path not in previous:
-                continue
-            header, rows = previous.pop(path)
-            kept = [row for row in rows if row.get("step", "").isdigit() and int(row["step"]) < step]
-            writer = logger.experiment
-            with open(writer.metrics_file_path, "w", newline="") as file:
-                out = csv.DictWriter(file, fieldnames=header)
-                out.writeheader()
-                out.writerows(kept)
-            writer.metrics_keys = list(header)
+        if self.global_rank == 0:
+            csv_resume.continue_from(self.loggers, getattr(self, "_previous_metrics", None) or {}, step)
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         self._release_snapshots()  # the checkpoint callbacks (run before this hook) have written their files
@@ -381,63 +354,19 @@ class FederatedModule(L.LightningModule):
 
     # ---- checkpoints: everything a resume needs ------------------------------------------------
     def fingerprint(self) -> dict[str, Any]:
-        """What a resume must match: the algorithm's class and state schema, the model's tensor
-        names and shapes, the number of clients and the partition's identity (a digest of every
-        client's training sample indices)."""
+        """What a resume must match (``fl_lightning/fingerprint.py``)."""
         if self._schema is None:
-            algorithm = type(self.algorithm)
-            x = self.global_params()
-            client_state, server_state = self.algorithm.client_state_init(x), self.algorithm.server_state_init(P.detach_clone(x))
-            self._schema = {
-                "version": 1,
-                "algorithm": f"{algorithm.__module__}.{algorithm.__qualname__}",
-                "client_state": sorted(f"{n}/{k}" for n, td in client_state.items() for k in td),
-                "server_state": sorted(f"{n}/{k}" for n, td in server_state.items() for k in td),
-                "model": {n: list(t.shape) for n, t in self.model.state_dict().items() if isinstance(t, torch.Tensor)},
-            }
+            self._schema = fingerprint.schema(self.algorithm, self.model, self.global_params())
         data = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
         if data is None or not hasattr(data, "client_sizes"):
             return dict(self._schema)
         if self._partition is None or self._partition[0] is not data:
-            digest = hashlib.sha256()
-            parts = getattr(data, "client_train", None)
-            for part in parts if parts is not None else [data.client_sizes]:
-                part = torch.as_tensor(part).to(torch.int64).reshape(-1)
-                digest.update(len(part).to_bytes(8, "little") + part.numpy().tobytes())
-            self._partition = (data, digest.hexdigest())
+            self._partition = (data, fingerprint.partition_digest(data))
         return {**self._schema, "num_clients": int(data.num_clients), "partition": self._partition[1]}
 
-    def _check_fingerprint(self, saved: dict[str, Any], federated: dict[str, Any]) -> None:
+    def _check_fingerprint(self, saved: dict[str, Any] | None, federated: dict[str, Any]) -> None:
         """Stop a resume whose checkpoint was written by a different run setup, naming what differs."""
-        now = self.fingerprint()
-
-        def schema(fp: dict[str, Any]) -> str:
-            names = lambda key: sorted({k.split("/")[0] for k in fp.get(key, [])})  # noqa: E731
-            client, server = names("client_state"), names("server_state")
-            return f"(client state {client or 'none'}, server state {server or 'none'})"
-
-        diffs = []
-        if saved is None:  # an old checkpoint: only what it holds can be checked
-            saved_server = sorted({k.split("/")[0] for k in federated.get("server_state", {})})
-            now_server = sorted({k.split("/")[0] for k in now["server_state"]})
-            if saved_server != now_server:
-                diffs.append(f"algorithm state: server state {saved_server} in the checkpoint, {now_server} for {type(self.algorithm).__name__}")
-        else:
-            keys = ("algorithm", "client_state", "server_state")
-            if any(saved.get(k) != now.get(k) for k in keys):
-                diffs.append(f"algorithm: {saved.get('algorithm')} {schema(saved)} in the checkpoint, {now['algorithm']} {schema(now)} in this run")
-            if "num_clients" in saved and "num_clients" in now and saved["num_clients"] != now["num_clients"]:
-                diffs.append(f"num_clients: {saved['num_clients']} in the checkpoint, {now['num_clients']} in this run")
-            elif saved.get("partition", now.get("partition")) != now.get("partition", saved.get("partition")):
-                diffs.append(
-                    "partition: the checkpoint's clients hold other samples (the data seed, partition, dataset or holdout changed)"
-                )
-            old_model, new_model = saved.get("model", {}), now["model"]
-            for name in [*old_model, *(n for n in new_model if n not in old_model)]:
-                if old_model.get(name) != new_model.get(name):
-                    old, new = old_model.get(name, "absent"), new_model.get(name, "absent")
-                    diffs.append(f"model parameters: {name} {old} in the checkpoint, {new} in this run")
-                    break
+        diffs = fingerprint.differences(saved, self.fingerprint(), federated.get("server_state", {}), type(self.algorithm).__name__)
         if diffs:
             path = getattr(self._trainer, "ckpt_path", None) if self._trainer is not None else None
             raise CheckpointError(
