@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -49,16 +50,26 @@ def count_messages(totals: dict[str, int], broadcast: Payload, uploads: Sequence
 
 
 def round_metrics(
-    round_idx: int, local_lr: float, losses: Sequence[float], uploads: Sequence[Payload], broadcast: Payload, totals: dict[str, int]
+    round_idx: int,
+    local_lr: float,
+    losses: Sequence[float],
+    uploads: Sequence[Payload],
+    broadcast: Payload,
+    totals: dict[str, int],
+    accuracies: Sequence[float] = (),
 ) -> dict[str, float]:
     """The logged row of a round (communication counted into ``totals``).
 
+    ``train/acc`` is the mean over clients of the fraction of their training samples predicted right
+    during their local steps (each step's first evaluation, before its update; classifiers only).
     ``comm/round_*`` are this round's bytes, ``comm/cumulative_*`` the run's totals so far;
     ``round`` is the round's 0-based index (Lightning's step of the row).
     """
     bytes_down, bytes_up = count_messages(totals, broadcast, uploads)
+    known = [a for a in accuracies if not math.isnan(a)]
     return {
         "train/loss": sum(losses) / len(losses) if losses else float("nan"),
+        **({"train/acc": sum(known) / len(known)} if known else {}),  # classifiers only
         "train/consistency": local_consistency([u["delta"] for u in uploads]),
         "train/local_lr": local_lr,
         "train/clients": float(len(uploads)),

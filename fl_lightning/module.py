@@ -316,8 +316,8 @@ class FederatedModule(L.LightningModule):
         return server_state
 
     def _log_round(self, plan: RoundPlan, broadcast: Payload, uploads, results, extra_metrics: dict[str, int]) -> None:
-        losses = [r.mean_loss for r in results]
-        metrics = round_metrics(plan.round, self.local.lr_at(plan.round), losses, uploads, broadcast, self.comm_totals)
+        losses, accuracies = [r.mean_loss for r in results], [r.accuracy for r in results]
+        metrics = round_metrics(plan.round, self.local.lr_at(plan.round), losses, uploads, broadcast, self.comm_totals, accuracies)
         metrics.update({k: float(v) for k, v in extra_metrics.items()})
         metrics["time/round_s"] = time.perf_counter() - self._round_started
         # Straight to the loggers (`self.log` costs milliseconds per key, a real share of a

@@ -10,6 +10,7 @@ Outputs are a tensor of logits or an object with ``.logits``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -91,7 +92,7 @@ class Objective:
 
     Args:
         model: the network.
-        names: the parameters that may be substituted (``at``, ``grad_fn``, ``stacked_losses``).
+        names: the parameters that may be substituted (``at``, ``grad_fn``, ``stacked``).
     """
 
     def __init__(self, model: nn.Module, names: Sequence[str] = ()) -> None:
@@ -123,24 +124,24 @@ class Objective:
         with self.swap(params):
             return self(batch)
 
-    def grad_fn(self, batch: Any, weight_decay: float, losses: list[Tensor] | None = None, stacked: bool = False) -> GradFn:
+    def grad_fn(self, batch: Any, weight_decay: float, record: StepRecord | None = None, stacked: bool = False) -> GradFn:
         """Loss and gradient of the minibatch loss plus ``weight_decay/2 ||w||^2`` at given parameters.
 
         ``stacked``: parameters and batch hold clients on a leading dimension; the loss is then
         ``[S]`` and the gradients ``[S, ...]``: clients are independent, so the gradient of the
         *sum* of their losses is every client's own gradient, from one ordinary backward.
-        The first evaluation's loss (without the decay term) is appended to ``losses``.
+        The first evaluation (loss without the decay term, outputs, targets) goes to ``record``.
         """
 
         def grad(params: TensorDict) -> tuple[Tensor, TensorDict]:
             leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
-            loss = self.stacked_losses(leaves, batch) if stacked else self.at(leaves, batch)[0]
+            loss, out, target = self.stacked(leaves, batch) if stacked else self.at(leaves, batch)
             grads = dict(zip(leaves, loss_grads(loss.sum() if stacked else loss, list(leaves.values()))))
             if weight_decay:
                 grads = P.add(grads, params, weight_decay)
             loss = loss.detach()
-            if losses is not None and not grad.recorded:  # the step's first evaluation is its reported loss
-                losses.append(loss)
+            if record is not None and not grad.recorded:  # the step's first evaluation is its reported one
+                record.add(loss, out, target)
                 grad.recorded = True
             return loss, grads
 
@@ -148,8 +149,8 @@ class Objective:
         return grad
 
     # ---- clients stacked on a leading dimension ------------------------------------------------
-    def stacked_losses(self, params: TensorDict, batch: Any) -> Tensor:
-        """``[S]`` minibatch losses: client i's at ``params[.][i]`` on ``batch[.][i]``.
+    def stacked(self, params: TensorDict, batch: Any) -> tuple[Tensor, Tensor, Tensor]:
+        """``([S] losses, outputs, targets)``: client i's at ``params[.][i]`` on ``batch[.][i]``.
 
         Plain logits are computed by one ``vmap`` of the forward and cross-entropy runs
         outside it (one kernel for all clients); other models' whole objective runs under vmap.
@@ -171,10 +172,44 @@ class Objective:
             else:
                 if out.dim() == 3 and target.dim() == 2 and not target.is_floating_point():
                     per_sample = F.cross_entropy(out.flatten(0, 1), target.flatten(), reduction="none")
-                    return per_sample.view(target.shape).mean(1)
-                return vmap(F.cross_entropy)(out, target)
+                    return per_sample.view(target.shape).mean(1), out, target
+                return vmap(F.cross_entropy)(out, target), out, target
 
-        def loss_at(p: TensorDict, b: Any) -> Tensor:
-            return self.at(p, b)[0]
+        return vmap(self.at, randomness="different")(params, batch)
 
-        return vmap(loss_at, randomness="different")(params, batch)
+
+class StepRecord:
+    """Each local step's first evaluation: its loss, and its outputs and targets for the accuracy.
+
+    Tensors are kept as they are and read once when the client (or the round's stacked
+    clients) is done, so the local steps never wait for the host.
+    """
+
+    __slots__ = ("losses", "outputs", "targets")
+
+    def __init__(self) -> None:
+        self.losses: list[Tensor] = []
+        self.outputs: list[Tensor] | None = []  # None once an output is not a classifier's
+        self.targets: list[Tensor] = []
+
+    def add(self, loss: Tensor, out: Tensor, target: Tensor) -> None:
+        self.losses.append(loss)
+        classifier = isinstance(out, Tensor) and out.dim() >= 2 and out.shape[-1] > 1 and not target.is_floating_point()
+        if self.outputs is not None and classifier and target.shape == out.shape[:-1]:
+            self.outputs.append(out.detach())
+            self.targets.append(target)
+        else:
+            self.outputs = None
+
+    def mean_loss(self) -> float:
+        """One client's mean step loss (NaN when no step recorded one, e.g. SVRG's full-gradient steps)."""
+        values = torch.stack(self.losses).tolist() if self.losses else []
+        return sum(values) / len(values) if values else math.nan
+
+    def accuracy(self) -> Tensor | None:
+        """The fraction of correct predictions over every recorded step's samples: ``[]`` for one
+        client, ``[S]`` for stacked clients; None for a model that is not a classifier."""
+        if not self.outputs:
+            return None
+        out, target = torch.cat(self.outputs, dim=-2), torch.cat(self.targets, dim=-1)  # steps' samples side by side
+        return (out.argmax(-1) == target).float().mean(-1)

@@ -8,6 +8,7 @@ results; they never see the module, the plan or the store.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -55,3 +56,4 @@ class ClientResult:
     client_state: NestedState
     num_steps: int
     mean_loss: float
+    accuracy: float = math.nan  # the fraction of its training samples predicted right during its steps (NaN: not a classifier)

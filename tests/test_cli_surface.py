@@ -142,7 +142,12 @@ def test_wandb_offline_run_carries_the_config_and_a_default_name(tmp_path, wandb
     assert config["data"]["init_args"]["seed"] == 3
     assert yaml.safe_load((run_files / "cli_config.yaml").read_text())["model"]["local"]["lr"] == 0.05
     (run,) = (tmp_path / "wandb").glob("offline-run-*")
-    recorded = next(run.glob("run-*.wandb")).read_bytes()  # what `wandb sync` uploads
+    deadline, recorded = time.time() + 20, b""
+    while time.time() < deadline:  # wandb's service writes the run file asynchronously: slow on a loaded machine
+        recorded = next(run.glob("run-*.wandb")).read_bytes()  # what `wandb sync` uploads
+        if b"quickstart-FedAvg-seed3" in recorded and b'"init_args":{"global_lr":1.0}' in recorded:
+            break
+        time.sleep(0.2)
     assert b"quickstart-FedAvg-seed3" in recorded and b'"init_args":{"global_lr":1.0}' in recorded
 
 

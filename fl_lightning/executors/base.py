@@ -73,13 +73,6 @@ def seed_client(seed: int, device: torch.device) -> None:
         torch.manual_seed(seed)
 
 
-def mean_loss(losses: list[Tensor]) -> float:
-    """The mean of a client's per-step losses (one host read per client, not per step);
-    NaN when no step recorded a loss (e.g. SVRG's snapshot steps use full gradients only)."""
-    values = torch.stack(losses).tolist() if losses else []
-    return sum(values) / len(values) if values else math.nan
-
-
 def check_loss(round_idx: int, client_id: int, loss: float) -> None:
     """A recorded non-finite training loss is divergence (``DivergenceError`` names round and client)."""
     if not math.isfinite(loss):

@@ -34,6 +34,7 @@ from fl_lightning.client_data import Unstackable
 from fl_lightning.errors import FLError, one_line
 from fl_lightning.executors.base import ClientRuntime, Executor, check_loss, seed_client, to_device
 from fl_lightning.executors.sequential import SequentialExecutor
+from fl_lightning.objective import StepRecord
 from fl_lightning.params import TensorDict
 from fl_lightning.tasks import ClientResult, ClientTask, Payload
 
@@ -131,53 +132,59 @@ class BatchedExecutor(Executor):
         seed_client(seeds[0], runtime.device)
         params = {k: v.unsqueeze(0).expand(len(tasks), *v.shape) for k, v in broadcast["x"].items()}
         ids, stacked_states = torch.tensor(clients), _stack(states)
-        losses: list[Tensor] = []
+        record = StepRecord()
         rule = self._elementwise_rule if declares_capability(runtime.algorithm, "elementwise") else self._vmapped_rule
         step_batches = (to_device(batch, runtime.device) for batch in batches)
-        params, local_state = rule(runtime, params, stacked_states, ids, broadcast, info, step_batches, losses)
+        params, local_state = rule(runtime, params, stacked_states, ids, broadcast, info, step_batches, record)
         uploads, new_states = self._finish(runtime, params, local_state, (states, stacked_states), ids, broadcast, info)
+        losses = record.losses
         mean_losses = torch.stack(losses).mean(0).tolist() if losses else [float("nan")] * len(tasks)
         for client, loss in zip(clients, mean_losses if losses else []):
             check_loss(info.round, client, loss)
-        return [ClientResult(c, uploads[i], new_states[i], local.steps, mean_losses[i]) for i, c in enumerate(clients)]
+        accuracy = record.accuracy()
+        accuracies = accuracy.tolist() if accuracy is not None else [float("nan")] * len(tasks)
+        return [
+            ClientResult(c, uploads[i], new_states[i], local.steps, mean_losses[i], accuracies[i]) for i, c in enumerate(clients)
+        ]
 
     @staticmethod
     def _context(ids: Tensor, broadcast: Payload, state: Any, info: RoundInfo, runtime: ClientRuntime, **kw) -> ClientContext:
         return ClientContext(ids, broadcast, state, info, runtime.local.steps, full_grad=_no_full_grad, **kw)
 
-    def _elementwise_rule(self, runtime, params, client_state, ids, broadcast, info, batches, losses):
+    def _elementwise_rule(self, runtime, params, client_state, ids, broadcast, info, batches, record):
         """The rule applied once to all clients' stacked tensors (no vmap around it)."""
         algorithm, objective, weight_decay = runtime.algorithm, runtime.objective, runtime.local.weight_decay
         ctx = self._context(ids, broadcast, client_state, info, runtime)
         local_state = algorithm.client_init(params, ctx)
         for step, batch in enumerate(batches):
             ctx.step = step
-            ctx.grad = objective.grad_fn(batch, weight_decay, losses, stacked=True)
+            ctx.grad = objective.grad_fn(batch, weight_decay, record, stacked=True)
             params, local_state = algorithm.client_step(params, local_state, ctx)
         return params, local_state
 
-    def _vmapped_rule(self, runtime, params, client_state, ids, broadcast, info, batches, losses):
+    def _vmapped_rule(self, runtime, params, client_state, ids, broadcast, info, batches, record):
         """A rule with reductions (e.g. FedSAM's gradient norm): run per client under vmap."""
         algorithm, objective, weight_decay = runtime.algorithm, runtime.objective, runtime.local.weight_decay
 
-        def loss_at(p: TensorDict, batch: Any) -> Tensor:
-            return objective.at(p, batch)[0]
+        def loss_at(p: TensorDict, batch: Any) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+            loss, out, target = objective.at(p, batch)
+            return loss, (out, target)
 
         def step_fn(step: int):
             def one_client(params: TensorDict, local_state: Any, state: Any, cid: Tensor, batch: Any):
-                first_loss: list[Tensor] = []
+                first: list[tuple] = []  # the step's first evaluation: (loss, outputs, targets)
 
                 def grad(p: TensorDict) -> tuple[Tensor, TensorDict]:
-                    g, loss = grad_and_value(loss_at)(p, batch)
+                    g, (loss, (out, target)) = grad_and_value(loss_at, has_aux=True)(p, batch)
                     if weight_decay:
                         g = P.add(g, p, weight_decay)
-                    if not first_loss:
-                        first_loss.append(loss)
+                    if not first:
+                        first.append((loss, out, target))
                     return loss, g
 
                 ctx = self._context(cid, broadcast, state, info, runtime, grad=grad, step=step)
                 new_params, new_local = algorithm.client_step(params, local_state, ctx)
-                return new_params, new_local, first_loss[0] if first_loss else torch.zeros(())
+                return new_params, new_local, first[0]
 
             return vmap(one_client, randomness="different")
 
@@ -186,8 +193,8 @@ class BatchedExecutor(Executor):
 
         local_state = vmap(init, randomness="different")(params, client_state, ids)
         for step, batch in enumerate(batches):
-            params, local_state, loss = step_fn(step)(params, local_state, client_state, ids, batch)
-            losses.append(loss)
+            params, local_state, (loss, out, target) = step_fn(step)(params, local_state, client_state, ids, batch)
+            record.add(loss, out, target)
         return params, local_state
 
     def _finish(self, runtime, params, local_state, states, ids, broadcast, info) -> tuple[list[Payload], list[Any]]:

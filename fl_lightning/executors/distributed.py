@@ -12,7 +12,7 @@ The exchange is two tensor collectives per round, never pickled tensors:
 
 1. a small header per client slot: an id of the result's *structure* (names,
    shapes and dtypes of its upload and client state; 0 for a
-   slot without a result), its mean loss and its number of steps;
+   slot without a result), its mean loss, its training accuracy and its number of steps;
 2. the raw bytes of every result's tensors, laid out by that structure.
 
 Structures are learned once (an ``all_gather_object`` of the structure, not of
@@ -155,24 +155,24 @@ class DistributedExecutor(Executor):
                     upload, state = _unpack(buffers[r][offset : offset + size], structure)
                     if device != local_device:
                         upload = {n: {k: v.to(local_device) for k, v in td.items()} for n, td in upload.items()}
-                    loss, steps = rows[r][slot]
-                    by_position[position] = ClientResult(tasks[position].client_id, upload, state, int(steps), loss)
+                    loss, steps, accuracy = rows[r][slot]
+                    by_position[position] = ClientResult(tasks[position].client_id, upload, state, int(steps), loss, accuracy)
                 offset += size
         return [by_position[p] for p in sorted(by_position)]
 
     def _gather_headers(
         self, by_slot: dict[int, ClientResult], structures: dict[int, Structure], slots: int, device: torch.device
     ) -> tuple[list[list[int]], list[list[list[float]]]]:
-        """Per rank and slot: the structure id (0: no result) and (mean loss, steps). Learns new structures.
+        """Per rank and slot: the structure id (0: no result) and (mean loss, steps, accuracy). Learns new structures.
 
-        One float64 [slots, 3] all_gather; the id travels as the bits of an int64.
+        One float64 [slots, 4] all_gather; the id travels as the bits of an int64.
         """
-        ids, meta, local = [0] * slots, [[0.0, 0.0] for _ in range(slots)], {}
+        ids, meta, local = [0] * slots, [[0.0, 0.0, 0.0] for _ in range(slots)], {}
         for slot, result in by_slot.items():
             structure = structures[slot]
             ids[slot] = _structure_id(structure)
             local[ids[slot]] = structure
-            meta[slot] = [result.mean_loss, float(result.num_steps)]
+            meta[slot] = [result.mean_loss, float(result.num_steps), result.accuracy]
         id_bits = torch.tensor(ids, dtype=torch.int64).view(torch.float64)[:, None]
         header = torch.cat([id_bits, torch.tensor(meta, dtype=torch.float64)], dim=1).to(device)
         headers = [torch.empty_like(header) for _ in range(dist.get_world_size())]

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from fl_lightning import params as P
 from fl_lightning.algorithms.base import ClientContext, RoundInfo
 from fl_lightning.errors import FLError
-from fl_lightning.executors.base import ClientRuntime, Executor, check_loss, mean_loss, seed_client, to_device
+from fl_lightning.executors.base import ClientRuntime, Executor, check_loss, seed_client, to_device
+from fl_lightning.objective import StepRecord
 from fl_lightning.faults import TRANSIENT_ERRORS, ClientError, fatal_client_error
 from fl_lightning.params import TensorDict
 from fl_lightning.tasks import PERSONAL, ClientResult, ClientTask
@@ -64,20 +65,20 @@ def _train_client(task: ClientTask, info: RoundInfo, runtime: ClientRuntime) -> 
     ctx = ClientContext(cid, broadcast, client_state, info, task.num_steps, full_grad=full_grad, personal=personal)
     params = {**broadcast["x"], **personal}  # personal tensors train beside the shared ones and never leave
     local_state = algorithm.client_init(params, ctx)
-    losses = []
+    record = StepRecord()
     batches = data.client_batches(cid, task.seed, local.batch_size, local.steps, local.epochs)
     for step, batch in zip(range(task.num_steps), batches):  # a straggler's budget stops it early
         ctx.step = step
-        ctx.grad = objective.grad_fn(to_device(batch, device), local.weight_decay, losses)
+        ctx.grad = objective.grad_fn(to_device(batch, device), local.weight_decay, record)
         params, local_state = algorithm.client_step(params, local_state, ctx)
     shared = {k: params[k] for k in broadcast["x"]} if personal else params
     upload, new_state = algorithm.client_finish(shared, local_state, ctx)
     if personal:
         new_state = {**new_state, PERSONAL: algorithm.personal_finish(params, local_state, ctx)}
-    loss = mean_loss(losses)
-    if losses:
+    loss, accuracy = record.mean_loss(), record.accuracy()
+    if record.losses:
         check_loss(info.round, cid, loss)
-    return ClientResult(cid, upload, new_state, task.num_steps, loss)
+    return ClientResult(cid, upload, new_state, task.num_steps, loss, math.nan if accuracy is None else float(accuracy))
 
 
 def _warmup_client(task: ClientTask, info: RoundInfo, runtime: ClientRuntime) -> ClientResult:
