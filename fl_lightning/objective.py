@@ -189,27 +189,51 @@ class StepRecord:
 
     def __init__(self) -> None:
         self.losses: list[Tensor] = []
-        self.outputs: list[Tensor] | None = []  # None once an output is not a classifier's
+        self.outputs: list[Tensor] | None = []  # None: the model is not a classifier (decided at the first step)
         self.targets: list[Tensor] = []
 
     def add(self, loss: Tensor, out: Tensor, target: Tensor) -> None:
         self.losses.append(loss)
-        classifier = isinstance(out, Tensor) and out.dim() >= 2 and out.shape[-1] > 1 and not target.is_floating_point()
-        if self.outputs is not None and classifier and target.shape == out.shape[:-1]:
-            self.outputs.append(out.detach())
-            self.targets.append(target)
-        else:
+        outputs = self.outputs
+        if outputs is None:
+            return
+        if not outputs and not (
+            isinstance(out, Tensor) and out.dim() >= 2 and out.shape[-1] > 1
+            and not target.is_floating_point() and target.shape == out.shape[:-1]
+        ):  # fmt: skip
             self.outputs = None
+            return
+        outputs.append(out.detach())
+        self.targets.append(target)
 
-    def mean_loss(self) -> float:
-        """One client's mean step loss (NaN when no step recorded one, e.g. SVRG's full-gradient steps)."""
-        values = torch.stack(self.losses).tolist() if self.losses else []
-        return sum(values) / len(values) if values else math.nan
-
-    def accuracy(self) -> Tensor | None:
-        """The fraction of correct predictions over every recorded step's samples: ``[]`` for one
-        client, ``[S]`` for stacked clients; None for a model that is not a classifier."""
+    def correct(self) -> Tensor | None:
+        """Correct predictions over every recorded step's samples (``[]``, or ``[S]`` for stacked clients)."""
         if not self.outputs:
             return None
-        out, target = torch.cat(self.outputs, dim=-2), torch.cat(self.targets, dim=-1)  # steps' samples side by side
-        return (out.argmax(-1) == target).float().mean(-1)
+        out, target = torch.cat(self.outputs, dim=-2), torch.cat(self.targets, dim=-1)  # the steps' samples side by side
+        return (out.argmax(-1) == target).sum(-1)
+
+    def samples(self) -> int:
+        return sum(t.shape[-1] for t in self.targets)
+
+
+def round_means(records: Sequence[StepRecord]) -> list[tuple[float, float]]:
+    """Every client's (mean step loss, accuracy) from its record, for all clients of a round at once:
+    a handful of ops and one host sync per round, not per client. NaN where nothing was recorded
+    (no loss: e.g. SVRG's full-gradient steps; no accuracy: not a classifier)."""
+    losses = [loss for record in records for loss in record.losses]
+    values = iter(torch.stack(losses).tolist() if losses else [])
+    means = []
+    for record in records:
+        client = [next(values) for _ in record.losses]
+        means.append(sum(client) / len(client) if client else math.nan)
+    scored = [r for r in records if r.outputs]
+    if not scored:
+        return [(m, math.nan) for m in means]
+    out = torch.cat([o for r in scored for o in r.outputs])
+    target = torch.cat([t for r in scored for t in r.targets])
+    counts = [r.samples() for r in scored]
+    ends = torch.tensor(counts).cumsum(0) - 1
+    cumulative = [0, *(out.argmax(-1) == target).cumsum(0)[ends].tolist()]
+    accuracy = {id(r): (cumulative[i + 1] - cumulative[i]) / counts[i] for i, r in enumerate(scored)}
+    return [(m, accuracy.get(id(r), math.nan)) for m, r in zip(means, records)]

@@ -141,8 +141,8 @@ class BatchedExecutor(Executor):
         mean_losses = torch.stack(losses).mean(0).tolist() if losses else [float("nan")] * len(tasks)
         for client, loss in zip(clients, mean_losses if losses else []):
             check_loss(info.round, client, loss)
-        accuracy = record.accuracy()
-        accuracies = accuracy.tolist() if accuracy is not None else [float("nan")] * len(tasks)
+        correct = record.correct()
+        accuracies = (correct / record.samples()).tolist() if correct is not None else [float("nan")] * len(tasks)
         return [
             ClientResult(c, uploads[i], new_states[i], local.steps, mean_losses[i], accuracies[i]) for i, c in enumerate(clients)
         ]

@@ -14,7 +14,7 @@ from fl_lightning import params as P
 from fl_lightning.algorithms.base import ClientContext, RoundInfo
 from fl_lightning.errors import FLError
 from fl_lightning.executors.base import ClientRuntime, Executor, check_loss, seed_client, to_device
-from fl_lightning.objective import StepRecord
+from fl_lightning.objective import StepRecord, round_means
 from fl_lightning.faults import TRANSIENT_ERRORS, ClientError, fatal_client_error
 from fl_lightning.params import TensorDict
 from fl_lightning.tasks import PERSONAL, ClientResult, ClientTask
@@ -29,10 +29,10 @@ class SequentialExecutor(Executor):
         """A client that fails (``ClientFailure`` or a transient error, see ``fl_lightning.faults``)
         is left out; a ``ValueError`` (a bad setting) and any error of the warm-up pass propagate;
         any other error stops the run as ``FatalClientError`` (it is not a client fault)."""
-        results = []
+        results, records = [], []
         for task in tasks:
             try:
-                results.append(run_task(task, info, runtime))
+                results.append(_run(task, info, runtime, records))
             except (ValueError, FLError):
                 raise
             except TRANSIENT_ERRORS as error:
@@ -46,14 +46,36 @@ class SequentialExecutor(Executor):
                 log.warning("round %d: client %d failed and is left out of the aggregate: %r", info.round, task.client_id, error)
             except Exception as error:
                 raise fatal_client_error(info.round, task.client_id, error) from error
-        return results
+        return _with_means(results, records, info)
 
 
 def run_task(task: ClientTask, info: RoundInfo, runtime: ClientRuntime) -> ClientResult:
-    return (_warmup_client if task.warmup else _train_client)(task, info, runtime)
+    """One client's task, trained the reference way (its loss and accuracy read at once)."""
+    records = []
+    return _with_means([_run(task, info, runtime, records)], records, info)[0]
 
 
-def _train_client(task: ClientTask, info: RoundInfo, runtime: ClientRuntime) -> ClientResult:
+def _run(task: ClientTask, info: RoundInfo, runtime: ClientRuntime, records: list) -> ClientResult:
+    if task.warmup:
+        return _warmup_client(task, info, runtime)
+    record = StepRecord()
+    result = _train_client(task, info, runtime, record)
+    records.append((result, record))
+    return result
+
+
+def _with_means(results: list[ClientResult], records: list, info: RoundInfo) -> list[ClientResult]:
+    """Fill in the trained clients' mean loss and accuracy, read for all of them at once (``round_means``);
+    a recorded non-finite loss is divergence."""
+    for (result, record), (loss, accuracy) in zip(records, round_means([r for _, r in records])):
+        if record.losses:
+            check_loss(info.round, result.client_id, loss)
+        result.mean_loss, result.accuracy = loss, accuracy
+    return results
+
+
+def _train_client(task: ClientTask, info: RoundInfo, runtime: ClientRuntime, record: StepRecord) -> ClientResult:
+    """Train one client; its loss and accuracy are in ``record`` (read by ``_with_means``)."""
     algorithm, objective, data, local, device = runtime.algorithm, runtime.objective, runtime.data, runtime.local, runtime.device
     cid, broadcast = task.client_id, task.broadcast
     seed_client(task.seed, device)
@@ -65,7 +87,6 @@ def _train_client(task: ClientTask, info: RoundInfo, runtime: ClientRuntime) -> 
     ctx = ClientContext(cid, broadcast, client_state, info, task.num_steps, full_grad=full_grad, personal=personal)
     params = {**broadcast["x"], **personal}  # personal tensors train beside the shared ones and never leave
     local_state = algorithm.client_init(params, ctx)
-    record = StepRecord()
     batches = data.client_batches(cid, task.seed, local.batch_size, local.steps, local.epochs)
     for step, batch in zip(range(task.num_steps), batches):  # a straggler's budget stops it early
         ctx.step = step
@@ -75,10 +96,7 @@ def _train_client(task: ClientTask, info: RoundInfo, runtime: ClientRuntime) -> 
     upload, new_state = algorithm.client_finish(shared, local_state, ctx)
     if personal:
         new_state = {**new_state, PERSONAL: algorithm.personal_finish(params, local_state, ctx)}
-    loss, accuracy = record.mean_loss(), record.accuracy()
-    if record.losses:
-        check_loss(info.round, cid, loss)
-    return ClientResult(cid, upload, new_state, task.num_steps, loss, math.nan if accuracy is None else float(accuracy))
+    return ClientResult(cid, upload, new_state, task.num_steps, math.nan)
 
 
 def _warmup_client(task: ClientTask, info: RoundInfo, runtime: ClientRuntime) -> ClientResult:
