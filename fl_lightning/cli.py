@@ -11,6 +11,7 @@ Lightning is imported only by the subcommand that needs it: ``fl-lightning --hel
 from __future__ import annotations
 
 import os
+import pickle
 import sys
 
 from fl_lightning.errors import KNOWN_ERRORS
@@ -114,6 +115,13 @@ def main(args: list[str] | None = None) -> None:
                 build_cli(argv)
             finally:
                 sys.argv = saved
+    except pickle.UnpicklingError as error:  # torch.load(weights_only=True) refused an object in the checkpoint
+        if os.environ.get("FL_LIGHTNING_TRACEBACK"):
+            raise
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        print(f"fl-lightning: error: the checkpoint holds objects a weights-only load refuses ({first}); "
+              "pass --weights_only false only for a checkpoint you trust", file=sys.stderr)  # fmt: skip
+        raise SystemExit(2) from None
     except KNOWN_ERRORS as error:  # a bad setting, divergence, failing clients, a bad checkpoint or store
         if os.environ.get("FL_LIGHTNING_TRACEBACK"):
             raise

@@ -16,6 +16,7 @@ What it adds to LightningCLI:
 from __future__ import annotations
 
 import os
+import zipfile
 from pathlib import Path
 from typing import Any, Optional
 
@@ -136,6 +137,30 @@ class ConfigToLoggers(SaveConfigCallback):
         return paths
 
 
+def _checked_checkpoint(config: Any) -> str:
+    """``--ckpt_path`` as a file that exists: ``last`` (or ``latest``) is this experiment's newest
+    ``last.ckpt`` among its loggers' ``<save_dir>/<name>/version_*/checkpoints``; a missing file is one line."""
+    ckpt = str(config.get("ckpt_path"))
+    if ckpt in ("last", "latest"):
+        candidates = []
+        for entry in _loggers(config.get("trainer")):
+            init_args = entry.get("init_args") if hasattr(entry, "get") else None
+            if init_args is not None and _class_name(entry) in ("CSVLogger", "TensorBoardLogger"):
+                root = Path(str(init_args.get("save_dir") or ".")) / (init_args.get("name") or "lightning_logs")
+                candidates += root.glob("version_*/checkpoints/last.ckpt")
+        if not candidates:
+            raise ValueError(
+                "--ckpt_path last: this experiment has no checkpoint yet (no <save_dir>/<name>/version_*/checkpoints/last.ckpt "
+                "of its loggers); give the checkpoint's path, or start without --ckpt_path"
+            )
+        return str(max(candidates, key=lambda p: p.stat().st_mtime))
+    if not Path(ckpt).is_file():
+        raise ValueError(f"--ckpt_path {ckpt}: no such checkpoint file (or `last` for this experiment's newest)")
+    if not zipfile.is_zipfile(ckpt):  # torch.save writes a zip archive: anything else is damaged or not a checkpoint
+        raise ValueError(f"--ckpt_path {ckpt}: not a readable checkpoint (truncated, damaged, or not written by torch.save)")
+    return ckpt
+
+
 def _loggers(trainer_config: Any) -> list[Any]:
     logger = trainer_config.get("logger") if trainer_config is not None else None
     if logger is None or isinstance(logger, bool):
@@ -167,6 +192,10 @@ class FLCli(LightningCLI):
         ):
             raise ValueError(OPTIMIZER_ERROR)
         super().parse_arguments(parser, args)
+        subcommand = self.config.get("subcommand")  # checked before LightningCLI reads the checkpoint's hparams
+        config = self.config.get(subcommand) if subcommand else None
+        if config is not None and config.get("ckpt_path") is not None:
+            config["ckpt_path"] = _checked_checkpoint(config)
 
     # ---- before instantiation: defaults that depend on other settings ------------------------
     def before_instantiate_classes(self) -> None:

@@ -1,9 +1,13 @@
 """Issue 20: known failures end in one line plus a hint (exit code 2), checked resumes,
 and a client store that owns its folder."""
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from fl_lightning.cli import main
 
@@ -133,3 +137,35 @@ def test_a_resume_into_the_same_logger_version_continues_its_metrics_without_gap
     resumed = _logged_fit(tmp_path / "b", 6, ckpt_path=ckpt)
     key = lambda rows: [(r["step"], r.get("round"), r.get("train/loss"), r.get("val/acc")) for r in rows]  # noqa: E731
     assert key(resumed) == key(straight)
+
+
+# ---- --ckpt_path: `last`, missing and damaged files end in one line -------------------------------------------
+def _cli_line(tmp_path, *args):
+    exe = Path(sys.executable).with_name("fl-lightning")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([str(exe), "fit", "--config", str(ROOT / "configs" / "quickstart.yaml"), *args], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+
+
+def test_ckpt_path_last_resumes_the_newest_checkpoint_of_the_experiment(tmp_path):
+    common = ["--trainer.val_check_interval", "2", "--trainer.callbacks.init_args.every_n_train_steps", "2"]
+    none_yet = _cli_line(tmp_path, "--trainer.max_steps", "2", *common, "--ckpt_path", "last")
+    assert none_yet.returncode == 2 and len(none_yet.stderr.strip().splitlines()) == 1
+    assert "--ckpt_path last: this experiment has no checkpoint yet" in none_yet.stderr
+    assert _cli_line(tmp_path, "--trainer.max_steps", "2", *common).returncode == 0
+    resumed = _cli_line(tmp_path, "--trainer.max_steps", "4", *common, "--ckpt_path", "last")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    last = tmp_path / "runs" / "quickstart" / "version_0" / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["global_step"] == 4  # continued from round 2, in the same version
+    assert not (tmp_path / "runs" / "quickstart" / "version_1").exists()
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated"])
+def test_a_missing_or_damaged_checkpoint_is_one_line(tmp_path, damage):
+    ckpt = tmp_path / "x.ckpt"
+    if damage == "truncated":
+        torch.save({"a": torch.zeros(1000)}, ckpt)
+        ckpt.write_bytes(ckpt.read_bytes()[:500])
+    proc = _cli_line(tmp_path, "--trainer.max_steps", "2", "--ckpt_path", str(ckpt))
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-2000:]
+    assert ("no such checkpoint file" if damage == "missing" else "not a readable checkpoint") in proc.stderr

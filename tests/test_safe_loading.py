@@ -17,7 +17,7 @@ class Payload:
     """Stands for anything a malicious checkpoint could ask pickle to build."""
 
 
-def test_a_checkpoint_needing_unpickling_is_refused(tmp_path, monkeypatch):
+def test_a_checkpoint_needing_unpickling_is_refused(tmp_path, monkeypatch, capsys):
     module, trainer = tiny_module(), tiny_trainer(tmp_path, rounds=1)
     trainer.fit(module, datamodule=tiny_datamodule())
     trainer.save_checkpoint(tmp_path / "good.ckpt")
@@ -26,9 +26,12 @@ def test_a_checkpoint_needing_unpickling_is_refused(tmp_path, monkeypatch):
     checkpoint["extra"] = Payload()
     torch.save(checkpoint, tmp_path / "evil.ckpt")
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(Exception, match="Weights only load failed"):
+    with pytest.raises(SystemExit) as stopped:  # refused, one line, exit code 2 (the object is never built)
         main(["fit", "--config", str(ROOT / "configs" / "quickstart.yaml"), "--trainer.max_steps", "2",
               "--trainer.logger", "false", "--ckpt_path", str(tmp_path / "evil.ckpt")])  # fmt: skip
+    assert stopped.value.code == 2
+    message = capsys.readouterr().err.strip()
+    assert "\n" not in message and "weights-only load refuses (Weights only load failed" in message
 
 
 def test_remote_code_is_not_trusted_by_default():
