@@ -287,6 +287,9 @@ class FLCli(LightningCLI):
         model.configure_optimizers = configure_optimizers
 
     def after_fit(self) -> None:
+        if getattr(self.datamodule, "val_fraction", 0) and not self.trainer.interrupted:
+            # A validation split: the final model's test accuracy, whatever the evaluation interval.
+            self.trainer.test(self.model, datamodule=self.datamodule, verbose=False)
         if self.trainer.is_global_zero:
             print(self.summary.line(), flush=True)
 

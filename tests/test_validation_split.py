@@ -37,8 +37,11 @@ def test_every_evaluation_logs_validation_and_test_from_the_cli(tmp_path):
     fl_lightning("fit", "--config", config, "--trainer.max_steps", "4", "--trainer.val_check_interval", "2",
                  "--data.init_args.val_fraction", "0.2", cwd=tmp_path)  # fmt: skip
     with open(tmp_path / "runs" / "quickstart" / "version_0" / "metrics.csv") as f:
-        rows = [r for r in csv.DictReader(f) if r.get("val/acc")]
-    assert len(rows) == 2 and all(r["test/acc"] and r["val/acc"] != r["test/acc"] for r in rows)
+        rows = list(csv.DictReader(f))
+    evaluations = [r for r in rows if r.get("val/acc")]
+    assert len(evaluations) == 2 and all(r["test/acc"] and r["val/acc"] != r["test/acc"] for r in evaluations)
+    final_test = [r for r in rows if r.get("test/acc") and not r.get("val/acc")]  # fit ends with a test of the final model
+    assert len(final_test) == 1 and final_test[0]["test/acc"] == evaluations[-1]["test/acc"]
 
 
 def test_the_selected_accuracy_is_the_test_accuracy_at_the_best_validation():
