@@ -17,7 +17,9 @@ loop's of the same workload and S in this invocation. The first round of every
 run is a warm-up and is not timed. ``peak_rss_mb`` is the process's peak resident
 memory during that row (the kernel's high-water mark, reset before each row).
 
-JSON rows: ``{workload, execution, clients_per_round, client_steps_per_s,
+The JSON file (``--out``, default ``benchmarks/results/<cpu>-<cores>cpu-<date>.json``) holds
+``{"machine": {cpu, cores, torch, ...}, "date", "quick", "rows": [...]}``; the machine is printed with
+the results. Rows: ``{workload, execution, clients_per_round, client_steps_per_s,
 peak_rss_mb, ratio_vs_bare}``; ``ddp2`` rows also carry ``ratio_vs_sequential``.
 """
 
@@ -282,9 +284,31 @@ def _rounds_arg(text: str) -> dict[str, int]:
     return {k: int(v) for k, v in (item.split("=") for item in text.split(","))}
 
 
+def machine() -> dict:
+    """What the figures were measured on: CPU model, cores, torch version and threads, Python, OS."""
+    import platform
+
+    import torch
+
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    except OSError:
+        pass
+    return dict(cpu=model, cores=os.cpu_count(), torch=torch.__version__, torch_threads_per_process=1,
+                python=platform.python_version(), os=f"{platform.system()} {platform.release()}")  # fmt: skip
+
+
+def default_out(info: dict, quick: bool) -> str:
+    """``benchmarks/results/<cpu>-<cores>cpu[-quick]-<date>.json``: results named by machine and date."""
+    cpu = "-".join("".join(c if c.isalnum() else " " for c in info["cpu"].lower()).split())[:40] or "cpu"
+    return f"benchmarks/results/{cpu}-{info['cores']}cpu{'-quick' if quick else ''}-{time.strftime('%Y-%m-%d')}.json"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="benchmarks/results.json")
+    parser.add_argument("--out", default=None, help="default: benchmarks/results/<cpu>-<cores>cpu-<date>.json")
     parser.add_argument("--quick", action="store_true", help="fewer rounds and repeats: the whole run in under 2 minutes")
     parser.add_argument("--workloads", default="mlp,cnn,lora")
     parser.add_argument("--executions", default="bare,sequential,batched,ddp2")
@@ -331,9 +355,13 @@ def main() -> None:
         extra = f"  (x{row['ratio_vs_sequential']} of sequential)" if "ratio_vs_sequential" in row else ""
         print(f"{row['workload']:5s} {row['execution']:10s} S={row['clients_per_round']:3d} "
               f"{row['client_steps_per_s']:10.1f} steps/s {row['peak_rss_mb']:8.1f} MB  x{row['ratio_vs_bare']}{extra}")  # fmt: skip
-    print(f"total {time.perf_counter() - started:.0f} s")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(rows, indent=2))
+    info = machine()
+    print(f"total {time.perf_counter() - started:.0f} s on {info['cpu']}, {info['cores']} cores, torch {info['torch']} "
+          f"(1 thread per process), Python {info['python']}, {info['os']}")  # fmt: skip
+    out = Path(args.out or default_out(info, args.quick))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"machine": info, "date": time.strftime("%Y-%m-%d %H:%M"), "quick": args.quick, "rows": rows}, indent=2))
+    print(f"results: {out}")
 
 
 if __name__ == "__main__":

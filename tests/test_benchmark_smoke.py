@@ -26,3 +26,11 @@ def test_worker_rows_have_the_documented_fields(workload, tmp_path, monkeypatch)
     for row in rows:
         assert set(row) == {"workload", "execution", "clients_per_round", "client_steps_per_s", "peak_rss_mb"}
         assert row["client_steps_per_s"] > 0 and row["peak_rss_mb"] > 0
+
+
+def test_results_name_the_machine_and_the_date():
+    run = _runner()
+    info = run.machine()
+    assert info["cores"] >= 1 and info["cpu"] and info["torch"]
+    out = run.default_out({**info, "cpu": "Intel(R) Xeon(R) Gold 6430", "cores": 16}, quick=True)
+    assert out.startswith("benchmarks/results/intel-r-xeon-r-gold-6430-16cpu-quick-") and out.endswith(".json")
