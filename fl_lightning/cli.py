@@ -44,7 +44,7 @@ options:
 Each subcommand has its own help, e.g. `fl-lightning fit --help`, `fl-lightning compare --help`;
 the arguments of one class: `fl-lightning fit --model.algorithm.help FedProx`.
 Every setting of a config with its default: `fl-lightning fit --config FILE --print_config`.
-A bad setting ends with one line naming it (exit code 2); FL_LIGHTNING_TRACEBACK=1 shows the traceback.
+A bad setting ends with one line naming it (exit code 2); --debug (or FL_LIGHTNING_TRACEBACK=1) shows the traceback.
 """
 
 
@@ -82,6 +82,8 @@ def main(args: list[str] | None = None) -> None:
     Set ``FL_LIGHTNING_TRACEBACK=1`` to see the full traceback instead.
     """
     argv = sys.argv[1:] if args is None else list(args)
+    debug = "--debug" in argv or bool(os.environ.get("FL_LIGHTNING_TRACEBACK"))
+    argv = [a for a in argv if a != "--debug"]
     if not argv or argv[0] in ("-h", "--help"):
         print(HELP, end="")
         return
@@ -116,14 +118,14 @@ def main(args: list[str] | None = None) -> None:
             finally:
                 sys.argv = saved
     except pickle.UnpicklingError as error:  # torch.load(weights_only=True) refused an object in the checkpoint
-        if os.environ.get("FL_LIGHTNING_TRACEBACK"):
+        if debug:
             raise
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         print(f"fl-lightning: error: the checkpoint holds objects a weights-only load refuses ({first}); "
               "pass --weights_only false only for a checkpoint you trust", file=sys.stderr)  # fmt: skip
         raise SystemExit(2) from None
     except KNOWN_ERRORS as error:  # a bad setting, divergence, failing clients, a bad checkpoint or store
-        if os.environ.get("FL_LIGHTNING_TRACEBACK"):
+        if debug:
             raise
         print(f"fl-lightning: error: {_essential(str(error))}", file=sys.stderr)
         raise SystemExit(2) from None

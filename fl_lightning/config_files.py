@@ -40,7 +40,10 @@ def _bases(value: str, seen: tuple[Path, ...]) -> list[str]:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError:
         return []  # the parser reports it
-    if not isinstance(raw, dict) or raw.get("base") is None:
+    if not isinstance(raw, dict):
+        raise ValueError(f"config {path} is {'empty' if raw is None else 'not a YAML mapping of settings'}; "
+                         "see `fl-lightning fit --print_config` for every setting")  # fmt: skip
+    if raw.get("base") is None:
         return []
     base = _resolve(path, raw["base"])
     if base in seen or base == path.resolve():

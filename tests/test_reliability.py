@@ -169,3 +169,16 @@ def test_a_missing_or_damaged_checkpoint_is_one_line(tmp_path, damage):
     proc = _cli_line(tmp_path, "--trainer.max_steps", "2", "--ckpt_path", str(ckpt))
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-2000:]
     assert ("no such checkpoint file" if damage == "missing" else "not a readable checkpoint") in proc.stderr
+
+
+def test_an_empty_config_is_named_and_debug_shows_the_traceback(tmp_path, capsys):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    with pytest.raises(SystemExit) as stopped:
+        main(["fit", "--config", str(empty)])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.strip() == (
+        f"fl-lightning: error: config {empty} is empty; see `fl-lightning fit --print_config` for every setting"
+    )
+    with pytest.raises(ValueError, match="is empty"):  # --debug: the error itself, with its traceback
+        main(["fit", "--config", str(empty), "--debug"])
