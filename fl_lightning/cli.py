@@ -14,7 +14,7 @@ import os
 import pickle
 import sys
 
-from fl_lightning.errors import KNOWN_ERRORS
+from fl_lightning.errors import KNOWN_ERRORS, RunInterrupted
 
 LIGHTNING_SUBCOMMANDS = ("fit", "validate", "test", "predict")
 OTHER_SUBCOMMANDS = ("compare", "montecarlo", "partition", "fixture")
@@ -128,7 +128,7 @@ def main(args: list[str] | None = None) -> None:
         if debug:
             raise
         print(f"fl-lightning: error: {_essential(str(error))}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(143 if isinstance(error, RunInterrupted) else 2) from None  # 128 + SIGTERM
 
 
 if __name__ == "__main__":

@@ -20,6 +20,17 @@ class StoreError(FLError):
     """A client store's folder is in use by another run, or one of its files is damaged."""
 
 
+class RunInterrupted(FLError):
+    """SIGTERM arrived during a round: the run stops within one local step (the round is not aggregated)."""
+
+
+def interrupted(round_idx: int, client_id: int, step: int, steps: int) -> RunInterrupted:
+    return RunInterrupted(
+        f"round {round_idx}: stopped by SIGTERM during client {client_id}'s local step {step + 1} of {steps}; "
+        "the round is not aggregated; resume from the last checkpoint (--ckpt_path last)"
+    )
+
+
 KNOWN_ERRORS: tuple[type[BaseException], ...] = (ValueError, FLError)
 """What the command line reports in one line (exit code 2) instead of a traceback."""
 

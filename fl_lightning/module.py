@@ -263,8 +263,13 @@ class FederatedModule(L.LightningModule):
 
     def _runtime(self) -> ClientRuntime:
         return ClientRuntime(
-            self.algorithm, self.objective, self.datamodule, self.local, self.device, self.faults.fail_fast, tuple(self.personal_names)
-        )
+            self.algorithm, self.objective, self.datamodule, self.local, self.device, self.faults.fail_fast,
+            tuple(self.personal_names), self._stop_requested,
+        )  # fmt: skip
+
+    def _stop_requested(self) -> bool:
+        """Whether Lightning received SIGTERM (its own loops would only act after the round)."""
+        return self._trainer is not None and self._trainer.received_sigterm
 
     def _tasks(
         self, clients: list[int], seeds: list[int], broadcast: Payload, round_idx: int, warmup: bool = False

@@ -2,8 +2,10 @@
 and a client store that owns its folder."""
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -182,3 +184,24 @@ def test_an_empty_config_is_named_and_debug_shows_the_traceback(tmp_path, capsys
     )
     with pytest.raises(ValueError, match="is empty"):  # --debug: the error itself, with its traceback
         main(["fit", "--config", str(empty), "--debug"])
+
+
+def test_sigterm_stops_a_long_round_within_one_local_step(tmp_path):
+    exe = Path(sys.executable).with_name("fl-lightning")
+    err = tmp_path / "err.txt"
+    with open(err, "w") as stderr:
+        proc = subprocess.Popen(
+            [str(exe), "fit", "--config", str(ROOT / "configs" / "quickstart.yaml"), "--model.local.steps", "200000",
+             "--trainer.max_steps", "2", "--trainer.logger", "false"],
+            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL, stderr=stderr,
+        )  # fmt: skip
+        deadline = time.time() + 120
+        while "round 0/2" not in err.read_text() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.2)  # the round's progress bar is drawn: local training is under way
+        time.sleep(2)
+        proc.send_signal(signal.SIGTERM)
+        stopped_at = time.time()
+        code = proc.wait(timeout=60)
+    assert code == 143 and time.time() - stopped_at < 20
+    last = err.read_text().replace("\r", "\n").strip().splitlines()[-1]
+    assert last.startswith("fl-lightning: error: round 0: stopped by SIGTERM during client ") and "--ckpt_path last" in last

@@ -7,7 +7,7 @@ An executor receives the tasks (``fl_lightning.tasks``), the round's ``RoundInfo
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,7 @@ class ClientRuntime:
         device: where client tensors live.
         fail_fast: a client that raises stops the run instead of being left out of the round.
         personal_names: the model's personal tensors (kept per client, never sent).
+        should_stop: whether the run was asked to stop (SIGTERM); executors check it between local steps.
     """
 
     algorithm: Algorithm
@@ -44,6 +45,7 @@ class ClientRuntime:
     device: torch.device
     fail_fast: bool = False
     personal_names: tuple[str, ...] = ()
+    should_stop: Callable[[], bool] = lambda: False
 
 
 class Executor:

@@ -31,7 +31,7 @@ from torch.func import grad_and_value, vmap
 from fl_lightning import params as P
 from fl_lightning.algorithms.base import ClientContext, ClientIdUnavailable, RoundInfo, declares_capability
 from fl_lightning.client_data import Unstackable
-from fl_lightning.errors import FLError, one_line
+from fl_lightning.errors import FLError, interrupted, one_line
 from fl_lightning.executors.base import ClientRuntime, Executor, check_loss, seed_client, to_device
 from fl_lightning.executors.sequential import SequentialExecutor
 from fl_lightning.objective import StepRecord
@@ -86,6 +86,8 @@ class BatchedExecutor(Executor):
         if reason is None:
             try:
                 return self._run_stacked(tasks, info, runtime)
+            except FLError:
+                raise
             except (Unbatchable, Unstackable) as error:
                 reason = str(error)
             except ClientIdUnavailable:
@@ -157,6 +159,8 @@ class BatchedExecutor(Executor):
         ctx = self._context(ids, broadcast, client_state, info, runtime)
         local_state = algorithm.client_init(params, ctx)
         for step, batch in enumerate(batches):
+            if runtime.should_stop():
+                raise interrupted(info.round, int(ids[0]), step, runtime.local.steps)
             ctx.step = step
             ctx.grad = objective.grad_fn(batch, weight_decay, record, stacked=True)
             params, local_state = algorithm.client_step(params, local_state, ctx)
@@ -193,6 +197,8 @@ class BatchedExecutor(Executor):
 
         local_state = vmap(init, randomness="different")(params, client_state, ids)
         for step, batch in enumerate(batches):
+            if runtime.should_stop():
+                raise interrupted(info.round, int(ids[0]), step, runtime.local.steps)
             params, local_state, (loss, out, target) = step_fn(step)(params, local_state, client_state, ids, batch)
             record.add(loss, out, target)
         return params, local_state

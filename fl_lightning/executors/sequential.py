@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from fl_lightning import params as P
 from fl_lightning.algorithms.base import ClientContext, RoundInfo
-from fl_lightning.errors import FLError
+from fl_lightning.errors import FLError, interrupted
 from fl_lightning.executors.base import ClientRuntime, Executor, check_loss, seed_client, to_device
 from fl_lightning.objective import StepRecord, round_means
 from fl_lightning.faults import TRANSIENT_ERRORS, ClientError, fatal_client_error
@@ -89,6 +89,8 @@ def _train_client(task: ClientTask, info: RoundInfo, runtime: ClientRuntime, rec
     local_state = algorithm.client_init(params, ctx)
     batches = data.client_batches(cid, task.seed, local.batch_size, local.steps, local.epochs)
     for step, batch in zip(range(task.num_steps), batches):  # a straggler's budget stops it early
+        if runtime.should_stop():
+            raise interrupted(info.round, cid, step, task.num_steps)
         ctx.step = step
         ctx.grad = objective.grad_fn(to_device(batch, device), local.weight_decay, record)
         params, local_state = algorithm.client_step(params, local_state, ctx)
