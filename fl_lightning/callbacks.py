@@ -189,6 +189,7 @@ class GlobalCost(Callback):
         self.optimal_cost: float | None = None
         self.optimal_params: TensorDict | None = None
         self.final_params: TensorDict | None = None
+        self._objective64: Objective | None = None  # built from the module's model at the first evaluation
 
     @staticmethod
     def _batches(trainer: Trainer, pl_module: LightningModule) -> list:
@@ -202,9 +203,8 @@ class GlobalCost(Callback):
 
     def _objective(self, pl_module: LightningModule) -> Objective:
         """The module's objective on a float64 copy of its model; buffers and mode follow the live model."""
-        if getattr(self, "_objective64", None) is None:
+        if self._objective64 is None:
             self._objective64 = Objective(copy.deepcopy(pl_module.model).double(), pl_module.federated_names)
-            self._weight_decay = pl_module.local.weight_decay
         model = self._objective64.model
         model.train(pl_module.model.training)
         with torch.no_grad():
@@ -214,7 +214,7 @@ class GlobalCost(Callback):
 
     def cost(self, pl_module: LightningModule, x: TensorDict, batches: list) -> torch.Tensor:
         """f(x): the mean over clients of the objective on the client's data, plus the weight decay term."""
-        objective, wd = self._objective(pl_module), self._weight_decay
+        objective, wd = self._objective(pl_module), pl_module.local.weight_decay
         losses = []
         for batch in batches:
             loss = objective.at(x, batch)[0]

@@ -142,12 +142,7 @@ def _checked_checkpoint(config: Any) -> str:
     ``last.ckpt`` among its loggers' ``<save_dir>/<name>/version_*/checkpoints``; a missing file is one line."""
     ckpt = str(config.get("ckpt_path"))
     if ckpt in ("last", "latest"):
-        candidates = []
-        for entry in _loggers(config.get("trainer")):
-            init_args = entry.get("init_args") if hasattr(entry, "get") else None
-            if init_args is not None and _class_name(entry) in ("CSVLogger", "TensorBoardLogger"):
-                root = Path(str(init_args.get("save_dir") or ".")) / (init_args.get("name") or "lightning_logs")
-                candidates += root.glob("version_*/checkpoints/last.ckpt")
+        candidates = [path for _, root in _versioned_logs(config) for path in root.glob("version_*/checkpoints/last.ckpt")]
         if not candidates:
             raise ValueError(
                 "--ckpt_path last: this experiment has no checkpoint yet (no <save_dir>/<name>/version_*/checkpoints/last.ckpt "
@@ -159,6 +154,16 @@ def _checked_checkpoint(config: Any) -> str:
     if not zipfile.is_zipfile(ckpt):  # torch.save writes a zip archive: anything else is damaged or not a checkpoint
         raise ValueError(f"--ckpt_path {ckpt}: not a readable checkpoint (truncated, damaged, or not written by torch.save)")
     return ckpt
+
+
+def _versioned_logs(config: Any) -> list[tuple[Any, Path]]:
+    """``(init_args, <save_dir>/<name>)`` of the config's CSV and TensorBoard loggers (their ``version_N`` parent)."""
+    roots = []
+    for entry in _loggers(config.get("trainer")):
+        init_args = entry.get("init_args") if hasattr(entry, "get") else None
+        if init_args is not None and _class_name(entry) in ("CSVLogger", "TensorBoardLogger"):
+            roots.append((init_args, Path(str(init_args.get("save_dir") or ".")) / (init_args.get("name") or "lightning_logs")))
+    return roots
 
 
 def _loggers(trainer_config: Any) -> list[Any]:
@@ -222,19 +227,16 @@ class FLCli(LightningCLI):
         run_dir = Path(ckpt).resolve().parent.parent
         if not run_dir.name.startswith("version_") or not run_dir.name[len("version_"):].isdigit():
             return
-        for entry in _loggers(config.get("trainer")):
-            init_args = entry.get("init_args") if hasattr(entry, "get") else None
-            if _class_name(entry) not in ("CSVLogger", "TensorBoardLogger") or init_args is None or init_args.get("version") is not None:
-                continue
-            name = init_args.get("name") or "lightning_logs"
-            if (Path(str(init_args.get("save_dir") or ".")) / name).resolve() == run_dir.parent:
+        for init_args, root in _versioned_logs(config):
+            if init_args.get("version") is None and root.resolve() == run_dir.parent:
                 init_args["version"] = int(run_dir.name[len("version_"):])
 
     def _experiment(self, config: Any) -> str:
-        from fl_lightning.config_files import EXPANDED_BASES
+        from fl_lightning.config_files import bases_named
 
         files = [Path(str(getattr(f, "relative", f))) for f in config.get("config") or [] if f is not None]
-        stems = [f.stem for f in files if f.resolve() not in EXPANDED_BASES] or [f.stem for f in files]
+        bases = bases_named(files)  # inserted by `base:` expansion: the run is named after the file that names them
+        stems = [f.stem for f in files if f.resolve() not in bases] or [f.stem for f in files]
         return stems[0] if stems else "fl-lightning"
 
     def _name_wandb_runs(self, config: Any) -> None:

@@ -12,10 +12,6 @@ from pathlib import Path
 
 import yaml
 
-EXPANDED_BASES: set[Path] = set()
-"""Config files inserted as bases in this process (the run's experiment is named after the others)."""
-
-
 def expand_bases(args: list[str]) -> list[str]:
     """``args`` with every ``--config FILE`` (or ``-c``) preceded by the chain of its bases."""
     out, i = [], 0
@@ -30,6 +26,22 @@ def expand_bases(args: list[str]) -> list[str]:
         out.append(arg)
         i += 1
     return out
+
+
+def bases_named(paths: list[Path]) -> set[Path]:
+    """The resolved files that some file of ``paths`` names as its ``base``."""
+    named = set()
+    for path in paths:
+        try:
+            raw = yaml.safe_load(path.read_text()) if path.is_file() else None
+        except (OSError, yaml.YAMLError):
+            continue
+        if isinstance(raw, dict) and isinstance(raw.get("base"), str):
+            try:
+                named.add(_resolve(path, raw["base"]))
+            except ValueError:
+                continue  # expand_bases has reported it
+    return named
 
 
 def _bases(value: str, seen: tuple[Path, ...]) -> list[str]:
@@ -48,7 +60,6 @@ def _bases(value: str, seen: tuple[Path, ...]) -> list[str]:
     base = _resolve(path, raw["base"])
     if base in seen or base == path.resolve():
         raise ValueError(f"base: {path} and its bases form a loop through {base}")
-    EXPANDED_BASES.add(base)
     return [*_bases(str(base), (*seen, path.resolve())), "--config", str(base)]
 
 

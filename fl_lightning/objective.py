@@ -235,5 +235,5 @@ def round_means(records: Sequence[StepRecord]) -> list[tuple[float, float]]:
     counts = [r.samples() for r in scored]
     ends = torch.tensor(counts).cumsum(0) - 1
     cumulative = [0, *(out.argmax(-1) == target).cumsum(0)[ends].tolist()]
-    accuracy = {id(r): (cumulative[i + 1] - cumulative[i]) / counts[i] for i, r in enumerate(scored)}
-    return [(m, accuracy.get(id(r), math.nan)) for m, r in zip(means, records)]
+    fractions = iter([(cumulative[i + 1] - cumulative[i]) / n for i, n in enumerate(counts)])  # the scored records, in order
+    return [(m, next(fractions) if r.outputs else math.nan) for m, r in zip(means, records)]

@@ -86,14 +86,12 @@ class BatchedExecutor(Executor):
         if reason is None:
             try:
                 return self._run_stacked(tasks, info, runtime)
-            except FLError:
+            except FLError:  # divergence, SIGTERM: known errors, not bugs of the batched path
                 raise
             except (Unbatchable, Unstackable) as error:
                 reason = str(error)
             except ClientIdUnavailable:
                 reason = f"{type(runtime.algorithm).__name__} reads ctx.client_id in its local steps (ctx.client holds the ids)"
-            except FLError:  # divergence: a known error, not a bug of the batched path
-                raise
             except Exception as error:
                 results = self.sequential.run(tasks, info, runtime)
                 if len(results) == len(tasks):
