@@ -100,6 +100,7 @@ class FederatedDataModule(L.LightningDataModule):
         self.eval_batch_size = eval_batch_size
         self.seed = 0 if seed is None else seed
         self.source: DataSource | None = None
+        self._resident: Any = None  # the training set on the training device (``place``)
 
     # ---- building the federation ------------------------------------------------
     def build_source(self) -> DataSource:
@@ -156,12 +157,46 @@ class FederatedDataModule(L.LightningDataModule):
         return self._eval_loader()
 
     # ---- client data access ------------------------------------------------------------
-    def _gather(self, indices: Tensor) -> Any:
+    def place(self, device: torch.device) -> None:
+        """Keep the clients' training samples on ``device``, copied there once: client batches are
+        then gathered on the device instead of copied to it every step. A training set that is
+        neither a ``TensorDataset`` nor has ``to(device)`` stays where it is."""
         train = self.source.train
+        if device.type == "cpu":
+            self._resident = None
+        elif isinstance(train, TensorDataset):
+            self._resident = TensorDataset(*(t.to(device) for t in train.tensors))
+        elif callable(getattr(train, "to", None)) and callable(getattr(train, "gather", None)):
+            self._resident = train.to(device)
+
+    @property
+    def _train(self) -> Any:
+        return self._resident if self._resident is not None else self.source.train
+
+    @property
+    def _vectorised(self) -> bool:
+        """Whether the training set gathers an index tensor in a few ops (``_gather``) rather than sample by sample."""
+        train = self.source.train
+        return isinstance(train, TensorDataset) or callable(getattr(train, "gather", None))
+
+    def _gather(self, indices: Tensor) -> Any:
+        """The batch of the samples ``indices`` (CPU int64; any shape ``[..., B]`` for a vectorised training set)."""
+        train = self._train
         if isinstance(train, TensorDataset):  # fast path: one indexing op per tensor
-            return tuple(t[indices] for t in train.tensors)
+            return tuple(t[indices.to(t.device, non_blocking=True)] for t in train.tensors)
+        if callable(getattr(train, "gather", None)):
+            return train.gather(indices)
         collate = self.source.collate_fn or default_collate
         return collate([train[int(i)] for i in indices])
+
+    def _gather_steps(self, index: Tensor, step_dim: int) -> Iterator[Any]:
+        """``_gather(index.select(step_dim, k))`` for every step k (a dataset's ``gather_steps`` when it has one)."""
+        gather_steps = getattr(self._train, "gather_steps", None)
+        if callable(gather_steps):
+            yield from gather_steps(index, step_dim)
+            return
+        for step in range(index.shape[step_dim]):
+            yield self._gather(index.select(step_dim, step))
 
     def num_local_steps(self, client_id: int, batch_size: int | None, steps: int | None, epochs: int | None) -> int:
         """K for this client: ``steps``, or ``epochs * ceil(n_i / batch_size)``."""
@@ -235,10 +270,13 @@ class FederatedDataModule(L.LightningDataModule):
             for _ in range(self.num_local_steps(client_id, batch_size, steps, epochs)):
                 yield self.augment(full, client_id, generator)
             return
-        if generator is None and steps is not None and isinstance(self.source.train, TensorDataset):
-            # All steps' batches in one gather per tensor (the same indices, fewer ops).
+        if generator is None and steps is not None and self._vectorised:
             index = self.client_batch_index_matrix(client_id, seed, batch_size, steps)
-            yield from zip(*(t[index].unbind(0) for t in self.source.train.tensors))
+            train = self._train
+            if isinstance(train, TensorDataset):  # all steps' batches in one gather per tensor (the same indices, fewer ops)
+                yield from zip(*(t[index.to(t.device, non_blocking=True)].unbind(0) for t in train.tensors))
+                return
+            yield from self._gather_steps(index, 0)  # padded per step, as a collated batch would be
             return
         for indices in self.client_batch_indices(client_id, seed, batch_size, steps, epochs):
             yield self.augment(self._gather(indices), client_id, generator)
@@ -248,19 +286,20 @@ class FederatedDataModule(L.LightningDataModule):
     ) -> Iterator[Any]:
         """Step k's ``[S, B, ...]`` batch of all ``client_ids``, k = 0 .. steps-1: the samples (and
         augmentations) of ``client_batches``. Raises ``Unstackable`` at the call if they cannot stack."""
-        if not isinstance(self.source.train, TensorDataset):
-            raise Unstackable("the training set is not in-memory tensors (TensorDataset)")
+        if not self._vectorised:
+            raise Unstackable("the training set gathers sample by sample (neither a TensorDataset nor a dataset with gather(index))")
         if batch_size is None or any(int(self.client_sizes[c]) < batch_size for c in client_ids):
             raise Unstackable("a client holds fewer samples than local.batch_size, so batches cannot be stacked")
+        if self.augments_batches and not isinstance(self.source.train, TensorDataset):
+            raise Unstackable("augmented batches are stacked from in-memory tensors (TensorDataset) only")
         index = torch.stack([self.client_batch_index_matrix(c, s, batch_size, steps) for c, s in zip(client_ids, seeds)])
         return self._stacked(index, client_ids, seeds)  # [S, K, B] indices
 
     def _stacked(self, index: Tensor, client_ids: Sequence[int], seeds: Sequence[int]) -> Iterator[Any]:
-        tensors = self.source.train.tensors
         if not self.augments_batches:
-            for step in range(index.shape[1]):  # one gather per tensor for all clients
-                yield tuple(t[index[:, step]] for t in tensors)
+            yield from self._gather_steps(index, 1)  # one gather for all clients (text: padded to the step's longest sample)
             return
+        tensors = self.source.train.tensors
         generators = [self.augment_generator(s) for s in seeds]  # per-client transforms, then stacked
         for step in range(index.shape[1]):
             views = [self.augment(tuple(t[i] for t in tensors), c, g) for i, c, g in zip(index[:, step], client_ids, generators)]

@@ -11,6 +11,7 @@ objects), and each batch is padded to its longest sequence only.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,10 +55,15 @@ _FILE_BUILDERS = {".parquet": "parquet", ".csv": "csv", ".json": "json", ".jsonl
 
 
 class TokenSequences(Dataset):
-    """Variable-length token sequences stored flat: sample i is ``ids[offsets[i]:offsets[i+1]]``."""
+    """Variable-length token sequences stored flat: sample i is ``ids[offsets[i]:offsets[i+1]]``.
 
-    def __init__(self, ids: Tensor, offsets: Tensor, labels: Tensor) -> None:
-        self.ids, self.offsets, self.labels = ids, offsets, labels
+    ``gather`` builds the right-padded batch of any index tensor in a few vectorised ops (the
+    batch ``PadCollate`` makes from the same samples), so clients' batches can be stacked.
+    """
+
+    def __init__(self, ids: Tensor, offsets: Tensor, labels: Tensor, pad_id: int = 0) -> None:
+        self.ids, self.offsets, self.labels, self.pad_id = ids, offsets, labels, pad_id
+        self._lengths = offsets[1:] - offsets[:-1]  # on the CPU: batch shapes are decided without a device sync
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -66,13 +72,41 @@ class TokenSequences(Dataset):
         return self.ids[self.offsets[i] : self.offsets[i + 1]], int(self.labels[i])
 
     def lengths(self) -> Tensor:
-        return self.offsets[1:] - self.offsets[:-1]
+        return self._lengths
 
     def subset(self, order: Tensor) -> TokenSequences:
         pieces = [self.ids[self.offsets[i] : self.offsets[i + 1]] for i in order.tolist()]
         offsets = torch.zeros(len(pieces) + 1, dtype=torch.int64)
         offsets[1:] = torch.cumsum(torch.tensor([len(p) for p in pieces], dtype=torch.int64), 0)
-        return TokenSequences(torch.cat(pieces) if pieces else self.ids[:0], offsets, self.labels[order])
+        return TokenSequences(torch.cat(pieces) if pieces else self.ids[:0], offsets, self.labels[order], self.pad_id)
+
+    def gather(self, index: Tensor, width: int | None = None) -> dict[str, Tensor]:
+        """``{"input_ids", "attention_mask", "labels"}`` of the samples ``index`` (CPU int64, any shape
+        ``[..., B]``), right-padded with ``pad_id`` to ``width`` (default: the longest of them); on the
+        device of ``ids``."""
+        lengths = self._lengths[index]
+        if width is None:
+            width = int(lengths.max()) if index.numel() else 0
+        mask = torch.arange(width) < lengths.unsqueeze(-1)
+        positions = (self.offsets[:-1][index].unsqueeze(-1) + torch.arange(width)).clamp_(max=max(len(self.ids) - 1, 0))
+        device = self.ids.device
+        mask, positions = mask.to(device, non_blocking=True), positions.to(device, non_blocking=True)
+        input_ids = torch.where(mask, self.ids[positions], self.pad_id)
+        labels = self.labels[index.to(device, non_blocking=True)]
+        return {"input_ids": input_ids, "attention_mask": mask.long(), "labels": labels}
+
+    def gather_steps(self, index: Tensor, step_dim: int) -> Iterator[dict[str, Tensor]]:
+        """``gather(index.select(step_dim, k))`` for every step k, the steps' widths read at once:
+        a round's local steps then never read a tensor's value on the host."""
+        others = [d for d in range(index.dim()) if d != step_dim]
+        widths = self._lengths[index].amax(dim=others).tolist() if index.numel() else [0] * index.shape[step_dim]
+        for step, width in enumerate(widths):
+            yield self.gather(index.select(step_dim, step), width)
+
+    def to(self, device: torch.device) -> TokenSequences:
+        """The same sequences with token ids and labels on ``device`` (offsets and lengths stay on the CPU)."""
+        moved = TokenSequences(self.ids.to(device), self.offsets, self.labels.to(device), self.pad_id)
+        return moved
 
 
 class PadCollate:
@@ -259,4 +293,5 @@ class TextDataModule(FederatedDataModule):
                 )
         # Length-sorted evaluation wastes almost no compute on padding; order does not change metrics.
         test = test.subset(torch.argsort(test.lengths(), stable=True))
+        train.pad_id = test.pad_id = tokenizer.pad_token_id
         return DataSource(train, test, train.labels, k, collate_fn=PadCollate(tokenizer.pad_token_id))

@@ -167,6 +167,9 @@ class FederatedModule(L.LightningModule):
                 f"trainer.val_check_interval must be > 0 (rounds between evaluations, or a fraction in (0, 1]), got {interval}"
             )
         self.store.start()
+        place = getattr(self.datamodule, "place", None)
+        if callable(place):  # client data resident on the training device, copied there once
+            place(self.device)
         if self._resumed_step is not None:
             self._continue_metrics(self._resumed_step)
         self._previous_metrics = {}

@@ -6,10 +6,20 @@ loss is ``model.loss(outputs, target)`` if the model defines one, else cross-ent
 plus ``output.penalty`` when the model's output carries one (a regularizer of the
 parameters, computed in ``forward`` so that substituted parameters are penalised).
 Outputs are a tensor of logits or an object with ``.logits``.
+
+Clients stacked on a leading dimension (batched execution) are evaluated in one of two ways:
+``vmap`` of the forward (any model), or, for a model whose class declares
+``independent_rows = True`` and whose substituted parameters all belong to ``nn.Linear``
+layers, as *client rows*: the clients' batches concatenated into one ordinary batch through
+the shared model, each substituted layer applying client i's weights to client i's rows by a
+batched matmul. That second way needs no vmap through the model's code (transformers' masking
+code branches on tensor values, which vmap forbids), and the frozen base runs once over the
+larger batch: LoRA adapters over a shared base model.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -83,6 +93,69 @@ def loss_grads(loss: Tensor, leaves: list[Tensor]) -> tuple[Tensor, ...]:
     return engine.run_backward((loss,), (seed,), False, False, tuple(leaves), False, False)
 
 
+def model_declares(model: nn.Module, capability: str) -> bool:
+    """Whether ``model``'s class declares ``capability`` (e.g. ``independent_rows``) itself: the class
+    that sets the flag must be (a subclass of) the class that defines ``forward``, so a subclass
+    with its own ``forward`` does not inherit the claim by accident."""
+    mro = type(model).__mro__
+    declarer = next((c for c in mro if capability in vars(c)), None)
+    definer = next((c for c in mro if "forward" in vars(c)), None)
+    return declarer is not None and bool(vars(declarer)[capability]) and definer is not None and issubclass(declarer, definer)
+
+
+def client_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``nn.Linear`` with client i's weights applied to client i's rows.
+
+    ``x`` holds S clients' rows, client-major, on its leading dimension (``[S*B, ..., in]``);
+    ``weight`` is ``[S, out, in]`` (or shared ``[out, in]``), ``bias`` ``[S, out]``, ``[out]`` or None.
+    """
+    if weight.dim() == 2:
+        y = F.linear(x, weight)
+        rows = y.reshape(bias.shape[0], -1, y.shape[-1])
+    else:
+        rows = torch.bmm(x.reshape(weight.shape[0], -1, x.shape[-1]), weight.transpose(1, 2))
+    if bias is not None:
+        rows = rows + (bias.unsqueeze(1) if bias.dim() == 2 else bias)
+    return rows.reshape(*x.shape[:-1], rows.shape[-1])
+
+
+class ClientRows:
+    """Give the ``nn.Linear`` layers of stacked parameters a ``client_linear`` forward, for the duration
+    of a ``with``: one forward of the model then evaluates every client on its own rows."""
+
+    def __init__(self, model: nn.Module, names: Sequence[str]) -> None:
+        self.layers: dict[str, tuple[nn.Linear, str]] = {}
+        for name in names:
+            owner, _, attr = name.rpartition(".")
+            module = model.get_submodule(owner) if owner else model
+            if type(module) is not nn.Linear or attr not in ("weight", "bias"):
+                raise TypeError(f"{name} is not the weight or bias of an nn.Linear")
+            self.layers[name] = (module, attr)
+
+    def __call__(self, params: TensorDict) -> _RowsPatched:
+        per_layer: dict[nn.Linear, dict[str, Tensor]] = {}
+        for name, tensor in params.items():
+            module, attr = self.layers[name]
+            per_layer.setdefault(module, {})[attr] = tensor
+        return _RowsPatched(per_layer)
+
+
+class _RowsPatched:
+    __slots__ = ("per_layer",)
+
+    def __init__(self, per_layer: dict) -> None:
+        self.per_layer = per_layer
+
+    def __enter__(self) -> None:
+        for module, tensors in self.per_layer.items():
+            weight, bias = tensors.get("weight", module.weight), tensors.get("bias", module.bias)
+            module.forward = functools.partial(client_linear, weight=weight, bias=bias)
+
+    def __exit__(self, *exc: object) -> None:
+        for module in self.per_layer:
+            del module.forward
+
+
 class _NotPlainOutputs(Exception):
     """The model's forward returns more than logits (e.g. a penalty): its loss is taken under vmap."""
 
@@ -102,6 +175,12 @@ class Objective:
         has_loss = hasattr(type(model), "loss") or "loss" in model.__dict__ or "loss" in model._modules
         self.custom_loss: Callable[[Tensor, Tensor], Tensor] | None = model.loss if has_loss else None
         self._plain_outputs = self.custom_loss is None  # logits + cross-entropy, until a forward says otherwise
+        self.rows: ClientRows | None = None  # stacked clients as rows of one batch (see the module docstring)
+        if self._plain_outputs and model_declares(model, "independent_rows"):
+            try:
+                self.rows = ClientRows(model, names)
+            except TypeError:
+                pass  # a substituted tensor outside nn.Linear: clients are stacked by vmap
 
     def __call__(self, batch: Any) -> tuple[Tensor, Tensor, Tensor]:
         """``(loss, outputs, target)`` of the model on ``batch``."""
@@ -155,6 +234,11 @@ class Objective:
         Plain logits are computed by one ``vmap`` of the forward and cross-entropy runs
         outside it (one kernel for all clients); other models' whole objective runs under vmap.
         """
+        if self.rows is not None and self._plain_outputs:
+            try:
+                return self._as_rows(params, batch)
+            except _NotPlainOutputs:
+                self._plain_outputs = False
         if self._plain_outputs and not isinstance(batch, dict):
             *inputs, target = batch
 
@@ -176,6 +260,22 @@ class Objective:
                 return vmap(F.cross_entropy)(out, target), out, target
 
         return vmap(self.at, randomness="different")(params, batch)
+
+    def _as_rows(self, params: TensorDict, batch: Any) -> tuple[Tensor, Tensor, Tensor]:
+        """``stacked`` by one forward over the clients' concatenated batches (``ClientRows``)."""
+        if isinstance(batch, dict):
+            target = batch["labels"]
+            with self.rows(params):
+                raw = self.model(**{k: v.flatten(0, 1) for k, v in batch.items() if k != "labels"})
+        else:
+            *inputs, target = batch
+            with self.rows(params):
+                raw = self.model(*(x.flatten(0, 1) for x in inputs))
+        out = raw if type(raw) is Tensor else getattr(raw, "logits", None)
+        if out is None or getattr(raw, "penalty", None) is not None:
+            raise _NotPlainOutputs
+        per_sample = F.cross_entropy(out, target.flatten(), reduction="none")
+        return per_sample.view(target.shape).mean(1), out.view(*target.shape, *out.shape[1:]), target
 
 
 class StepRecord:

@@ -16,9 +16,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 from torch import Tensor, nn
 
 _CONV1D_MODEL_TYPES = ("gpt2",)  # transformers' GPT-2 uses Conv1D (weights stored as [in, out])
+
+
+def causal_padding_mask(attention_mask: Tensor) -> Tensor:
+    """``[B, T]`` padding mask -> the ``[B, 1, T, T]`` boolean mask of a causal LM (True: attend).
+
+    transformers builds the same mask itself from a 2D one, but first reads the padding mask on
+    the host (to skip the mask when nothing is padded), a device sync in every forward; an
+    already built 4D mask is used as it is.
+    """
+    length = attention_mask.shape[-1]
+    causal = torch.ones(length, length, dtype=torch.bool, device=attention_mask.device).tril()
+    return causal & attention_mask.bool()[:, None, None, :]
 
 
 class LoRAClassifier(nn.Module):
@@ -37,6 +50,11 @@ class LoRAClassifier(nn.Module):
         freeze_a: train only B (A stays at its shared initialisation): exact averaging.
         trust_remote_code: passed to transformers; leave off unless you trust the repository.
     """
+
+    # Every sample's logits depend on that sample alone (no batch statistics) and the adapters and
+    # head are nn.Linear layers fed batch-first: batched execution runs all clients' rows through
+    # one forward of the shared frozen base (``fl_lightning.objective.ClientRows``).
+    independent_rows = True
 
     def __init__(
         self,
@@ -96,6 +114,8 @@ class LoRAClassifier(nn.Module):
         self.num_labels = num_labels
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        if attention_mask is not None and attention_mask.dim() == 2 and self.net.config._attn_implementation == "sdpa":
+            attention_mask = causal_padding_mask(attention_mask)
         return self.net(input_ids=input_ids, attention_mask=attention_mask).logits
 
     def save_pretrained(self, path: str | Path) -> None:

@@ -69,6 +69,17 @@ def _no_full_grad(params: TensorDict) -> TensorDict:
     raise Unbatchable("full local gradients need sequential execution (clients differ in size)")
 
 
+def _model_not_vmappable(error: Exception, runtime: ClientRuntime) -> str | None:
+    """The declared reason when a rule that runs per client under vmap meets a model whose forward
+    vmap cannot trace (e.g. transformers' masking code, which branches on tensor values); else None."""
+    if not (isinstance(error, RuntimeError) and str(error).startswith("vmap:")) or declares_capability(runtime.algorithm, "elementwise"):
+        return None
+    return (
+        f"{type(runtime.algorithm).__name__} does not declare elementwise = True, so its rule runs per client under vmap, "
+        "and the model's forward cannot run under vmap (it branches on tensor values)"
+    )
+
+
 class BatchedExecutor(Executor):
     """Run all tasks' local steps together; sequential execution only for declared reasons."""
 
@@ -93,13 +104,15 @@ class BatchedExecutor(Executor):
             except ClientIdUnavailable:
                 reason = f"{type(runtime.algorithm).__name__} reads ctx.client_id in its local steps (ctx.client holds the ids)"
             except Exception as error:
-                results = self.sequential.run(tasks, info, runtime)
-                if len(results) == len(tasks):
-                    raise BatchedExecutionError(
-                        f"round {info.round}: batched execution raised {one_line(error)} where sequential execution did not; "
-                        "run with --model.execution sequential and report it"
-                    ) from error
-                return results  # a client fails in sequential execution too: a client fault
+                reason = _model_not_vmappable(error, runtime)
+                if reason is None:
+                    results = self.sequential.run(tasks, info, runtime)
+                    if len(results) == len(tasks):
+                        raise BatchedExecutionError(
+                            f"round {info.round}: batched execution raised {one_line(error)} where sequential execution did not; "
+                            "run with --model.execution sequential and report it"
+                        ) from error
+                    return results  # a client fails in sequential execution too: a client fault
         if not self.fallbacks[reason]:
             log.warning("batched execution falls back to sequential: %s", reason)
         self.fallbacks[reason] += 1
