@@ -1,22 +1,27 @@
-"""Memory and time of a federated LoRA round (GPT-2 + peft), offline.
+"""Memory and time of a federated LoRA round (GPT-2 + peft), sequential vs batched, offline.
 
-Runs one federated round on the tiny test GPT-2 (or a randomly initialised
-GPT-2-small-sized model, ``--size small``) with S clients per round, and prints
-JSON: peak RSS growth during the round, bytes in the client store, bytes
-uploaded, the base model's bytes, and seconds per round / per client step.
+Runs ``--rounds`` federated rounds (timing those after the first) on the tiny test GPT-2 (or a randomly initialised GPT-2-small-shaped
+model, 124M parameters, ``--size small``) with S clients per round and prints JSON: a round's
+time (the training step only, no start-up), peak memory growth during the last round (CPU: resident
+set high-water mark; CUDA: allocator peak), bytes of the base, the adapters and the client store,
+and the reference ``total_batch_fwd_bwd_s``: one forward/backward of the model over all S clients'
+rows as one batch (the arithmetic a batched round cannot go below).
 
-    PYTHONPATH=$PWD python benchmarks/lora_round.py --clients-per-round 1
-    PYTHONPATH=$PWD python benchmarks/lora_round.py --clients-per-round 10
-    PYTHONPATH=$PWD python benchmarks/lora_round.py --size small --clients-per-round 1 --steps 3 --max-length 128
+    PYTHONPATH=$PWD python benchmarks/lora_round.py --clients-per-round 5 --execution batched
+    PYTHONPATH=$PWD python benchmarks/lora_round.py --size small --sweep 1,5,10 --rounds 1 --steps 1 --batch-size 2 --max-length 128
 
-Run each setting in its own process: peak RSS (ru_maxrss) only grows.
+``--sweep`` runs every S of the list with sequential and batched execution, each in its own
+process (peak memory only grows within a process), sharing one set of written assets, prints a
+table and writes ``benchmarks/results/lora-<size>-<machine>-<date>.json``. ``--device cuda``
+runs on the GPU.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -26,8 +31,24 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def _peak_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+def _reset_peak_rss() -> None:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def _rss_mib(field: str) -> float:
+    """VmRSS (now) or VmHWM (peak since the last reset), MiB."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _long_texts(path: Path, n: int, words: int) -> dict[str, str]:
@@ -46,18 +67,30 @@ def _long_texts(path: Path, n: int, words: int) -> dict[str, str]:
     return files
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", choices=["tiny", "small"], default="tiny")
-    parser.add_argument("--clients-per-round", type=int, default=1)
-    parser.add_argument("--num-clients", type=int, default=10)
-    parser.add_argument("--steps", type=int, default=2, help="local steps per client")
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--max-length", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch default)")
-    args = parser.parse_args()
-    warnings.filterwarnings("ignore")
+def write_assets(root: Path, size: str, n: int, words: int) -> dict[str, str]:
+    """Data files, tokenizer and base model under ``root`` (written once, reused by a sweep's processes)."""
+    import pandas as pd
 
+    from tests.text_fixtures import write_tiny_gpt2, write_tokenizer
+
+    marker = root / "assets.json"
+    if marker.exists():
+        return json.loads(marker.read_text())
+    root.mkdir(parents=True, exist_ok=True)
+    files = _long_texts(root, n=n, words=words)
+    write_tokenizer(root / "tok", pd.read_parquet(files["train"])["sentence"].tolist()[:200], vocab_size=300)
+    if size == "tiny":
+        write_tiny_gpt2(root / "gpt2", root / "tok")
+    else:  # GPT-2 small's shape (124M parameters), random weights: no download
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        GPT2LMHeadModel(GPT2Config(eos_token_id=0, bos_token_id=0)).save_pretrained(str(root / "gpt2"))
+    marker.write_text(json.dumps(files))
+    return files
+
+
+def one_round(args) -> dict:
+    """One round of ``args.clients_per_round`` clients, measured (see the module docstring)."""
     import lightning as L
     import torch
     from transformers.utils import logging as hf_logging
@@ -70,10 +103,11 @@ def main() -> None:
     from fl_lightning import params as P
     from fl_lightning.algorithms import Algorithm
     from models import LoRAClassifier
-    from tests.text_fixtures import write_tiny_gpt2, write_tokenizer
 
     class AdamLikeState(Algorithm):
         """Local SGD with two adapter-sized client-state tensors (the footprint of FedIT-AdamGT: v_i, y_i)."""
+
+        elementwise = True
 
         def client_state_init(self, x):
             return {"v": P.zeros_like(x), "y": P.zeros_like(x)}
@@ -82,18 +116,8 @@ def main() -> None:
             _, grad = ctx.grad(params)
             return P.add(params, grad, -ctx.lr), local
 
-    root = Path(tempfile.mkdtemp(prefix="lora_bench_"))
-    files = _long_texts(root, n=args.num_clients * args.batch_size * args.steps, words=args.max_length)
-    import pandas as pd
-
-    write_tokenizer(root / "tok", pd.read_parquet(files["train"])["sentence"].tolist()[:200], vocab_size=300)
-    if args.size == "tiny":
-        write_tiny_gpt2(root / "gpt2", root / "tok")
-    else:  # GPT-2 small's shape (124M parameters), random weights: no download
-        from transformers import GPT2Config, GPT2LMHeadModel
-
-        GPT2LMHeadModel(GPT2Config(eos_token_id=0, bos_token_id=0)).save_pretrained(str(root / "gpt2"))
-
+    root = Path(args.assets or tempfile.mkdtemp(prefix="lora_bench_"))
+    files = write_assets(root, args.size, args.num_clients * args.batch_size * args.steps, args.max_length)
     data = TextDataModule(
         task="sst2", tokenizer=str(root / "tok"), data_files=files, cache_dir=str(root / "cache"),
         max_length=args.max_length, num_clients=args.num_clients, partition=IID(),
@@ -103,51 +127,153 @@ def main() -> None:
     torch.manual_seed(0)
     model = LoRAClassifier(str(root / "gpt2"), num_labels=2, rank=8, alpha=16, dropout=0.05)
     module = FederatedModule(
-        model=model, algorithm=AdamLikeState(), local=LocalTraining(lr=1e-3, steps=args.steps, batch_size=args.batch_size)
-    )
+        model=model, algorithm=AdamLikeState(), local=LocalTraining(lr=1e-3, steps=args.steps, batch_size=args.batch_size),
+        execution=args.execution,
+    )  # fmt: skip
+    cuda = args.device == "cuda"
+
+    class RoundTimer(L.Callback):
+        """The training steps after the first (all of them if there is one), and the peak memory of the
+        rounds above what the process held when training started (model, data and store set up)."""
+
+        seconds: list[float] = []
+
+        def on_train_start(self, trainer, pl_module):
+            if cuda:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                self.before = torch.cuda.memory_allocated() / 2**20
+            else:
+                _reset_peak_rss()
+                self.before = _rss_mib("VmRSS")
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if cuda:
+                torch.cuda.synchronize()
+            self.start = time.perf_counter()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if cuda:
+                torch.cuda.synchronize()
+            if batch_idx > 0 or args.rounds == 1:
+                self.seconds.append(time.perf_counter() - self.start)
+            peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else _rss_mib("VmHWM")
+            self.growth = peak - self.before
+
+    timer = RoundTimer()
     trainer = L.Trainer(
-        max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        num_sanity_val_steps=0, limit_val_batches=0, accelerator="cpu", devices=1, default_root_dir=str(root),
+        max_steps=args.rounds, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        num_sanity_val_steps=0, limit_val_batches=0, accelerator="gpu" if cuda else "cpu", devices=1,
+        default_root_dir=str(root), callbacks=[timer], precision=args.precision,
     )  # fmt: skip
     base_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if not p.requires_grad)
     adapter_bytes = P.num_bytes(module.global_params().values())
-    rss_before = _peak_mib()
-    start, cpu_start = time.perf_counter(), time.process_time()
     trainer.fit(module, datamodule=data)
-    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+    round_s = sum(timer.seconds) / len(timer.seconds)
+    fallbacks = dict(getattr(getattr(module.executor, "inner", module.executor), "fallbacks", {}) or {})
     store = module.store.state_dict()
-    batch = next(data.client_batches(0, seed=0, batch_size=args.batch_size, steps=1))
-    grad = module.objective.grad_fn(batch, 1e-8)
-    grad(module.global_params())  # warm-up
-    t0, c0 = time.perf_counter(), time.process_time()
-    for _ in range(3):
-        grad(module.global_params())
-    step_s, step_cpu_s = (time.perf_counter() - t0) / 3, (time.process_time() - c0) / 3
-    client_steps = args.clients_per_round * args.steps
-    print(
-        json.dumps(
-            {
-                "size": args.size,
-                "clients_per_round": args.clients_per_round,
-                "local_steps": args.steps,
-                "batch": [args.batch_size, args.max_length],
-                "threads": torch.get_num_threads(),
-                "base_MiB": round(base_bytes / 2**20, 3),
-                "adapter_KiB": round(adapter_bytes / 2**10, 2),
-                "store_KiB": round(P.num_bytes(store.values()) / 2**10, 2),
-                "clients_in_store": len(module.store),
-                "upload_KiB_per_client": round(adapter_bytes / 2**10, 2),
-                "peak_rss_before_MiB": round(rss_before, 1),
-                "peak_rss_growth_in_round_MiB": round(_peak_mib() - rss_before, 1),
-                "round_s": round(seconds, 2),
-                "round_cpu_s": round(cpu_seconds, 2),
-                "round_s_per_client_step": round(seconds / client_steps, 3),
-                "fwd_bwd_s_per_step": round(step_s, 3),
-                "fwd_bwd_cpu_s_per_step": round(step_cpu_s, 3),  # process CPU time: robust to a shared machine
-                "batch_shape": list(batch["input_ids"].shape),
-            }
-        )
-    )
+
+    # The reference: one forward/backward over all S clients' rows as one ordinary batch.
+    clients = list(range(args.clients_per_round))
+    rows = [next(data.client_batches(c, seed=c, batch_size=args.batch_size, steps=1)) for c in clients]
+    width = max(b["input_ids"].shape[-1] for b in rows)
+    total = {k: torch.cat([torch.nn.functional.pad(b[k], (0, width - b[k].shape[-1])) if b[k].dim() == 2 else b[k] for b in rows])
+             for k in rows[0]}  # fmt: skip
+    total = {k: v.to(module.device) for k, v in total.items()}
+    grad = module.objective.grad_fn(total, 0.0)
+    autocast = torch.autocast(module.device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16-mixed")
+    with autocast:
+        grad(module.global_params())  # warm-up
+    if cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with autocast:
+        for _ in range(args.repeats):
+            grad(module.global_params())
+    if cuda:
+        torch.cuda.synchronize()
+    total_s = (time.perf_counter() - t0) / args.repeats
+    return {
+        "size": args.size,
+        "execution": args.execution,
+        "device": args.device,
+        "precision": args.precision,
+        "clients_per_round": args.clients_per_round,
+        "local_steps": args.steps,
+        "batch": [args.batch_size, args.max_length],
+        "threads": torch.get_num_threads(),
+        "fallbacks": fallbacks,
+        "base_MiB": round(base_bytes / 2**20, 3),
+        "adapter_KiB": round(adapter_bytes / 2**10, 2),
+        "store_KiB": round(P.num_bytes(store.values()) / 2**10, 2),
+        "peak_growth_in_rounds_MiB": round(timer.growth, 1),
+        "rounds": args.rounds,
+        "round_s": round(round_s, 4),
+        "round_s_per_client_step": round(round_s / (args.clients_per_round * args.steps), 5),
+        "total_batch_fwd_bwd_s": round(total_s, 4),
+        "round_over_total_batch_steps": round(round_s / (args.steps * total_s), 3),
+    }
+
+
+def sweep(args) -> None:
+    """Every S of ``--sweep`` with sequential and batched execution, one process each."""
+    from benchmarks.run import machine, results_name
+
+    assets = Path(args.assets or tempfile.mkdtemp(prefix="lora_bench_"))
+    sizes = [int(s) for s in args.sweep.split(",")]
+    write_assets(assets, args.size, args.num_clients * args.batch_size * args.steps, args.max_length)
+    passthrough = ["--size", args.size, "--num-clients", str(args.num_clients), "--steps", str(args.steps),
+                   "--batch-size", str(args.batch_size), "--max-length", str(args.max_length), "--device", args.device,
+                   "--precision", args.precision, "--rounds", str(args.rounds), "--threads", str(args.threads), "--repeats", str(args.repeats),
+                   "--assets", str(assets)]  # fmt: skip
+    rows = []
+    for s in sizes:
+        for execution in ("sequential", "batched"):
+            cmd = [sys.executable, __file__, *passthrough, "--clients-per-round", str(s), "--execution", execution]
+            out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+            lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+            if out.returncode or not lines:
+                print(f"S={s} {execution} failed:\n{out.stderr[-2000:]}", file=sys.stderr)
+                continue
+            row = json.loads(lines[-1])
+            rows.append(row)
+            print(f"{args.size} S={s:3d} {execution:10s} round {row['round_s']:8.3f} s  peak +{row['peak_growth_in_rounds_MiB']:8.1f} MiB"
+                  f"  x{row['round_over_total_batch_steps']} of one fwd/bwd over the total batch", flush=True)  # fmt: skip
+    for row in rows:
+        seq = next((r for r in rows if r["clients_per_round"] == row["clients_per_round"] and r["execution"] == "sequential"), None)
+        if seq is not None:
+            row["speedup_vs_sequential"] = round(seq["round_s"] / row["round_s"], 3)
+    info = machine()
+    print(f"on {info['cpu']}, {info['cores']} cores, torch {info['torch']}")
+    out = Path(args.out or results_name(f"lora-{args.size}-{args.device}", info))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"machine": info, "date": time.strftime("%Y-%m-%d %H:%M"), "args": vars(args), "rows": rows}, indent=2))
+    print(f"results: {out}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", choices=["tiny", "small"], default="tiny")
+    parser.add_argument("--clients-per-round", type=int, default=1)
+    parser.add_argument("--num-clients", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=2, help="local steps per client")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--max-length", type=int, default=64)
+    parser.add_argument("--execution", choices=["sequential", "batched"], default="sequential")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--precision", default="32-true", help="Lightning precision, e.g. bf16-mixed")
+    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch default)")
+    parser.add_argument("--rounds", type=int, default=6, help="rounds run; the first is a warm-up unless it is the only one")
+    parser.add_argument("--repeats", type=int, default=3, help="timed repeats of the total-batch reference")
+    parser.add_argument("--assets", default=None, help="folder of written data/tokenizer/model, reused if present")
+    parser.add_argument("--sweep", default=None, help="comma-separated S values: sequential and batched rows for each")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    if args.sweep:
+        sweep(args)
+    else:
+        print(json.dumps(one_round(args)))
 
 
 if __name__ == "__main__":

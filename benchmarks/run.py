@@ -300,10 +300,16 @@ def machine() -> dict:
                 python=platform.python_version(), os=f"{platform.system()} {platform.release()}")  # fmt: skip
 
 
-def default_out(info: dict, quick: bool) -> str:
-    """``benchmarks/results/<cpu>-<cores>cpu[-quick]-<date>.json``: results named by machine and date."""
+def results_name(prefix: str | None, info: dict) -> str:
+    """``benchmarks/results/[<prefix>-]<cpu>-<cores>cpu-<date>.json``: results named by machine and date."""
     cpu = "-".join("".join(c if c.isalnum() else " " for c in info["cpu"].lower()).split())[:40] or "cpu"
-    return f"benchmarks/results/{cpu}-{info['cores']}cpu{'-quick' if quick else ''}-{time.strftime('%Y-%m-%d')}.json"
+    return f"benchmarks/results/{prefix + '-' if prefix else ''}{cpu}-{info['cores']}cpu-{time.strftime('%Y-%m-%d')}.json"
+
+
+def default_out(info: dict, quick: bool) -> str:
+    """``benchmarks/results/<cpu>-<cores>cpu[-quick]-<date>.json``."""
+    name = results_name(None, info)
+    return name.replace("cpu-" + time.strftime("%Y-%m-%d"), "cpu-quick-" + time.strftime("%Y-%m-%d")) if quick else name
 
 
 def main() -> None:
