@@ -44,7 +44,26 @@ WORKLOADS = {
     "mlp": dict(num_clients=100, plan=[10, 50], steps=4, batch=16),
     "cnn": dict(num_clients=50, plan=[20], steps=4, batch=16),
     "lora": dict(num_clients=20, plan=[5], steps=2, batch=8),
+    # Opt-in (--workloads resnet18): ResNet-18 (GroupNorm) on CIFAR-shaped random images, minutes on a CPU.
+    "resnet18": dict(num_clients=20, plan=[10], steps=1, batch=8),
 }
+OPT_IN = {"resnet18"}
+
+class _Device:
+    """The device of every row (``--device``, passed to worker processes as FL_BENCH_DEVICE)."""
+
+    @property
+    def type(self) -> str:
+        return os.environ.get("FL_BENCH_DEVICE", "cpu")
+
+    def sync(self) -> None:
+        if self.type == "cuda":
+            import torch
+
+            torch.cuda.synchronize()
+
+
+DEVICE = _Device()
 
 QUICK_DDP = {("mlp", 50), ("cnn", 20)}  # --quick: the CPU-bound settings only (a DDP launch costs ~15 s)
 
@@ -84,6 +103,26 @@ def _text_assets() -> Path:
     return root
 
 
+def _cifar_shaped_class():
+    from datamodules import FederatedDataModule
+    from datamodules.sources import DataSource, load_source
+    from torch.utils.data import TensorDataset
+
+    class CifarShaped(FederatedDataModule):
+        """Gaussian-class images of CIFAR's shape, 3 x 32 x 32, 10 classes (no download)."""
+
+        def build_source(self) -> DataSource:
+            flat = load_source("synthetic", num_samples=2000, num_features=3 * 32 * 32, num_classes=10, seed=0)
+            images = [TensorDataset(d.tensors[0].view(-1, 3, 32, 32), d.tensors[1]) for d in (flat.train, flat.test)]
+            return DataSource(images[0], images[1], flat.train_labels, flat.num_classes)
+
+    return CifarShaped
+
+
+def CifarShaped(**kwargs):  # noqa: N802  (a class built on first use: importing datamodules is slow)
+    return _cifar_shaped_class()(**kwargs)
+
+
 def build(workload: str, clients_per_round: int):
     """(model, datamodule) of a workload, seeded: every execution starts from the same model."""
     import torch
@@ -106,8 +145,13 @@ def build(workload: str, clients_per_round: int):
         data.setup()
         torch.manual_seed(0)
         return LoRAClassifier(str(root / "gpt2"), num_labels=2, rank=4, alpha=8, dropout=0.0), data
-    from models import MLP, SmallCNN
+    from models import MLP, ResNet18, SmallCNN
 
+    if workload == "resnet18":
+        data = CifarShaped(num_clients=spec["num_clients"], partition=IID(), participation=UniformSampling(clients_per_round))
+        data.setup()
+        torch.manual_seed(0)
+        return ResNet18(num_classes=10, norm="group", channels_last=DEVICE.type == "cuda"), data
     if workload == "mlp":
         data = FederatedDataModule("synthetic", dict(num_samples=8000, num_features=32, num_classes=10, seed=0), **common)
     else:
@@ -129,7 +173,11 @@ def bare_loop(workload: str, clients_per_round: int, rounds: int) -> float:
 
     model, data = build(workload, clients_per_round)
     spec = WORKLOADS[workload]
+    device = torch.device(DEVICE.type)
+    model.to(device)
     train = data.source.train
+    if isinstance(train, TensorDataset):  # resident on the device, as the framework keeps it
+        train = TensorDataset(*(t.to(device) for t in train.tensors))
     collate = data.source.collate_fn or default_collate
     params = [p for p in model.parameters() if p.requires_grad]
     global_params = [p.detach().clone() for p in params]
@@ -137,8 +185,8 @@ def bare_loop(workload: str, clients_per_round: int, rounds: int) -> float:
 
     def batch_of(idx):
         if isinstance(train, TensorDataset):
-            return tuple(t[idx] for t in train.tensors)
-        return collate([train[int(i)] for i in idx])
+            return tuple(t[idx.to(device)] for t in train.tensors)
+        return {k: v.to(device) for k, v in collate([train[int(i)] for i in idx]).items()}
 
     def loss_of(batch):
         if isinstance(batch, dict):
@@ -169,6 +217,7 @@ def bare_loop(workload: str, clients_per_round: int, rounds: int) -> float:
         with torch.no_grad():
             for g, t in zip(global_params, total):
                 g.add_(t, alpha=1.0 / clients_per_round)
+    DEVICE.sync()
     return time.perf_counter() - start
 
 
@@ -186,6 +235,7 @@ def framework(workload: str, clients_per_round: int, rounds: int, execution: str
         """From the end of the warm-up round to the end of the last round (no start-up or teardown)."""
 
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            DEVICE.sync()
             if batch_idx == 0:
                 self.start = time.perf_counter()
             elif batch_idx == rounds - 1:
@@ -199,7 +249,8 @@ def framework(workload: str, clients_per_round: int, rounds: int, execution: str
     module = FederatedModule(model, FedAvg(), LocalTraining(lr=LR, steps=spec["steps"], batch_size=spec["batch"]), **kwargs)
     trainer = L.Trainer(
         max_steps=rounds, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0, callbacks=[timer], accelerator="cpu", **distributed,
+        enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0, callbacks=[timer],
+        accelerator="gpu" if DEVICE.type == "cuda" else "cpu", **distributed,
     )  # fmt: skip
     trainer.fit(module, datamodule=data)
     return timer.seconds if trainer.global_rank == 0 else None
@@ -316,7 +367,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None, help="default: benchmarks/results/<cpu>-<cores>cpu-<date>.json")
     parser.add_argument("--quick", action="store_true", help="fewer rounds and repeats: the whole run in under 2 minutes")
-    parser.add_argument("--workloads", default="mlp,cnn,lora")
+    parser.add_argument("--workloads", default="mlp,cnn,lora", help=f"any of {', '.join(WORKLOADS)} ({', '.join(sorted(OPT_IN))}: opt-in)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where every row runs (ddp2 rows: cpu only)")
     parser.add_argument("--executions", default="bare,sequential,batched,ddp2")
     parser.add_argument("--_worker", nargs=4, help=argparse.SUPPRESS)
     parser.add_argument("--_ddp", nargs=3, help=argparse.SUPPRESS)
@@ -333,7 +385,8 @@ def main() -> None:
         return
 
     workloads = args.workloads.split(",")
-    rounds = {"mlp": 16, "cnn": 8, "lora": 4} if args.quick else {"mlp": 40, "cnn": 15, "lora": 10}
+    os.environ["FL_BENCH_DEVICE"] = args.device
+    rounds = {"mlp": 16, "cnn": 8, "lora": 4, "resnet18": 3} if args.quick else {"mlp": 40, "cnn": 15, "lora": 10, "resnet18": 4}
     rounds_arg = ",".join(f"{k}={v}" for k, v in rounds.items())
     repeats = 2 if args.quick else 3
     executions = args.executions.split(",")
@@ -345,8 +398,8 @@ def main() -> None:
         _quiet()
         os.environ["FL_BENCH_TEXT_DIR"] = str(_text_assets())
     rows = _subprocess(["--_worker", ",".join(workloads), ",".join(local), rounds_arg, str(repeats)])
-    if "ddp2" in executions:
-        settings = [(w, s) for w in workloads for s in WORKLOADS[w]["plan"] if not args.quick or (w, s) in QUICK_DDP]
+    if "ddp2" in executions and args.device == "cpu":
+        settings = [(w, s) for w in workloads if w not in OPT_IN for s in WORKLOADS[w]["plan"] if not args.quick or (w, s) in QUICK_DDP]
         if settings:
             rows += _subprocess(["--_ddp", ",".join(f"{w}:{s}" for w, s in settings), rounds_arg, str(repeats)])
     for row in rows:

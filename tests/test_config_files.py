@@ -31,7 +31,13 @@ def _flat(tree: dict | list, prefix: str = "") -> dict:
     return out
 
 
-OVERLAYS = sorted(p.name for p in (ROOT / "configs").glob("*.yaml") if "base" in (yaml.safe_load(p.read_text()) or {}) and "runs" not in yaml.safe_load(p.read_text()))
+# Hub-model overlays (fedit_gpt2_*) need a downloaded GPT-2 to build; tests/test_lora_cli.py composes
+# and runs them on offline fixtures.
+OVERLAYS = sorted(
+    p.name for p in (ROOT / "configs").glob("*.yaml")
+    if "base" in (yaml.safe_load(p.read_text()) or {}) and "runs" not in yaml.safe_load(p.read_text())
+    and not p.name.startswith("fedit_gpt2")
+)  # fmt: skip
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
