@@ -19,7 +19,6 @@ larger batch: LoRA adapters over a shared base model.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -30,6 +29,7 @@ from torch import Tensor, nn
 from torch.func import vmap
 
 from fl_lightning import params as P
+from fl_lightning.client_rows import ClientRows, UnsupportedLayer, model_declares
 from fl_lightning.params import TensorDict
 
 GradFn = Callable[[TensorDict], tuple[Tensor, TensorDict]]
@@ -93,69 +93,6 @@ def loss_grads(loss: Tensor, leaves: list[Tensor]) -> tuple[Tensor, ...]:
     return engine.run_backward((loss,), (seed,), False, False, tuple(leaves), False, False)
 
 
-def model_declares(model: nn.Module, capability: str) -> bool:
-    """Whether ``model``'s class declares ``capability`` (e.g. ``independent_rows``) itself: the class
-    that sets the flag must be (a subclass of) the class that defines ``forward``, so a subclass
-    with its own ``forward`` does not inherit the claim by accident."""
-    mro = type(model).__mro__
-    declarer = next((c for c in mro if capability in vars(c)), None)
-    definer = next((c for c in mro if "forward" in vars(c)), None)
-    return declarer is not None and bool(vars(declarer)[capability]) and definer is not None and issubclass(declarer, definer)
-
-
-def client_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """``nn.Linear`` with client i's weights applied to client i's rows.
-
-    ``x`` holds S clients' rows, client-major, on its leading dimension (``[S*B, ..., in]``);
-    ``weight`` is ``[S, out, in]`` (or shared ``[out, in]``), ``bias`` ``[S, out]``, ``[out]`` or None.
-    """
-    if weight.dim() == 2:
-        y = F.linear(x, weight)
-        rows = y.reshape(bias.shape[0], -1, y.shape[-1])
-    else:
-        rows = torch.bmm(x.reshape(weight.shape[0], -1, x.shape[-1]), weight.transpose(1, 2))
-    if bias is not None:
-        rows = rows + (bias.unsqueeze(1) if bias.dim() == 2 else bias)
-    return rows.reshape(*x.shape[:-1], rows.shape[-1])
-
-
-class ClientRows:
-    """Give the ``nn.Linear`` layers of stacked parameters a ``client_linear`` forward, for the duration
-    of a ``with``: one forward of the model then evaluates every client on its own rows."""
-
-    def __init__(self, model: nn.Module, names: Sequence[str]) -> None:
-        self.layers: dict[str, tuple[nn.Linear, str]] = {}
-        for name in names:
-            owner, _, attr = name.rpartition(".")
-            module = model.get_submodule(owner) if owner else model
-            if type(module) is not nn.Linear or attr not in ("weight", "bias"):
-                raise TypeError(f"{name} is not the weight or bias of an nn.Linear")
-            self.layers[name] = (module, attr)
-
-    def __call__(self, params: TensorDict) -> _RowsPatched:
-        per_layer: dict[nn.Linear, dict[str, Tensor]] = {}
-        for name, tensor in params.items():
-            module, attr = self.layers[name]
-            per_layer.setdefault(module, {})[attr] = tensor
-        return _RowsPatched(per_layer)
-
-
-class _RowsPatched:
-    __slots__ = ("per_layer",)
-
-    def __init__(self, per_layer: dict) -> None:
-        self.per_layer = per_layer
-
-    def __enter__(self) -> None:
-        for module, tensors in self.per_layer.items():
-            weight, bias = tensors.get("weight", module.weight), tensors.get("bias", module.bias)
-            module.forward = functools.partial(client_linear, weight=weight, bias=bias)
-
-    def __exit__(self, *exc: object) -> None:
-        for module in self.per_layer:
-            del module.forward
-
-
 class _NotPlainOutputs(Exception):
     """The model's forward returns more than logits (e.g. a penalty): its loss is taken under vmap."""
 
@@ -179,8 +116,8 @@ class Objective:
         if self._plain_outputs and model_declares(model, "independent_rows"):
             try:
                 self.rows = ClientRows(model, names)
-            except TypeError:
-                pass  # a substituted tensor outside nn.Linear: clients are stacked by vmap
+            except UnsupportedLayer:
+                pass  # a substituted tensor in a layer ClientRows has no rule for: clients are stacked by vmap
 
     def __call__(self, batch: Any) -> tuple[Tensor, Tensor, Tensor]:
         """``(loss, outputs, target)`` of the model on ``batch``."""

@@ -16,6 +16,10 @@ class SmallCNN(nn.Module):
         hidden: width of the hidden linear layer.
     """
 
+    # Each sample's output depends on that sample alone: batched execution runs the clients'
+    # batches as rows of one batch (``fl_lightning.client_rows``).
+    independent_rows = True
+
     def __init__(
         self, in_channels: int = 1, num_classes: int = 10, image_size: int = 8, channels: int = 16, hidden: int = 64
     ) -> None:

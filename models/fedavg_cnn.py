@@ -17,6 +17,10 @@ class FedAvgCNN(nn.Module):
         image_size: side of the square input, a multiple of 4.
     """
 
+    # Each sample's output depends on that sample alone: batched execution runs the clients'
+    # batches as rows of one batch (``fl_lightning.client_rows``).
+    independent_rows = True
+
     def __init__(self, in_channels: int = 1, num_classes: int = 10, image_size: int = 28) -> None:
         super().__init__()
         if image_size < 4 or image_size % 4:

@@ -14,6 +14,10 @@ class MLP(nn.Module):
         hidden: widths of the hidden layers (empty: a linear model).
     """
 
+    # Each sample's output depends on that sample alone: batched execution runs the clients'
+    # batches as rows of one batch (``fl_lightning.client_rows``).
+    independent_rows = True
+
     def __init__(self, in_features: int = 64, num_classes: int = 10, hidden: list[int] | None = None) -> None:
         super().__init__()
         if in_features < 1 or num_classes < 1:
