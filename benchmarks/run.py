@@ -2,7 +2,9 @@
 
     python benchmarks/run.py --out results.json [--quick] [--workloads mlp,cnn,lora]
 
-Workloads: ``mlp`` (synthetic data, 100 clients, S = 10 and 50), ``cnn`` (digits
+Workloads: ``mlp`` (synthetic data, 100 clients, S = 10 and 50), ``mlp400`` (the same
+data-per-client and model with 400 clients, S = 200: the issue's "batched at S = 200"
+setting; fewer rounds, a round is 20x that of S = 10), ``cnn`` (digits
 SmallCNN, 50 clients, S = 20), ``lora`` (the tiny test GPT-2 with LoRA adapters on
 SST-2-schema data written locally, 20 clients, S = 5). Every workload runs K = 4
 (LoRA: 2) local SGD steps of batch 16 (LoRA: 8) per client and round.
@@ -41,7 +43,8 @@ sys.path.insert(0, str(ROOT))
 LR = 0.05
 WORKLOADS = {
     # name: clients, clients-per-round settings, local steps, batch size
-    "mlp": dict(num_clients=100, plan=[10, 50], steps=4, batch=16),
+    "mlp": dict(num_clients=100, plan=[10, 50], steps=4, batch=16, samples=8000),
+    "mlp400": dict(num_clients=400, plan=[200], steps=4, batch=16, samples=32000),  # 64 training samples a client, as mlp
     "cnn": dict(num_clients=50, plan=[20], steps=4, batch=16),
     "lora": dict(num_clients=20, plan=[5], steps=2, batch=8),
 }
@@ -108,13 +111,13 @@ def build(workload: str, clients_per_round: int):
         return LoRAClassifier(str(root / "gpt2"), num_labels=2, rank=4, alpha=8, dropout=0.0), data
     from models import MLP, SmallCNN
 
-    if workload == "mlp":
-        data = FederatedDataModule("synthetic", dict(num_samples=8000, num_features=32, num_classes=10, seed=0), **common)
+    if workload.startswith("mlp"):
+        data = FederatedDataModule("synthetic", dict(num_samples=spec["samples"], num_features=32, num_classes=10, seed=0), **common)
     else:
         data = FederatedDataModule("digits", {}, **common)
     data.setup()
     torch.manual_seed(0)
-    return (MLP(32, 10, hidden=[64]) if workload == "mlp" else SmallCNN()), data
+    return (MLP(32, 10, hidden=[64]) if workload.startswith("mlp") else SmallCNN()), data
 
 
 def bare_loop(workload: str, clients_per_round: int, rounds: int) -> float:
@@ -172,11 +175,11 @@ def bare_loop(workload: str, clients_per_round: int, rounds: int) -> float:
     return time.perf_counter() - start
 
 
-def framework(workload: str, clients_per_round: int, rounds: int, execution: str) -> float | None:
+def framework(workload: str, clients_per_round: int, rounds: int, execution: str, callbacks: tuple = ()) -> float | None:
     """FedAvg through FederatedModule + Trainer.fit; the seconds of rounds 2..``rounds``.
 
     ``ddp2``: sequential execution with the round's clients split over 2 DDP processes
-    (gloo); returns None on rank 1.
+    (gloo); returns None on rank 1. ``callbacks``: more Lightning callbacks for the fit.
     """
     import lightning as L
 
@@ -199,7 +202,7 @@ def framework(workload: str, clients_per_round: int, rounds: int, execution: str
     module = FederatedModule(model, FedAvg(), LocalTraining(lr=LR, steps=spec["steps"], batch_size=spec["batch"]), **kwargs)
     trainer = L.Trainer(
         max_steps=rounds, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0, callbacks=[timer], accelerator="cpu", **distributed,
+        enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0, callbacks=[timer, *callbacks], accelerator="cpu", **distributed,
     )  # fmt: skip
     trainer.fit(module, datamodule=data)
     return timer.seconds if trainer.global_rank == 0 else None
@@ -300,17 +303,18 @@ def machine() -> dict:
                 python=platform.python_version(), os=f"{platform.system()} {platform.release()}")  # fmt: skip
 
 
-def default_out(info: dict, quick: bool) -> str:
-    """``benchmarks/results/<cpu>-<cores>cpu[-quick]-<date>.json``: results named by machine and date."""
+def default_out(info: dict, quick: bool, prefix: str = "") -> str:
+    """``benchmarks/results/[<prefix>-]<cpu>-<cores>cpu[-quick]-<date>.json``: results named by machine and date."""
     cpu = "-".join("".join(c if c.isalnum() else " " for c in info["cpu"].lower()).split())[:40] or "cpu"
-    return f"benchmarks/results/{cpu}-{info['cores']}cpu{'-quick' if quick else ''}-{time.strftime('%Y-%m-%d')}.json"
+    head = f"{prefix}-" if prefix else ""
+    return f"benchmarks/results/{head}{cpu}-{info['cores']}cpu{'-quick' if quick else ''}-{time.strftime('%Y-%m-%d')}.json"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None, help="default: benchmarks/results/<cpu>-<cores>cpu-<date>.json")
     parser.add_argument("--quick", action="store_true", help="fewer rounds and repeats: the whole run in under 2 minutes")
-    parser.add_argument("--workloads", default="mlp,cnn,lora")
+    parser.add_argument("--workloads", default="mlp,mlp400,cnn,lora")
     parser.add_argument("--executions", default="bare,sequential,batched,ddp2")
     parser.add_argument("--_worker", nargs=4, help=argparse.SUPPRESS)
     parser.add_argument("--_ddp", nargs=3, help=argparse.SUPPRESS)
@@ -327,7 +331,7 @@ def main() -> None:
         return
 
     workloads = args.workloads.split(",")
-    rounds = {"mlp": 16, "cnn": 8, "lora": 4} if args.quick else {"mlp": 40, "cnn": 15, "lora": 10}
+    rounds = {"mlp": 16, "mlp400": 4, "cnn": 8, "lora": 4} if args.quick else {"mlp": 40, "mlp400": 10, "cnn": 15, "lora": 10}
     rounds_arg = ",".join(f"{k}={v}" for k, v in rounds.items())
     repeats = 2 if args.quick else 3
     executions = args.executions.split(",")
