@@ -331,7 +331,7 @@ def main() -> None:
         return
 
     workloads = args.workloads.split(",")
-    rounds = {"mlp": 16, "mlp400": 4, "cnn": 8, "lora": 4} if args.quick else {"mlp": 40, "mlp400": 10, "cnn": 15, "lora": 10}
+    rounds = {"mlp": 16, "mlp400": 6, "cnn": 8, "lora": 4} if args.quick else {"mlp": 40, "mlp400": 10, "cnn": 15, "lora": 10}
     rounds_arg = ",".join(f"{k}={v}" for k, v in rounds.items())
     repeats = 2 if args.quick else 3
     executions = args.executions.split(",")
@@ -357,7 +357,7 @@ def main() -> None:
     for row in rows:
         row["client_steps_per_s"] = round(row["client_steps_per_s"], 1)
         extra = f"  (x{row['ratio_vs_sequential']} of sequential)" if "ratio_vs_sequential" in row else ""
-        print(f"{row['workload']:5s} {row['execution']:10s} S={row['clients_per_round']:3d} "
+        print(f"{row['workload']:6s} {row['execution']:10s} S={row['clients_per_round']:3d} "
               f"{row['client_steps_per_s']:10.1f} steps/s {row['peak_rss_mb']:8.1f} MB  x{row['ratio_vs_bare']}{extra}")  # fmt: skip
     info = machine()
     print(f"total {time.perf_counter() - started:.0f} s on {info['cpu']}, {info['cores']} cores, torch {info['torch']} "
