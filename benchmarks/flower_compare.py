@@ -27,7 +27,9 @@ Per execution and repetition (run interleaved: flower, sequential, batched, flow
   what a client fit costs without the engine's messaging, Ray dispatch and polling
   (``InMemoryGrid`` and the simulation's message queue poll every 0.1 s);
 - ``peak_tree_mb``: the highest summed RSS of the process and all its descendants
-  (Ray's ``gcs_server``, ``raylet`` and workers), sampled every 50 ms (``tree_memory.py``).
+  (Ray's ``gcs_server``, ``raylet`` and workers), sampled every 50 ms by the launching
+  process (``tree_memory.py``); ``own_peak_rss_mb``: the measured process's own
+  high-water mark (the kernel's ``VmHWM``; for Flower, the driver alone).
 
 The medians over ``--repeats`` are reported, and each fl-lightning row's ``flower_over_this``:
 Flower's median divided by the row's, per field (> 1: fl-lightning faster to fit, faster
@@ -35,7 +37,7 @@ to start, leaner), all from the same invocation. Without ``flwr`` (or where Ray 
 says why in one line and the fl-lightning rows are still measured. JSON (``--out``,
 default ``benchmarks/results/flower-<cpu>-<cores>cpu-<date>.json``):
 ``{"machine", "date", "workload", "repeats", "rows": [{execution, per_client_fit_ms,
-startup_s, peak_tree_mb, runs, flower_over_this}], "flwr"}``.
+startup_s, peak_tree_mb, own_peak_rss_mb, runs, flower_over_this}], "flwr"}``.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.run import WORKLOADS, _quiet, default_out, framework, machine  # noqa: E402
+from benchmarks.run import WORKLOADS, _quiet, default_out, framework, machine, peak_rss_mb  # noqa: E402
 from benchmarks.tree_memory import PeakTreeMemory  # noqa: E402
 
 WORKLOAD = "mlp"
@@ -104,38 +106,48 @@ def _fl_lightning_round_ends(rounds: int, clients_per_round: int, execution: str
 
 def measure(execution: str, rounds: int, clients_per_round: int, actors: int, launched: float) -> dict:
     """One run of ``execution`` in this process; ``launched``: ``time.time()`` when the process was started."""
+    if execution not in EXECUTIONS:
+        raise ValueError(f"execution must be one of {', '.join(EXECUTIONS)}, got {execution!r}")
     if rounds < 2:
         raise ValueError(f"need >= 2 rounds (the first is a warm-up), got {rounds}")
     inside: list[float] = []
-    with PeakTreeMemory() as memory:
-        if execution == "flower":
-            ends, inside = _flower_round_ends(rounds, clients_per_round, actors)
-        else:
-            ends = _fl_lightning_round_ends(rounds, clients_per_round, execution)
+    if execution == "flower":
+        ends, inside = _flower_round_ends(rounds, clients_per_round, actors)
+    else:
+        ends = _fl_lightning_round_ends(rounds, clients_per_round, execution)
     if len(ends) != rounds:
         raise RuntimeError(f"{execution}: {len(ends)} round ends recorded for {rounds} rounds")
     steady = (ends[-1] - ends[0]) / (rounds - 1)
     result = dict(per_client_fit_ms=1000 * steady / clients_per_round, startup_s=ends[0] - launched - steady,
-                  peak_tree_mb=memory.peak_mb)  # fmt: skip
+                  own_peak_rss_mb=peak_rss_mb())  # fmt: skip
     if inside:  # Flower: the ClientApp's own time, steady state; the rest of a round is messaging and polling
         result["inside_client_ms"] = 1000 * statistics.median(inside[1:])
     return result
 
 
 def launch(execution: str, rounds: int, clients_per_round: int, actors: int, timeout: float = 600) -> dict:
-    """``measure`` in a fresh process; on failure ``{"error": one line}``."""
+    """``measure`` in a fresh process, plus ``peak_tree_mb`` of its process tree; on failure ``{"error": one line}``.
+
+    The tree's memory is sampled from here, outside the measured process, so the
+    sampling (a scan of ``/proc``, a few ms) takes no time from its rounds.
+    """
     env = {**os.environ, **QUIET_ENV, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     launched = time.time()
     args = [sys.executable, __file__, "--_child", execution, str(rounds), str(clients_per_round), str(actors), repr(launched)]
-    try:
-        out = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"no result within {timeout:.0f} s"}
-    results = [line[len("RESULT ") :] for line in out.stdout.splitlines() if line.startswith("RESULT ")]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+    with PeakTreeMemory(root=proc.pid) as memory:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            return {"error": f"no result within {timeout:.0f} s"}
+    results = [line[len("RESULT ") :] for line in stdout.splitlines() if line.startswith("RESULT ")]
     if results:
-        return json.loads(results[-1])
-    tail = [line for line in out.stderr.splitlines() if line.strip()]
-    return {"error": f"exit {out.returncode}: {tail[-1].strip() if tail else 'no output'}"}
+        result = json.loads(results[-1])
+        return result if "error" in result else {**result, "peak_tree_mb": memory.peak_mb}
+    tail = [line for line in stderr.splitlines() if line.strip()]
+    return {"error": f"exit {proc.returncode}: {tail[-1].strip() if tail else 'no output'}"}
 
 
 def _child(execution: str, rounds: str, clients_per_round: str, actors: str, launched: str) -> None:
@@ -160,7 +172,7 @@ def summarize(runs: dict[str, list[dict]]) -> list[dict]:
         row: dict = {"execution": execution, "runs": len(ok)}
         if ok:
             for key in [k for k in ok[0] if k != "error"]:
-                row[key] = round(statistics.median(r[key] for r in ok), 3 if key != "peak_tree_mb" else 1)
+                row[key] = round(statistics.median(r[key] for r in ok), 1 if key.endswith("_mb") else 3)
         else:
             row["error"] = next((r["error"] for r in results if "error" in r), "not run")
         rows.append(row)

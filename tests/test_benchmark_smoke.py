@@ -66,13 +66,22 @@ def test_flower_compare_fl_lightning_side(execution, monkeypatch):
     import time
 
     result = compare.measure(execution, rounds=3, clients_per_round=2, actors=1, launched=time.time())
-    assert set(result) == {"per_client_fit_ms", "startup_s", "peak_tree_mb"}
-    assert result["per_client_fit_ms"] > 0 and result["peak_tree_mb"] > 0
+    assert set(result) == {"per_client_fit_ms", "startup_s", "own_peak_rss_mb"}
+    assert result["per_client_fit_ms"] > 0 and result["own_peak_rss_mb"] > 0
+    result["peak_tree_mb"] = result["own_peak_rss_mb"]  # launch() adds it from outside
     rows = compare.summarize({"flower": [{"error": "flwr is not installed"}], execution: [result, result]})
     assert rows[0] == {"execution": "flower", "runs": 0, "error": "flwr is not installed"}
     assert rows[1]["runs"] == 2 and "flower_over_this" not in rows[1]
     flower = {**result, "per_client_fit_ms": 2 * result["per_client_fit_ms"]}
     assert compare.summarize({"flower": [flower], execution: [result]})[1]["flower_over_this"]["per_client_fit_ms"] == 2.0
+
+
+def test_flower_compare_launches_a_measured_process():
+    compare = _load("flower_compare")
+    result = compare.launch("sequential", rounds=2, clients_per_round=2, actors=1, timeout=300)
+    assert "error" not in result, result["error"]
+    assert result["peak_tree_mb"] >= result["own_peak_rss_mb"] / 2 > 0
+    assert compare.launch("nonsense", rounds=2, clients_per_round=2, actors=1, timeout=300)["error"]
 
 
 def test_flower_compare_flower_side():
