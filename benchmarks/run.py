@@ -1,6 +1,6 @@
 """Throughput and memory of federated execution against a bare PyTorch FedAvg loop.
 
-    python benchmarks/run.py --out results.json [--quick] [--workloads mlp,cnn,lora]
+    python benchmarks/run.py --out results.json [--quick] [--workloads mlp,mlp400,cnn,lora]
 
 Workloads: ``mlp`` (synthetic data, 100 clients, S = 10 and 50), ``mlp400`` (the same
 data-per-client and model with 400 clients, S = 200: the issue's "batched at S = 200"
