@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -143,11 +144,20 @@ def launch(execution: str, rounds: int, clients_per_round: int, actors: int, tim
             proc.communicate()
             return {"error": f"no result within {timeout:.0f} s"}
     results = [line[len("RESULT ") :] for line in stdout.splitlines() if line.startswith("RESULT ")]
+    cause = _first_exception(stderr)
     if results:
         result = json.loads(results[-1])
+        if "error" in result and cause and cause not in result["error"]:
+            result["error"] += f" (first error: {cause})"  # Flower logs the cause and raises a generic error
         return result if "error" in result else {**result, "peak_tree_mb": memory.peak_mb}
     tail = [line for line in stderr.splitlines() if line.strip()]
-    return {"error": f"exit {proc.returncode}: {tail[-1].strip() if tail else 'no output'}"}
+    return {"error": f"exit {proc.returncode}: {cause or (tail[-1].strip() if tail else 'no output')}"}
+
+
+def _first_exception(log: str) -> str | None:
+    """The first ``SomeError: message`` line of a log (a traceback's last line), if any."""
+    match = re.search(r"^(\w+(?:Error|Exception)): (.*)$", log, flags=re.MULTILINE)
+    return f"{match.group(1)}: {match.group(2).strip()}" if match else None
 
 
 def _child(execution: str, rounds: str, clients_per_round: str, actors: str, launched: str) -> None:

@@ -91,3 +91,10 @@ def test_flower_compare_flower_side():
     result = compare.launch("flower", rounds=2, clients_per_round=2, actors=1, timeout=300)
     assert "error" not in result, result["error"]
     assert result["per_client_fit_ms"] > 0 and result["inside_client_ms"] > 0 and result["peak_tree_mb"] > 0
+
+
+def test_flower_compare_names_the_first_error_of_a_log():
+    compare = _load("flower_compare")
+    log = "INFO: starting\nTraceback (most recent call last):\n    raise ValueError(\nValueError: ActorPool is empty.\nRuntimeError: Simulation Runtime crashed.\n"
+    assert compare._first_exception(log) == "ValueError: ActorPool is empty."
+    assert compare._first_exception("all fine\n") is None
