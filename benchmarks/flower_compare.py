@@ -60,7 +60,7 @@ from benchmarks.tree_memory import PeakTreeMemory  # noqa: E402
 
 WORKLOAD = "mlp"
 EXECUTIONS = ("flower", "sequential", "batched")
-QUIET_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0"}  # no network calls
+QUIET_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "RAY_USAGE_STATS_ENABLED": "0"}  # no telemetry: no network calls
 
 
 def flower_missing() -> str | None:
