@@ -95,6 +95,9 @@ def test_flower_compare_flower_side():
 
 def test_flower_compare_names_the_first_error_of_a_log():
     compare = _load("flower_compare")
-    log = "INFO: starting\nTraceback (most recent call last):\n    raise ValueError(\nValueError: ActorPool is empty.\nRuntimeError: Simulation Runtime crashed.\n"
+    log = (
+        "INFO: starting\nTraceback (most recent call last):\n    raise ValueError(\n"
+        "ValueError: ActorPool is empty.\nRuntimeError: Simulation Runtime crashed.\n"
+    )
     assert compare._first_exception(log) == "ValueError: ActorPool is empty."
     assert compare._first_exception("all fine\n") is None
