@@ -217,7 +217,7 @@ def one_round(args) -> dict:
 
 def sweep(args) -> None:
     """Every S of ``--sweep`` with sequential and batched execution, one process each."""
-    from benchmarks.run import machine, results_name
+    from benchmarks.run import default_out, machine
 
     assets = Path(args.assets or tempfile.mkdtemp(prefix="lora_bench_"))
     sizes = [int(s) for s in args.sweep.split(",")]
@@ -245,7 +245,7 @@ def sweep(args) -> None:
             row["speedup_vs_sequential"] = round(seq["round_s"] / row["round_s"], 3)
     info = machine()
     print(f"on {info['cpu']}, {info['cores']} cores, torch {info['torch']}")
-    out = Path(args.out or results_name(f"lora-{args.size}-{args.device}", info))
+    out = Path(args.out or default_out(info, False, f"lora-{args.size}-{args.device}"))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"machine": info, "date": time.strftime("%Y-%m-%d %H:%M"), "args": vars(args), "rows": rows}, indent=2))
     print(f"results: {out}")

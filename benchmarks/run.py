@@ -1,8 +1,10 @@
 """Throughput and memory of federated execution against a bare PyTorch FedAvg loop.
 
-    python benchmarks/run.py --out results.json [--quick] [--workloads mlp,cnn,lora]
+    python benchmarks/run.py --out results.json [--quick] [--workloads mlp,mlp400,cnn,lora]
 
-Workloads: ``mlp`` (synthetic data, 100 clients, S = 10 and 50), ``cnn`` (digits
+Workloads: ``mlp`` (synthetic data, 100 clients, S = 10 and 50), ``mlp400`` (the same
+data-per-client and model with 400 clients, S = 200: the issue's "batched at S = 200"
+setting; fewer rounds, a round is 20x that of S = 10), ``cnn`` (digits
 SmallCNN, 50 clients, S = 20), ``lora`` (the tiny test GPT-2 with LoRA adapters on
 SST-2-schema data written locally, 20 clients, S = 5). Every workload runs K = 4
 (LoRA: 2) local SGD steps of batch 16 (LoRA: 8) per client and round.
@@ -41,13 +43,15 @@ sys.path.insert(0, str(ROOT))
 LR = 0.05
 WORKLOADS = {
     # name: clients, clients-per-round settings, local steps, batch size
-    "mlp": dict(num_clients=100, plan=[10, 50], steps=4, batch=16),
+    "mlp": dict(num_clients=100, plan=[10, 50], steps=4, batch=16, samples=8000),
+    "mlp400": dict(num_clients=400, plan=[200], steps=4, batch=16, samples=32000),  # 64 training samples a client, as mlp
     "cnn": dict(num_clients=50, plan=[20], steps=4, batch=16),
     "lora": dict(num_clients=20, plan=[5], steps=2, batch=8),
     # Opt-in (--workloads resnet18): ResNet-18 (GroupNorm) on CIFAR-shaped random images, minutes on a CPU.
     "resnet18": dict(num_clients=20, plan=[10], steps=1, batch=8),
 }
 OPT_IN = {"resnet18"}
+
 
 class _Device:
     """The device of every row (``--device``, passed to worker processes as FL_BENCH_DEVICE)."""
@@ -152,13 +156,13 @@ def build(workload: str, clients_per_round: int):
         data.setup()
         torch.manual_seed(0)
         return ResNet18(num_classes=10, norm="group", channels_last=DEVICE.type == "cuda"), data
-    if workload == "mlp":
-        data = FederatedDataModule("synthetic", dict(num_samples=8000, num_features=32, num_classes=10, seed=0), **common)
+    if workload.startswith("mlp"):
+        data = FederatedDataModule("synthetic", dict(num_samples=spec["samples"], num_features=32, num_classes=10, seed=0), **common)
     else:
         data = FederatedDataModule("digits", {}, **common)
     data.setup()
     torch.manual_seed(0)
-    return (MLP(32, 10, hidden=[64]) if workload == "mlp" else SmallCNN()), data
+    return (MLP(32, 10, hidden=[64]) if workload.startswith("mlp") else SmallCNN()), data
 
 
 def bare_loop(workload: str, clients_per_round: int, rounds: int) -> float:
@@ -221,11 +225,11 @@ def bare_loop(workload: str, clients_per_round: int, rounds: int) -> float:
     return time.perf_counter() - start
 
 
-def framework(workload: str, clients_per_round: int, rounds: int, execution: str) -> float | None:
+def framework(workload: str, clients_per_round: int, rounds: int, execution: str, callbacks: tuple = ()) -> float | None:
     """FedAvg through FederatedModule + Trainer.fit; the seconds of rounds 2..``rounds``.
 
     ``ddp2``: sequential execution with the round's clients split over 2 DDP processes
-    (gloo); returns None on rank 1.
+    (gloo); returns None on rank 1. ``callbacks``: more Lightning callbacks for the fit.
     """
     import lightning as L
 
@@ -249,7 +253,7 @@ def framework(workload: str, clients_per_round: int, rounds: int, execution: str
     module = FederatedModule(model, FedAvg(), LocalTraining(lr=LR, steps=spec["steps"], batch_size=spec["batch"]), **kwargs)
     trainer = L.Trainer(
         max_steps=rounds, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0, callbacks=[timer],
+        enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0, callbacks=[timer, *callbacks],
         accelerator="gpu" if DEVICE.type == "cuda" else "cpu", **distributed,
     )  # fmt: skip
     trainer.fit(module, datamodule=data)
@@ -351,23 +355,18 @@ def machine() -> dict:
                 python=platform.python_version(), os=f"{platform.system()} {platform.release()}")  # fmt: skip
 
 
-def results_name(prefix: str | None, info: dict) -> str:
-    """``benchmarks/results/[<prefix>-]<cpu>-<cores>cpu-<date>.json``: results named by machine and date."""
+def default_out(info: dict, quick: bool, prefix: str = "") -> str:
+    """``benchmarks/results/[<prefix>-]<cpu>-<cores>cpu[-quick]-<date>.json``: results named by machine and date."""
     cpu = "-".join("".join(c if c.isalnum() else " " for c in info["cpu"].lower()).split())[:40] or "cpu"
-    return f"benchmarks/results/{prefix + '-' if prefix else ''}{cpu}-{info['cores']}cpu-{time.strftime('%Y-%m-%d')}.json"
-
-
-def default_out(info: dict, quick: bool) -> str:
-    """``benchmarks/results/<cpu>-<cores>cpu[-quick]-<date>.json``."""
-    name = results_name(None, info)
-    return name.replace("cpu-" + time.strftime("%Y-%m-%d"), "cpu-quick-" + time.strftime("%Y-%m-%d")) if quick else name
+    head = f"{prefix}-" if prefix else ""
+    return f"benchmarks/results/{head}{cpu}-{info['cores']}cpu{'-quick' if quick else ''}-{time.strftime('%Y-%m-%d')}.json"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None, help="default: benchmarks/results/<cpu>-<cores>cpu-<date>.json")
     parser.add_argument("--quick", action="store_true", help="fewer rounds and repeats: the whole run in under 2 minutes")
-    parser.add_argument("--workloads", default="mlp,cnn,lora", help=f"any of {', '.join(WORKLOADS)} ({', '.join(sorted(OPT_IN))}: opt-in)")
+    parser.add_argument("--workloads", default="mlp,mlp400,cnn,lora", help=f"any of {', '.join(WORKLOADS)} ({', '.join(sorted(OPT_IN))}: opt-in)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where every row runs (ddp2 rows: cpu only)")
     parser.add_argument("--executions", default="bare,sequential,batched,ddp2")
     parser.add_argument("--_worker", nargs=4, help=argparse.SUPPRESS)
@@ -386,7 +385,8 @@ def main() -> None:
 
     workloads = args.workloads.split(",")
     os.environ["FL_BENCH_DEVICE"] = args.device
-    rounds = {"mlp": 16, "cnn": 8, "lora": 4, "resnet18": 3} if args.quick else {"mlp": 40, "cnn": 15, "lora": 10, "resnet18": 4}
+    rounds = ({"mlp": 16, "mlp400": 6, "cnn": 8, "lora": 4, "resnet18": 3} if args.quick
+              else {"mlp": 40, "mlp400": 10, "cnn": 15, "lora": 10, "resnet18": 4})  # fmt: skip
     rounds_arg = ",".join(f"{k}={v}" for k, v in rounds.items())
     repeats = 2 if args.quick else 3
     executions = args.executions.split(",")
@@ -412,7 +412,7 @@ def main() -> None:
     for row in rows:
         row["client_steps_per_s"] = round(row["client_steps_per_s"], 1)
         extra = f"  (x{row['ratio_vs_sequential']} of sequential)" if "ratio_vs_sequential" in row else ""
-        print(f"{row['workload']:5s} {row['execution']:10s} S={row['clients_per_round']:3d} "
+        print(f"{row['workload']:6s} {row['execution']:10s} S={row['clients_per_round']:3d} "
               f"{row['client_steps_per_s']:10.1f} steps/s {row['peak_rss_mb']:8.1f} MB  x{row['ratio_vs_bare']}{extra}")  # fmt: skip
     info = machine()
     print(f"total {time.perf_counter() - started:.0f} s on {info['cpu']}, {info['cores']} cores, torch {info['torch']} "
