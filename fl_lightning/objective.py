@@ -8,13 +8,10 @@ parameters, computed in ``forward`` so that substituted parameters are penalised
 Outputs are a tensor of logits or an object with ``.logits``.
 
 Clients stacked on a leading dimension (batched execution) are evaluated in one of two ways:
-``vmap`` of the forward (any model), or, for a model whose class declares
-``independent_rows = True`` and whose substituted parameters all belong to ``nn.Linear``
-layers, as *client rows*: the clients' batches concatenated into one ordinary batch through
-the shared model, each substituted layer applying client i's weights to client i's rows by a
-batched matmul. That second way needs no vmap through the model's code (transformers' masking
-code branches on tensor values, which vmap forbids), and the frozen base runs once over the
-larger batch: LoRA adapters over a shared base model.
+as *client rows* (``fl_lightning.client_rows``) for a model that declares ``independent_rows``
+and whose substituted parameters lie in layers with a rule (Linear, Conv2d, GroupNorm): the
+clients' batches concatenated into one batch through the shared model; or by ``vmap`` of the
+forward (any model).
 """
 
 from __future__ import annotations
