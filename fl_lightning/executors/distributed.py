@@ -19,10 +19,21 @@ Structures are learned once (an ``all_gather_object`` of the structure, not of
 the tensors) the first round an id appears, then cached. So algorithms whose
 uploads differ between clients (FAdamET: only the tracking subset uploads
 ``y_delta``) need no fallback: each slot carries its own structure id.
+
+An algorithm that declares ``linear_aggregate`` (its aggregate reads the uploads only
+through ``upload_sum``, a sum over clients) takes ``run_summed`` instead: the headers
+are exchanged as above (they also carry each upload's byte count and whether it is
+finite), then each rank sums its own clients' uploads with the round's aggregation
+weights (known on every rank once the headers say who reported) and the ranks
+all-reduce one flat float64 buffer: the sums, and for ``train/consistency`` the sum
+of the ``delta`` uploads and of their squared norms. Only the client states (the
+client store is replicated on every rank) still travel as bytes, and none when the
+algorithm keeps no client state (FedAvg).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import math
@@ -32,9 +43,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from fl_lightning.algorithms.base import RoundInfo
+from fl_lightning.algorithms.base import RoundInfo, declares_capability
 from fl_lightning.executors.base import ClientRuntime, Executor
-from fl_lightning.tasks import ClientResult, ClientTask, Payload
+from fl_lightning.faults import all_finite
+from fl_lightning.metrics import payload_bytes
+from fl_lightning.params import TensorDict
+from fl_lightning.tasks import ClientResult, ClientTask, Payload, SummedRound
 
 _ALIGN = 16  # bytes, a multiple of every element size: slots start aligned for any dtype
 Structure = tuple  # (upload, client_state), each nested tuples of (name, shape, dtype)
@@ -114,14 +128,46 @@ class DistributedExecutor(Executor):
     def __init__(self, inner: Executor) -> None:
         self.inner = inner
         self.structures: dict[int, Structure] = {}  # learned by all ranks together: identical on every rank
+        self.rounds = {"gathered": 0, "summed": 0}  # multi-process exchanges of each kind (warm-up passes gather)
 
     def run(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> list[ClientResult]:
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        if not _distributed():
             return self.inner.run(tasks, info, runtime)
+        assignment, mine, results = self._run_mine(tasks, info, runtime)
+        self.rounds["gathered"] += 1
+        return self._exchange(tasks, assignment, mine, results, runtime.device)[0]
+
+    def run_summed(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> SummedRound | None:
+        """The round's uploads summed across the ranks (None: one process, no weights, or an algorithm
+        whose aggregate is not declared linear, which ``run`` gathers)."""
+        algorithm = runtime.algorithm
+        if not _distributed() or runtime.aggregation_weights is None or not declares_capability(algorithm, "linear_aggregate"):
+            return None
+        assignment, mine, results = self._run_mine(tasks, info, runtime)
+        self.rounds["summed"] += 1
+        facts = {r.client_id: [float(payload_bytes(r.upload)), float(all_finite([r.upload]))] for r in results}
+        stripped = [dataclasses.replace(r, upload={}) for r in results]
+        everyone, rows = self._exchange(tasks, assignment, mine, stripped, runtime.device, facts)
+        if not everyone:  # no client of the round reported, on any rank
+            return SummedRound([], {}, [], {}, 0.0, [])
+        weights = runtime.aggregation_weights([r.client_id for r in everyone])
+        weight_of = {r.client_id: float(w) for r, w in zip(everyone, weights.tolist())}
+        x = tasks[0].broadcast["x"]
+        uploads = [r.upload for r in results]
+        sums = algorithm.upload_sum(x, uploads, [weight_of[r.client_id] for r in results], info)
+        delta_sum, delta_sq = _delta_moments([u["delta"] for u in uploads], x)
+        device = runtime.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        sums, delta_sum, delta_sq = _all_reduce_sums(sums, delta_sum, delta_sq, device, runtime.device)
+        return SummedRound(
+            everyone, sums, [int(row[3]) for row in rows], delta_sum, delta_sq,
+            [r.client_id for r, row in zip(everyone, rows) if not row[4]],
+        )  # fmt: skip
+
+    def _run_mine(self, tasks, info, runtime) -> tuple[list[list[int]], list[ClientTask], list[ClientResult]]:
+        """This rank's share of the tasks (balanced by local steps), run by the wrapped executor."""
         assignment = assign_clients([task.num_steps for task in tasks], dist.get_world_size())
         mine = [tasks[i] for i in assignment[dist.get_rank()]]
-        results = self.inner.run(mine, info, runtime) if mine else []
-        return self._exchange(tasks, assignment, mine, results, runtime.device)
+        return assignment, mine, self.inner.run(mine, info, runtime) if mine else []
 
     def _exchange(
         self,
@@ -130,18 +176,21 @@ class DistributedExecutor(Executor):
         mine: list[ClientTask],
         results: list[ClientResult],
         local_device: torch.device,
-    ) -> list[ClientResult]:
-        """Every rank's results, in task order, on every rank (a client that failed is absent everywhere)."""
+        facts: dict[int, list[float]] | None = None,
+    ) -> tuple[list[ClientResult], list[list[float]]]:
+        """Every rank's results, in task order, on every rank (a client that failed is absent everywhere),
+        with their header rows: (mean loss, steps, accuracy, *facts) (facts: two per client, zeros if not given)."""
         world, rank = len(assignment), dist.get_rank()
         device = local_device if dist.get_backend() == "nccl" else torch.device("cpu")
         reported = {r.client_id: r for r in results}  # a client that failed has no result
         by_slot = {slot: reported[t.client_id] for slot, t in enumerate(mine) if t.client_id in reported}
         structures = {slot: _structure(result) for slot, result in by_slot.items()}
-        ids, rows = self._gather_headers(by_slot, structures, max(len(a) for a in assignment), device)
+        extra = {slot: (facts or {}).get(r.client_id, [0.0, 0.0]) for slot, r in by_slot.items()}
+        ids, rows = self._gather_headers(by_slot, structures, extra, max(len(a) for a in assignment), device)
         sizes = [sum(_layout(self.structures[i])[1] for i in ids_r if i) for ids_r in ids]
         buffers = _gather_bytes(by_slot, structures, max(sizes), world, device)
 
-        by_position = {}
+        by_position, row_of = {}, {}
         for r in range(world):
             offset = 0
             for slot, (position, structure_id) in enumerate(zip(assignment[r], ids[r])):
@@ -149,30 +198,33 @@ class DistributedExecutor(Executor):
                     continue
                 structure = self.structures[structure_id]
                 size = _layout(structure)[1]
+                row_of[position] = rows[r][slot]
                 if r == rank:  # this rank's own results, as they are
                     by_position[position] = by_slot[slot]
                 else:
                     upload, state = _unpack(buffers[r][offset : offset + size], structure)
                     if device != local_device:
                         upload = {n: {k: v.to(local_device) for k, v in td.items()} for n, td in upload.items()}
-                    loss, steps, accuracy = rows[r][slot]
+                    loss, steps, accuracy = rows[r][slot][:3]
                     by_position[position] = ClientResult(tasks[position].client_id, upload, state, int(steps), loss, accuracy)
                 offset += size
-        return [by_position[p] for p in sorted(by_position)]
+        return [by_position[p] for p in sorted(by_position)], [row_of[p] for p in sorted(by_position)]
 
     def _gather_headers(
-        self, by_slot: dict[int, ClientResult], structures: dict[int, Structure], slots: int, device: torch.device
+        self, by_slot: dict[int, ClientResult], structures: dict[int, Structure], extra: dict[int, list[float]],
+        slots: int, device: torch.device,
     ) -> tuple[list[list[int]], list[list[list[float]]]]:
-        """Per rank and slot: the structure id (0: no result) and (mean loss, steps, accuracy). Learns new structures.
+        """Per rank and slot: the structure id (0: no result) and (mean loss, steps, accuracy, *extra).
+        Learns new structures.
 
-        One float64 [slots, 4] all_gather; the id travels as the bits of an int64.
+        One float64 [slots, 6] all_gather; the id travels as the bits of an int64.
         """
-        ids, meta, local = [0] * slots, [[0.0, 0.0, 0.0] for _ in range(slots)], {}
+        ids, meta, local = [0] * slots, [[0.0] * 5 for _ in range(slots)], {}
         for slot, result in by_slot.items():
             structure = structures[slot]
             ids[slot] = _structure_id(structure)
             local[ids[slot]] = structure
-            meta[slot] = [result.mean_loss, float(result.num_steps), result.accuracy]
+            meta[slot] = [result.mean_loss, float(result.num_steps), result.accuracy, *extra[slot]]
         id_bits = torch.tensor(ids, dtype=torch.int64).view(torch.float64)[:, None]
         header = torch.cat([id_bits, torch.tensor(meta, dtype=torch.float64)], dim=1).to(device)
         headers = [torch.empty_like(header) for _ in range(dist.get_world_size())]
@@ -210,3 +262,35 @@ def _gather_bytes(
     if size:  # 0 when no client of the round completed
         dist.all_gather(buffers, buffer)
     return buffers
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _delta_moments(deltas: list[TensorDict], like: TensorDict) -> tuple[TensorDict, float]:
+    """sum_i delta_i (float64) and sum_i ||delta_i||^2: ``train/consistency`` from sums (``consistency_from_sums``)."""
+    total = {k: torch.zeros(v.shape, dtype=torch.float64, device=v.device) for k, v in like.items()}
+    squares = torch.zeros((), dtype=torch.float64)
+    for delta in deltas:
+        for k, v in delta.items():
+            v = v.double()
+            total[k] += v
+            squares += torch.dot(v.reshape(-1), v.reshape(-1)).cpu()
+    return total, float(squares)
+
+
+def _all_reduce_sums(
+    sums: Payload, delta_sum: TensorDict, delta_sq: float, device: torch.device, local_device: torch.device
+) -> tuple[Payload, TensorDict, float]:
+    """Add every rank's partial sums: one all_reduce of one flat float64 buffer, cast back to each tensor's dtype."""
+    tensors = [v for td in sums.values() for v in td.values()] + list(delta_sum.values())
+    flat = torch.cat([*(t.to(device, torch.float64).reshape(-1) for t in tensors), torch.tensor([delta_sq], dtype=torch.float64, device=device)])
+    dist.all_reduce(flat)
+    out, offset = [], 0
+    for t in tensors:
+        out.append(flat[offset : offset + t.numel()].view(t.shape).to(local_device, t.dtype))
+        offset += t.numel()
+    pieces = iter(out)
+    reduced = {n: {k: next(pieces) for k in td} for n, td in sums.items()}
+    return reduced, {k: next(pieces) for k in delta_sum}, float(flat[-1])
