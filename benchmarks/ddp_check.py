@@ -9,7 +9,8 @@ one-process run.
 its tracking subset (results of different structure in one round); ``--skew`` gives
 clients unequal sizes and one local epoch, so their local steps differ. ``--bernoulli p``
 activates each client with probability p (weights 1/(N p), rounds may be empty or leave a
-process without clients); ``--dropout f`` drops clients (the survivors are reweighted).
+process without clients); ``--dropout f`` drops clients before they train and ``--algorithm fedavg_fail_first``
+makes the first client of every round fail while training (either way the survivors are reweighted).
 The output also holds the last round's logged metrics and the executor's count of rounds
 whose uploads were gathered or summed across the processes.
 """
@@ -28,13 +29,25 @@ import torch  # noqa: E402
 
 from datamodules import IID, FederatedDataModule, QuantitySkew  # noqa: E402
 from fl_lightning import FederatedModule, LocalTraining, UniformSampling  # noqa: E402
-from fl_lightning.faults import ClientFaults  # noqa: E402
-from fl_lightning.participation import BernoulliParticipation  # noqa: E402
 from fl_lightning.algorithms import SCAFFOLD, FAdamET, FedAvg, ScaffoldP  # noqa: E402
+from fl_lightning.faults import ClientFailure, ClientFaults  # noqa: E402
+from fl_lightning.participation import BernoulliParticipation  # noqa: E402
 from fl_lightning.state import flatten_state  # noqa: E402
 from models import MLP  # noqa: E402
 
 ALGORITHMS = {"fedavg": FedAvg, "scaffold": SCAFFOLD, "fadam_et": FAdamET, "scaffold_p": ScaffoldP}
+
+
+class FedAvgFailFirst(FedAvg):
+    """FedAvg whose first client of every round fails (found out only when the ranks exchange results)."""
+
+    def client_init(self, params, ctx):
+        if ctx.client_id == int(ctx.info.plan.clients[0]):
+            raise ClientFailure(f"client {ctx.client_id} fails (--fail-first)")
+        return super().client_init(params, ctx)
+
+
+ALGORITHMS["fedavg_fail_first"] = FedAvgFailFirst
 PERSONAL = {"scaffold_p": ["net.3"]}  # a personal head: the warm-up pass and personal client state cross the ranks
 
 

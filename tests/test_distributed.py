@@ -57,6 +57,7 @@ def test_ddp_two_processes_equal_one_process(tmp_path, algorithm, skew):
         ("fedavg", False, ()),
         ("scaffold", True, ()),  # client state; unequal local steps, so the ranks get unequal client counts
         ("fedavg", False, ("--dropout", "0.4")),  # dropped clients: the survivors are reweighted
+        ("fedavg_fail_first", False, ()),  # a client fails while training: the ranks sum again with new weights
         ("fedavg", False, ("--bernoulli", "0.02")),  # weights 1/(N p); 0 to 4 clients a round, a rank may have none
     ],
 )
@@ -75,6 +76,8 @@ def test_ddp_partial_sums_equal_one_process(tmp_path, algorithm, skew, extra):
             assert ddp["metrics"][name] == pytest.approx(value, rel=1e-4, abs=1e-7, nan_ok=True), name
     if algorithm == "scaffold":
         assert single["store"], "the check must compare some client state"
+    if algorithm == "fedavg_fail_first":
+        assert single["metrics"]["faults/failed"] == 1.0
 
 
 def test_assign_clients_balances_local_steps_deterministically():

@@ -145,19 +145,26 @@ class DistributedExecutor(Executor):
             return None
         assignment, mine, results = self._run_mine(tasks, info, runtime)
         self.rounds["summed"] += 1
+        device = runtime.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        x, uploads = tasks[0].broadcast["x"], [r.upload for r in results]
+        delta_sum, delta_sq = _delta_moments([u["delta"] for u in uploads], x)
+
+        def partial_sums(reporting: list[int]) -> Tensor:  # this rank's sums, with the weights of `reporting`
+            weight_of = dict(zip(reporting, runtime.aggregation_weights(reporting).tolist()))
+            sums = algorithm.upload_sum(x, uploads, [weight_of[r.client_id] for r in results], info)
+            return _flatten(sums, delta_sum, delta_sq, device)
+
+        # Sums weighted as if every task reports travel with the headers: one all_reduce a round.
         facts = {r.client_id: [float(payload_bytes(r.upload)), float(all_finite([r.upload]))] for r in results}
         stripped = [dataclasses.replace(r, upload={}) for r in results]
-        everyone, rows = self._exchange(tasks, assignment, mine, stripped, runtime.device, facts)
+        carry = partial_sums([t.client_id for t in tasks])
+        everyone, rows, carry = self._exchange(tasks, assignment, mine, stripped, runtime.device, facts, carry)
         if not everyone:  # no client of the round reported, on any rank
             return SummedRound([], {}, [], {}, 0.0, [])
-        weights = runtime.aggregation_weights([r.client_id for r in everyone])
-        weight_of = {r.client_id: float(w) for r, w in zip(everyone, weights.tolist())}
-        x = tasks[0].broadcast["x"]
-        uploads = [r.upload for r in results]
-        sums = algorithm.upload_sum(x, uploads, [weight_of[r.client_id] for r in results], info)
-        delta_sum, delta_sq = _delta_moments([u["delta"] for u in uploads], x)
-        device = runtime.device if dist.get_backend() == "nccl" else torch.device("cpu")
-        sums, delta_sum, delta_sq = _all_reduce_sums(sums, delta_sum, delta_sq, device, runtime.device)
+        if len(everyone) < len(tasks):  # a client failed: the survivors' weights differ, sum again
+            carry = partial_sums([r.client_id for r in everyone])
+            dist.all_reduce(carry)
+        sums, delta_sum, delta_sq = _unflatten(carry, algorithm.upload_sum(x, [], [], info), delta_sum, runtime.device)
         return SummedRound(
             everyone, sums, [int(row[3]) for row in rows], delta_sum, delta_sq,
             [r.client_id for r, row in zip(everyone, rows) if not row[4]],
@@ -177,16 +184,18 @@ class DistributedExecutor(Executor):
         results: list[ClientResult],
         local_device: torch.device,
         facts: dict[int, list[float]] | None = None,
-    ) -> tuple[list[ClientResult], list[list[float]]]:
+        carry: Tensor | None = None,
+    ) -> tuple[list[ClientResult], list[list[float]], Tensor | None]:
         """Every rank's results, in task order, on every rank (a client that failed is absent everywhere),
-        with their header rows: (mean loss, steps, accuracy, *facts) (facts: two per client, zeros if not given)."""
+        with their header rows: (mean loss, steps, accuracy, *facts) (facts: two per client, zeros if not given),
+        and ``carry`` (float64, 1-D) summed over the ranks in the headers' collective."""
         world, rank = len(assignment), dist.get_rank()
         device = local_device if dist.get_backend() == "nccl" else torch.device("cpu")
         reported = {r.client_id: r for r in results}  # a client that failed has no result
         by_slot = {slot: reported[t.client_id] for slot, t in enumerate(mine) if t.client_id in reported}
         structures = {slot: _structure(result) for slot, result in by_slot.items()}
         extra = {slot: (facts or {}).get(r.client_id, [0.0, 0.0]) for slot, r in by_slot.items()}
-        ids, rows = self._gather_headers(by_slot, structures, extra, max(len(a) for a in assignment), device)
+        ids, rows, carry = self._gather_headers(by_slot, structures, extra, max(len(a) for a in assignment), device, carry)
         sizes = [sum(_layout(self.structures[i])[1] for i in ids_r if i) for ids_r in ids]
         buffers = _gather_bytes(by_slot, structures, max(sizes), world, device)
 
@@ -208,16 +217,19 @@ class DistributedExecutor(Executor):
                     loss, steps, accuracy = rows[r][slot][:3]
                     by_position[position] = ClientResult(tasks[position].client_id, upload, state, int(steps), loss, accuracy)
                 offset += size
-        return [by_position[p] for p in sorted(by_position)], [row_of[p] for p in sorted(by_position)]
+        return [by_position[p] for p in sorted(by_position)], [row_of[p] for p in sorted(by_position)], carry
 
     def _gather_headers(
         self, by_slot: dict[int, ClientResult], structures: dict[int, Structure], extra: dict[int, list[float]],
-        slots: int, device: torch.device,
-    ) -> tuple[list[list[int]], list[list[list[float]]]]:
+        slots: int, device: torch.device, carry: Tensor | None = None,
+    ) -> tuple[list[list[int]], list[list[list[float]]], Tensor | None]:
         """Per rank and slot: the structure id (0: no result) and (mean loss, steps, accuracy, *extra).
         Learns new structures.
 
-        One float64 [slots, 6] all_gather; the id travels as the bits of an int64.
+        One float64 [slots, 6] all_gather; the id travels as the bits of an int64. With ``carry``
+        (partial sums to add up), one all_reduce of [every rank's header (zeros but its own) | carry]
+        instead: each header value has one non-zero term, so the sum is exact; the id travels as two
+        exact 32-bit halves.
         """
         ids, meta, local = [0] * slots, [[0.0] * 5 for _ in range(slots)], {}
         for slot, result in by_slot.items():
@@ -225,12 +237,23 @@ class DistributedExecutor(Executor):
             ids[slot] = _structure_id(structure)
             local[ids[slot]] = structure
             meta[slot] = [result.mean_loss, float(result.num_steps), result.accuracy, *extra[slot]]
-        id_bits = torch.tensor(ids, dtype=torch.int64).view(torch.float64)[:, None]
-        header = torch.cat([id_bits, torch.tensor(meta, dtype=torch.float64)], dim=1).to(device)
-        headers = [torch.empty_like(header) for _ in range(dist.get_world_size())]
-        dist.all_gather(headers, header)
-        headers = [h.cpu() for h in headers]
-        ids = [h[:, 0].contiguous().view(torch.int64).tolist() for h in headers]
+        world = dist.get_world_size()
+        if carry is None:
+            id_bits = torch.tensor(ids, dtype=torch.int64).view(torch.float64)[:, None]
+            header = torch.cat([id_bits, torch.tensor(meta, dtype=torch.float64)], dim=1).to(device)
+            headers = [torch.empty_like(header) for _ in range(world)]
+            dist.all_gather(headers, header)
+            headers = [h.cpu() for h in headers]
+            ids = [h[:, 0].contiguous().view(torch.int64).tolist() for h in headers]
+        else:
+            halves = [[float(i >> 32), float(i & 0xFFFFFFFF)] for i in ids]
+            block = torch.zeros(world, slots, 7, dtype=torch.float64)
+            block[dist.get_rank()] = torch.tensor([h + m for h, m in zip(halves, meta)], dtype=torch.float64).view(slots, 7)
+            flat = torch.cat([block.reshape(-1).to(device), carry])
+            dist.all_reduce(flat)
+            carry, block = flat[block.numel() :], flat[: block.numel()].cpu().view(world, slots, 7)
+            ids = [[(int(hi) << 32) | int(lo) for hi, lo in b[:, :2].tolist()] for b in block]
+            headers = [b[:, 1:] for b in block]  # like the all_gather's: one id column, then the values
         # Every rank sees the same ids and has the same cache, so all take this branch together.
         new = {i for ids_r in ids for i in ids_r if i and i not in self.structures}
         if new:  # a structure seen for the first time: exchange it once (objects, no tensors)
@@ -238,7 +261,7 @@ class DistributedExecutor(Executor):
             dist.all_gather_object(gathered, {i: s for i, s in local.items() if i in new})
             for part in gathered:
                 self.structures.update(part)
-        return ids, [h[:, 1:].tolist() for h in headers]
+        return ids, [h[:, 1:].tolist() for h in headers], carry
 
 
 def _gather_bytes(
@@ -280,17 +303,22 @@ def _delta_moments(deltas: list[TensorDict], like: TensorDict) -> tuple[TensorDi
     return total, float(squares)
 
 
-def _all_reduce_sums(
-    sums: Payload, delta_sum: TensorDict, delta_sq: float, device: torch.device, local_device: torch.device
-) -> tuple[Payload, TensorDict, float]:
-    """Add every rank's partial sums: one all_reduce of one flat float64 buffer, cast back to each tensor's dtype."""
+def _flatten(sums: Payload, delta_sum: TensorDict, delta_sq: float, device: torch.device) -> Tensor:
+    """A rank's partial sums as one flat float64 buffer on ``device`` (to all-reduce)."""
     tensors = [v for td in sums.values() for v in td.values()] + list(delta_sum.values())
-    flat = torch.cat([*(t.to(device, torch.float64).reshape(-1) for t in tensors), torch.tensor([delta_sq], dtype=torch.float64, device=device)])
-    dist.all_reduce(flat)
+    scalar = torch.tensor([delta_sq], dtype=torch.float64, device=device)
+    return torch.cat([*(t.to(device, torch.float64).reshape(-1) for t in tensors), scalar])
+
+
+def _unflatten(
+    flat: Tensor, like: Payload, delta_like: TensorDict, local_device: torch.device
+) -> tuple[Payload, TensorDict, float]:
+    """``_flatten``'s inverse, each tensor cast back to the dtype and shape of ``like``'s / ``delta_like``'s."""
+    tensors = [v for td in like.values() for v in td.values()] + list(delta_like.values())
     out, offset = [], 0
     for t in tensors:
         out.append(flat[offset : offset + t.numel()].view(t.shape).to(local_device, t.dtype))
         offset += t.numel()
     pieces = iter(out)
-    reduced = {n: {k: next(pieces) for k in td} for n, td in sums.items()}
-    return reduced, {k: next(pieces) for k in delta_sum}, float(flat[-1])
+    reduced = {n: {k: next(pieces) for k in td} for n, td in like.items()}
+    return reduced, {k: next(pieces) for k in delta_like}, float(flat[-1])
