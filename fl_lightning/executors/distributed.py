@@ -21,14 +21,15 @@ uploads differ between clients (FAdamET: only the tracking subset uploads
 ``y_delta``) need no fallback: each slot carries its own structure id.
 
 An algorithm that declares ``linear_aggregate`` (its aggregate reads the uploads only
-through ``upload_sum``, a sum over clients) takes ``run_summed`` instead: the headers
-are exchanged as above (they also carry each upload's byte count and whether it is
-finite), then each rank sums its own clients' uploads with the round's aggregation
-weights (known on every rank once the headers say who reported) and the ranks
-all-reduce one flat float64 buffer: the sums, and for ``train/consistency`` the sum
-of the ``delta`` uploads and of their squared norms. Only the client states (the
-client store is replicated on every rank) still travel as bytes, and none when the
-algorithm keeps no client state (FedAvg).
+through ``upload_sum``, a sum over clients) takes ``run_summed`` instead: each rank sums
+its own clients' uploads with the aggregation weights of the round's tasks, and one
+``all_reduce`` of a flat float64 buffer carries the headers (each rank's rows, zeros
+elsewhere; they also hold each upload's byte count and whether it is finite) and the
+sums: the uploads', and for ``train/consistency`` the float64 sum of the ``delta``
+uploads and of their squared norms. If a client failed, the survivors' weights differ
+and the ranks sum and all-reduce again. Only the client states (the client store is
+replicated on every rank) still travel as bytes, and none when the algorithm keeps no
+client state (FedAvg): one collective a round, of model size plus 7 numbers per client slot.
 """
 
 from __future__ import annotations
