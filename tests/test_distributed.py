@@ -1,5 +1,6 @@
 """Clients split over 2 DDP processes (gloo, CPU) give the one-process global model,
-server state and client store."""
+server state and client store: bitwise where uploads are gathered, to float tolerance
+where an algorithm's linear aggregate is computed from all-reduced partial sums."""
 
 import os
 import subprocess
@@ -12,6 +13,7 @@ import torch
 from fl_lightning import algorithms as A
 from fl_lightning.algorithms.base import declares_capability
 from fl_lightning.executors.distributed import assign_clients
+from fl_lightning.metrics import consistency_from_sums, payload_bytes, round_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -134,3 +136,23 @@ def test_aggregate_from_partial_sums_equals_aggregate(name):
     from_sums = algorithm.aggregate_sum(x, sums, server_state, info, steps)
     for whole, summed in zip(full, from_sums):
         torch.testing.assert_close(summed, whole, rtol=1e-6, atol=1e-6)
+
+
+def test_round_metrics_from_sums_equal_round_metrics_from_uploads():
+    """train/consistency from the float64 sums (local_consistency centres small tensors in float32,
+    hence rel=1e-6); comm/* from the uploads' sizes: the same row."""
+    gen = torch.Generator().manual_seed(1)
+    uploads = [{"delta": {"w": torch.randn(6, 4, generator=gen), "b": torch.randn(4, generator=gen)}} for _ in range(7)]
+    broadcast = {"x": {"w": torch.zeros(6, 4), "b": torch.zeros(4)}}
+    delta_sum = {k: sum(u["delta"][k].double() for u in uploads) for k in ("w", "b")}
+    delta_sq = sum(float(v.double().square().sum()) for u in uploads for v in u["delta"].values())
+    losses, accuracies = [0.5 + i for i in range(7)], [0.1 * i for i in range(7)]
+    from_uploads = round_metrics(3, 0.1, losses, uploads, broadcast, {"bytes_up": 0, "bytes_down": 0, "client_uploads": 0}, accuracies)
+    from_sums = round_metrics(
+        3, 0.1, losses, [], broadcast, {"bytes_up": 0, "bytes_down": 0, "client_uploads": 0}, accuracies,
+        upload_bytes=[payload_bytes(u) for u in uploads], consistency=consistency_from_sums(delta_sum, delta_sq, 7),
+    )  # fmt: skip
+    assert from_sums.keys() == from_uploads.keys()
+    for name, value in from_uploads.items():
+        assert from_sums[name] == (pytest.approx(value, rel=1e-6) if name == "train/consistency" else value), name
+    assert consistency_from_sums({}, 0.0, 0) == 0.0
