@@ -295,12 +295,13 @@ def _distributed() -> bool:
 def _delta_moments(deltas: list[TensorDict], like: TensorDict) -> tuple[TensorDict, float]:
     """sum_i delta_i (float64) and sum_i ||delta_i||^2: ``train/consistency`` from sums (``consistency_from_sums``)."""
     total = {k: torch.zeros(v.shape, dtype=torch.float64, device=v.device) for k, v in like.items()}
-    squares = torch.zeros((), dtype=torch.float64)
+    device = next(iter(like.values())).device
+    squares = torch.zeros((), dtype=torch.float64, device=device)  # on the tensors' device: one sync, at the end
     for delta in deltas:
         for k, v in delta.items():
             v = v.double()
             total[k] += v
-            squares += torch.dot(v.reshape(-1), v.reshape(-1)).cpu()
+            squares += torch.dot(v.reshape(-1), v.reshape(-1))
     return total, float(squares)
 
 
