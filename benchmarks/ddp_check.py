@@ -7,7 +7,12 @@ one-process run.
 
 ``--algorithm scaffold`` has client state; ``fadam_et`` uploads ``y_delta`` only from
 its tracking subset (results of different structure in one round); ``--skew`` gives
-clients unequal sizes and one local epoch, so their local steps differ.
+clients unequal sizes and one local epoch, so their local steps differ. ``--bernoulli p``
+activates each client with probability p (weights 1/(N p), rounds may be empty or leave a
+process without clients); ``--dropout f`` drops clients before they train and ``--algorithm fedavg_fail_first``
+makes the first client of every round fail while training (either way the survivors are reweighted).
+The output also holds the last round's logged metrics and the executor's count of rounds
+whose uploads were gathered or summed across the processes.
 """
 
 from __future__ import annotations
@@ -25,10 +30,24 @@ import torch  # noqa: E402
 from datamodules import IID, FederatedDataModule, QuantitySkew  # noqa: E402
 from fl_lightning import FederatedModule, LocalTraining, UniformSampling  # noqa: E402
 from fl_lightning.algorithms import SCAFFOLD, FAdamET, FedAvg, ScaffoldP  # noqa: E402
+from fl_lightning.faults import ClientFailure, ClientFaults  # noqa: E402
+from fl_lightning.participation import BernoulliParticipation  # noqa: E402
 from fl_lightning.state import flatten_state  # noqa: E402
 from models import MLP  # noqa: E402
 
 ALGORITHMS = {"fedavg": FedAvg, "scaffold": SCAFFOLD, "fadam_et": FAdamET, "scaffold_p": ScaffoldP}
+
+
+class FedAvgFailFirst(FedAvg):
+    """FedAvg whose first client of every round fails (found out only when the ranks exchange results)."""
+
+    def client_init(self, params, ctx):
+        if ctx.client_id == int(ctx.info.plan.clients[0]):
+            raise ClientFailure(f"client {ctx.client_id} fails (--fail-first)")
+        return super().client_init(params, ctx)
+
+
+ALGORITHMS["fedavg_fail_first"] = FedAvgFailFirst
 PERSONAL = {"scaffold_p": ["net.3"]}  # a personal head: the warm-up pass and personal client state cross the ranks
 
 
@@ -40,16 +59,20 @@ def main() -> None:
     parser.add_argument("--execution", default="sequential")
     parser.add_argument("--algorithm", choices=sorted(ALGORITHMS), default="fedavg")
     parser.add_argument("--skew", action="store_true", help="unequal client sizes, one local epoch")
+    parser.add_argument("--bernoulli", type=float, default=None, help="activation probability (instead of S per round)")
+    parser.add_argument("--dropout", type=float, default=0.0)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
     local = LocalTraining(lr=0.05, steps=None, epochs=1, batch_size=16) if args.skew else LocalTraining(lr=0.05, steps=4, batch_size=16)
     personal = PERSONAL.get(args.algorithm)
-    module = FederatedModule(MLP(32, 10, hidden=[64]), ALGORITHMS[args.algorithm](), local, personal=personal, execution=args.execution)
+    module = FederatedModule(MLP(32, 10, hidden=[64]), ALGORITHMS[args.algorithm](), local, personal=personal, execution=args.execution,
+                             faults=ClientFaults(dropout=args.dropout))  # fmt: skip
+    participation = BernoulliParticipation(args.bernoulli) if args.bernoulli else UniformSampling(args.clients_per_round)
     data = FederatedDataModule(
         "synthetic", dict(num_samples=8000, num_features=32, num_classes=10, seed=0), num_clients=100,
-        partition=QuantitySkew(sigma=1.0) if args.skew else IID(), participation=UniformSampling(args.clients_per_round),
+        partition=QuantitySkew(sigma=1.0) if args.skew else IID(), participation=participation,
     )  # fmt: skip
     strategy = "ddp" if args.devices > 1 else "auto"
     trainer = L.Trainer(
@@ -62,7 +85,9 @@ def main() -> None:
     seconds = time.perf_counter() - start
     if trainer.global_rank == 0:
         torch.save({"params": [p.detach() for p in module.model.parameters()], "seconds": seconds,
-                    "server_state": flatten_state(module.server_state), "store": module.store.state_dict()}, args.out)  # fmt: skip
+                    "server_state": flatten_state(module.server_state), "store": module.store.state_dict(),
+                    "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
+                    "exchanges": dict(module.executor.rounds)}, args.out)  # fmt: skip
 
 
 if __name__ == "__main__":

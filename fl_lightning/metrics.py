@@ -34,6 +34,15 @@ def local_consistency(deltas: Sequence[TensorDict]) -> float:
     return float(total / len(deltas))
 
 
+def consistency_from_sums(delta_sum: TensorDict, delta_sq_sum: float, count: int) -> float:
+    """``local_consistency`` from sums over the clients (DDP adds them up across processes):
+    (1/S) sum_i ||delta_i||^2 - ||(1/S) sum_i delta_i||^2, in float64."""
+    if not count:
+        return 0.0
+    mean_sq = sum(float((t.double() / count).square().sum()) for t in delta_sum.values())
+    return max(delta_sq_sum / count - mean_sq, 0.0)
+
+
 def payload_bytes(payload: Payload) -> int:
     """Bytes of every tensor a message carries."""
     return sum(P.num_bytes(td.values()) for td in payload.values())
@@ -42,10 +51,15 @@ def payload_bytes(payload: Payload) -> int:
 def count_messages(totals: dict[str, int], broadcast: Payload, uploads: Sequence[Payload]) -> tuple[int, int]:
     """Add a round's messages to ``totals`` (each reporting client downloads the broadcast and sends
     its upload); returns the round's ``(bytes_down, bytes_up)``."""
-    bytes_down, bytes_up = payload_bytes(broadcast) * len(uploads), sum(payload_bytes(u) for u in uploads)
+    return count_message_bytes(totals, broadcast, [payload_bytes(u) for u in uploads])
+
+
+def count_message_bytes(totals: dict[str, int], broadcast: Payload, upload_bytes: Sequence[int]) -> tuple[int, int]:
+    """``count_messages`` from each upload's size in bytes."""
+    bytes_down, bytes_up = payload_bytes(broadcast) * len(upload_bytes), sum(upload_bytes)
     totals["bytes_down"] += bytes_down
     totals["bytes_up"] += bytes_up
-    totals["client_uploads"] += len(uploads)
+    totals["client_uploads"] += len(upload_bytes)
     return bytes_down, bytes_up
 
 
@@ -57,6 +71,9 @@ def round_metrics(
     broadcast: Payload,
     totals: dict[str, int],
     accuracies: Sequence[float] = (),
+    *,
+    upload_bytes: Sequence[int] | None = None,
+    consistency: float | None = None,
 ) -> dict[str, float]:
     """The logged row of a round (communication counted into ``totals``).
 
@@ -64,15 +81,21 @@ def round_metrics(
     during their local steps (each step's first evaluation, before its update; classifiers only).
     ``comm/round_*`` are this round's bytes, ``comm/cumulative_*`` the run's totals so far;
     ``round`` is the round's 0-based index (Lightning's step of the row).
+    A round whose uploads were summed (DDP, ``SummedRound``) passes no ``uploads`` but each
+    upload's size (``upload_bytes``) and the ``consistency`` (``consistency_from_sums``).
     """
-    bytes_down, bytes_up = count_messages(totals, broadcast, uploads)
+    if upload_bytes is None:
+        upload_bytes = [payload_bytes(u) for u in uploads]
+    if consistency is None:
+        consistency = local_consistency([u["delta"] for u in uploads])
+    bytes_down, bytes_up = count_message_bytes(totals, broadcast, upload_bytes)
     known = [a for a in accuracies if not math.isnan(a)]
     return {
         "train/loss": sum(losses) / len(losses) if losses else float("nan"),
         **({"train/acc": sum(known) / len(known)} if known else {}),  # classifiers only
-        "train/consistency": local_consistency([u["delta"] for u in uploads]),
+        "train/consistency": consistency,
         "train/local_lr": local_lr,
-        "train/clients": float(len(uploads)),
+        "train/clients": float(len(upload_bytes)),
         "comm/round_bytes_up": float(bytes_up),
         "comm/round_bytes_down": float(bytes_down),
         "comm/cumulative_bytes": float(totals["bytes_up"] + totals["bytes_down"]),

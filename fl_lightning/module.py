@@ -18,17 +18,18 @@ from torchmetrics import MeanMetric
 from fl_lightning import csv_resume, fingerprint
 from fl_lightning import params as P
 from fl_lightning.algorithms import Algorithm, FedAvg, RoundInfo
+from fl_lightning.algorithms.base import declares_capability
 from fl_lightning.client_data import ClientData
 from fl_lightning.config import LocalTraining
 from fl_lightning.errors import CheckpointError
 from fl_lightning.executors import ClientRuntime, Executor, resolve_executor
 from fl_lightning.faults import ClientError, ClientFaults, DivergenceError, all_finite, first_non_finite, survivor_weights
-from fl_lightning.metrics import count_messages, round_metrics
+from fl_lightning.metrics import consistency_from_sums, count_messages, round_metrics
 from fl_lightning.objective import Objective
 from fl_lightning.params import TensorDict
 from fl_lightning.participation import RoundPlan, derive_seed
 from fl_lightning.state import ClientStore, NestedState, flatten_state, unflatten_state
-from fl_lightning.tasks import PERSONAL, ClientState, ClientTask, Payload
+from fl_lightning.tasks import PERSONAL, ClientState, ClientTask, Payload, SummedRound
 
 log = logging.getLogger(__name__)
 _CKPT_KEY = "federated"
@@ -219,8 +220,13 @@ class FederatedModule(L.LightningModule):
             server_state = self._warmup(x, server_state, info)
         broadcast = self.algorithm.broadcast(x, server_state, info)
         tasks, stragglers = self._tasks(plan.clients.tolist(), plan.seeds.tolist(), broadcast, plan.round)
+        # An algorithm whose aggregate is a sum over clients may get the uploads summed (DDP:
+        # partial sums all-reduced, not gathered); any other, or one process, gets every upload.
+        linear = declares_capability(self.algorithm, "linear_aggregate")
+        runtime = self._runtime(functools.partial(survivor_weights, plan.clients, plan.weights) if linear else None)
         try:
-            results = self.executor.run(tasks, info, self._runtime())
+            summed = self.executor.run_summed(tasks, info, runtime) if linear else None
+            results = summed.results if summed is not None else self.executor.run(tasks, info, runtime)
         except DivergenceError as error:  # a client's loss (the built-in executors check it)
             raise self._diverged(str(error)) from error
         self.faults.check_failures(plan.round, len(tasks) - len(results), len(tasks))
@@ -234,15 +240,12 @@ class FederatedModule(L.LightningModule):
         for result in results:  # any executor's: NaN may also mean "no loss recorded", infinity may not
             if math.isinf(result.mean_loss):
                 raise self._diverged(f"round {plan.round}: client {result.client_id}'s training loss is non-finite ({result.mean_loss})")
-        uploads = [r.upload for r in results]
-        if not all_finite(uploads):
-            for result in results:
-                bad = first_non_finite(result.upload)
-                if bad is not None:
-                    raise self._diverged(f"round {plan.round}: client {result.client_id} sent a non-finite update ({bad})")
-        weights = survivor_weights(plan.clients, plan.weights, [r.client_id for r in results])
         local_steps = [r.num_steps for r in results]
-        pseudo_grad, self.server_state = self.algorithm.aggregate(x, uploads, weights, server_state, info, local_steps)
+        if summed is not None:
+            uploads, (pseudo_grad, self.server_state) = [], self._aggregate_summed(plan, x, summed, server_state, info, local_steps)
+        else:
+            uploads = [r.upload for r in results]
+            pseudo_grad, self.server_state = self._aggregate(plan, x, results, server_state, info, local_steps)
         extra_metrics.update({f"algo/{k}": v for k, v in self.algorithm.metrics(self.server_state, info).items()})
         for result in results:
             self.store.put(result.client_id, result.client_state)
@@ -255,7 +258,24 @@ class FederatedModule(L.LightningModule):
         bad = None if all_finite([{"x": self.global_params()}]) else first_non_finite({"x": self.global_params()})
         if bad is not None:
             raise self._diverged(f"round {plan.round}: the global model became non-finite ({bad})")
-        self._log_round(plan, broadcast, uploads, results, extra_metrics)
+        self._log_round(plan, broadcast, uploads, results, extra_metrics, summed)
+
+    def _aggregate(self, plan, x, results, server_state, info, local_steps) -> tuple[TensorDict, NestedState]:
+        """The pseudo-gradient and new server state from every client's upload."""
+        uploads = [r.upload for r in results]
+        if not all_finite(uploads):
+            for result in results:
+                bad = first_non_finite(result.upload)
+                if bad is not None:
+                    raise self._diverged(f"round {plan.round}: client {result.client_id} sent a non-finite update ({bad})")
+        weights = survivor_weights(plan.clients, plan.weights, [r.client_id for r in results])
+        return self.algorithm.aggregate(x, uploads, weights, server_state, info, local_steps)
+
+    def _aggregate_summed(self, plan, x, summed: SummedRound, server_state, info, local_steps) -> tuple[TensorDict, NestedState]:
+        """The pseudo-gradient and new server state from the uploads' sums (``SummedRound``)."""
+        if summed.non_finite:
+            raise self._diverged(f"round {plan.round}: client {summed.non_finite[0]} sent a non-finite update")
+        return self.algorithm.aggregate_sum(x, summed.sums, server_state, info, local_steps)
 
     def _diverged(self, message: str) -> DivergenceError:
         """The divergence error, naming the newest checkpoint (written from a finite state) to go back to."""
@@ -266,10 +286,10 @@ class FederatedModule(L.LightningModule):
         last = f"the last good checkpoint is {max(paths, key=os.path.getmtime)}" if paths else "no checkpoint was written"
         return DivergenceError(f"{message}; {last}; lower local.lr or the algorithm's global_lr")
 
-    def _runtime(self) -> ClientRuntime:
+    def _runtime(self, aggregation_weights=None) -> ClientRuntime:
         return ClientRuntime(
             self.algorithm, self.objective, self.datamodule, self.local, self.device, self.faults.fail_fast,
-            tuple(self.personal_names), self._stop_requested,
+            tuple(self.personal_names), self._stop_requested, aggregation_weights,
         )  # fmt: skip
 
     def _stop_requested(self) -> bool:
@@ -325,9 +345,17 @@ class FederatedModule(L.LightningModule):
         count_messages(self.comm_totals, broadcast, uploads)
         return server_state
 
-    def _log_round(self, plan: RoundPlan, broadcast: Payload, uploads, results, extra_metrics: dict[str, int]) -> None:
+    def _log_round(
+        self, plan: RoundPlan, broadcast: Payload, uploads, results, extra_metrics: dict[str, int], summed: SummedRound | None = None
+    ) -> None:
         losses, accuracies = [r.mean_loss for r in results], [r.accuracy for r in results]
-        metrics = round_metrics(plan.round, self.local.lr_at(plan.round), losses, uploads, broadcast, self.comm_totals, accuracies)
+        from_sums = {}
+        if summed is not None:  # the same numbers from the uploads' sizes and sums (to float tolerance)
+            consistency = consistency_from_sums(summed.delta_sum, summed.delta_sq_sum, len(summed.results))
+            from_sums = {"upload_bytes": summed.upload_bytes, "consistency": consistency}
+        metrics = round_metrics(
+            plan.round, self.local.lr_at(plan.round), losses, uploads, broadcast, self.comm_totals, accuracies, **from_sums
+        )
         metrics.update({k: float(v) for k, v in extra_metrics.items()})
         metrics["time/round_s"] = time.perf_counter() - self._round_started
         # Straight to the loggers (`self.log` costs milliseconds per key, a real share of a

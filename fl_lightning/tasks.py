@@ -57,3 +57,22 @@ class ClientResult:
     num_steps: int
     mean_loss: float
     accuracy: float = math.nan  # the fraction of its training samples predicted right during its steps (NaN: not a classifier)
+
+
+@dataclass
+class SummedRound:
+    """A round whose uploads came back summed (an algorithm that declares ``linear_aggregate``, under DDP).
+
+    ``results`` are every reporting client's, in task order, with ``upload = {}``: the uploads
+    exist only as ``sums`` (``algorithm.upload_sum`` over all of them, with their aggregation
+    weights). The round's metrics come from the rest: the bytes
+    of each client's upload (the logical message), and for ``train/consistency`` the float64
+    sum of the ``delta`` uploads and of their squared norms.
+    """
+
+    results: list[ClientResult]
+    sums: Payload
+    upload_bytes: list[int]
+    delta_sum: TensorDict
+    delta_sq_sum: float
+    non_finite: list[int]  # clients whose upload held a NaN or Inf (they are in ``sums`` too)

@@ -1,5 +1,6 @@
 """Clients split over 2 DDP processes (gloo, CPU) give the one-process global model,
-server state and client store."""
+server state and client store: bitwise where uploads are gathered, to float tolerance
+where an algorithm's linear aggregate is computed from all-reduced partial sums."""
 
 import os
 import subprocess
@@ -9,39 +10,76 @@ from pathlib import Path
 import pytest
 import torch
 
+from fl_lightning import algorithms as A
+from fl_lightning.algorithms.base import declares_capability
 from fl_lightning.executors.distributed import assign_clients
+from fl_lightning.metrics import consistency_from_sums, payload_bytes, round_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _train(tmp_path, devices: int, algorithm: str, skew: bool) -> dict:
+def _train(tmp_path, devices: int, algorithm: str, skew: bool, *extra: str) -> dict:
     out = tmp_path / f"{algorithm}_devices{devices}.pt"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, str(ROOT / "benchmarks" / "ddp_check.py"), "--devices", str(devices), "--rounds", "3",
-           "--clients-per-round", "5", "--algorithm", algorithm, "--out", str(out)] + ["--skew"] * skew  # fmt: skip
+           "--clients-per-round", "5", "--algorithm", algorithm, "--out", str(out)] + ["--skew"] * skew + list(extra)  # fmt: skip
     proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return torch.load(out, weights_only=True)
+
+
+def _assert_close(single: dict, ddp: dict, rtol: float, atol: float) -> None:
+    for a, b in zip(single["params"], ddp["params"], strict=True):
+        torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
+    for key in ("server_state", "store"):
+        assert single[key].keys() == ddp[key].keys()
+        for name in single[key]:
+            torch.testing.assert_close(single[key][name], ddp[key][name], rtol=rtol, atol=atol)
 
 
 # docs/algorithms.md, E13
 @pytest.mark.parametrize(
     "algorithm, skew",
     [
-        ("scaffold", True),  # client state; unequal local steps, so the ranks get unequal client counts
         ("fadam_et", False),  # only the tracking subset uploads y_delta: results of two structures
         ("scaffold_p", False),  # the warm-up pass split over the ranks; personal tensors as client state
     ],
 )
 def test_ddp_two_processes_equal_one_process(tmp_path, algorithm, skew):
+    """Algorithms whose aggregate is not declared linear gather every upload: bitwise the one-process run."""
     single, ddp = _train(tmp_path, 1, algorithm, skew), _train(tmp_path, 2, algorithm, skew)
-    for a, b in zip(single["params"], ddp["params"], strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-7)
-    for key in ("server_state", "store"):
-        assert single[key].keys() == ddp[key].keys()
-        for name in single[key]:
-            torch.testing.assert_close(single[key][name], ddp[key][name], rtol=0, atol=1e-7)
+    _assert_close(single, ddp, rtol=0, atol=1e-7)
     assert single["store"], "the check must compare some client state"
+    assert ddp["exchanges"] == {"gathered": 3 + (algorithm == "scaffold_p"), "summed": 0}  # + the warm-up pass
+
+
+@pytest.mark.parametrize(
+    "algorithm, skew, extra",
+    [
+        ("fedavg", False, ()),
+        ("scaffold", True, ()),  # client state; unequal local steps, so the ranks get unequal client counts
+        ("fedavg", False, ("--dropout", "0.4")),  # dropped clients: the survivors are reweighted
+        ("fedavg_fail_first", False, ()),  # a client fails while training: the ranks sum again with new weights
+        ("fedavg", False, ("--bernoulli", "0.02")),  # weights 1/(N p); 0 to 4 clients a round, a rank may have none
+    ],
+)
+def test_ddp_partial_sums_equal_one_process(tmp_path, algorithm, skew, extra):
+    """A linear aggregate from all-reduced partial sums: the one-process run to float tolerance
+    (the summation order differs), the round's metrics included, comm/* exactly."""
+    single, ddp = _train(tmp_path, 1, algorithm, skew, *extra), _train(tmp_path, 2, algorithm, skew, *extra)
+    _assert_close(single, ddp, rtol=1e-5, atol=1e-6)
+    assert ddp["exchanges"] == {"gathered": 0, "summed": 3}, "the partial-sum path must have run"
+    assert single["exchanges"] == {"gathered": 0, "summed": 0}
+    assert single["metrics"].keys() == ddp["metrics"].keys()
+    for name, value in single["metrics"].items():
+        if name.startswith(("comm/", "train/clients", "faults/")):
+            assert ddp["metrics"][name] == value, name
+        elif name != "time/round_s":
+            assert ddp["metrics"][name] == pytest.approx(value, rel=1e-4, abs=1e-7, nan_ok=True), name
+    if algorithm == "scaffold":
+        assert single["store"], "the check must compare some client state"
+    if algorithm == "fedavg_fail_first":
+        assert single["metrics"]["faults/failed"] == 1.0
 
 
 def test_assign_clients_balances_local_steps_deterministically():
@@ -52,3 +90,69 @@ def test_assign_clients_balances_local_steps_deterministically():
     assert loads == [12, 12]  # round-robin would give 19 / 5
     assert ranks == assign_clients(steps, 2)
     assert assign_clients([3] * 5, 2) == [[0, 2, 4], [1, 3]]  # equal steps: round-robin
+
+
+LINEAR = ["FedAvg", "FedProx", "FedSAM", "FedAvgM", "FedAdam", "FedYogi", "LocalAdam", "FedAvgSVRG", "FedAvgP", "FedSim",
+          "FedAlt", "SCAFFOLD", "FedDyn", "FedCM", "FedMIM", "FedLADA"]  # fmt: skip
+GATHERED = ["FAdamET", "FAdamGT", "ScaffoldP"]  # their aggregate reads single uploads (y_delta of a subset) or is not rewritten
+
+
+@pytest.mark.parametrize("name", LINEAR + GATHERED)
+def test_linear_aggregate_is_declared_by_the_class_that_wrote_the_server_rule(name):
+    algorithm = getattr(A, name)()
+    assert declares_capability(algorithm, "linear_aggregate") == (name in LINEAR)
+
+
+def test_a_subclass_that_rewrites_aggregate_gathers_until_it_declares():
+    class Median(A.FedAvg):  # a non-linear aggregate
+        def aggregate(self, x, uploads, weights, server_state, info, local_steps):
+            deltas = [u["delta"] for u in uploads]
+            return {k: -torch.stack([d[k] for d in deltas]).median(0).values for k in x}, server_state
+
+    class OnlySum(A.SCAFFOLD):  # rewrites how uploads are summed, not what the aggregate is
+        def upload_sum(self, x, uploads, weights, info):
+            return super().upload_sum(x, uploads, weights, info)
+
+    class Declared(OnlySum):
+        linear_aggregate = True
+
+    assert not declares_capability(Median(), "linear_aggregate")
+    assert not declares_capability(OnlySum(), "linear_aggregate")
+    assert declares_capability(Declared(), "linear_aggregate")
+
+
+@pytest.mark.parametrize("name", ["FedAvg", "SCAFFOLD", "FedDyn", "FedCM", "FedMIM", "FedLADA"])
+def test_aggregate_from_partial_sums_equals_aggregate(name):
+    """What DDP relies on: sums over disjoint client sets (one of them empty) add up to the aggregate's."""
+    algorithm, gen = getattr(A, name)(), torch.Generator().manual_seed(0)
+    x = {"w": torch.randn(4, 3, generator=gen), "b": torch.randn(3, generator=gen)}
+    uploads = [{n: {k: torch.randn(v.shape, generator=gen) for k, v in x.items()} for n in ("delta", "delta_c")} for _ in range(5)]
+    weights, steps = torch.rand(5, generator=gen, dtype=torch.float64), [3, 4, 5, 4, 2]
+    info = A.RoundInfo(round=2, local_lr=0.1, num_clients=10)
+    server_state = algorithm.server_state_init(x)
+    full = algorithm.aggregate(x, uploads, weights, server_state, info, steps)
+    parts = [algorithm.upload_sum(x, uploads[a:b], weights[a:b], info) for a, b in ((0, 2), (2, 2), (2, 5))]
+    sums = {n: {k: sum(p[n][k] for p in parts) for k in td} for n, td in parts[0].items()}
+    from_sums = algorithm.aggregate_sum(x, sums, server_state, info, steps)
+    for whole, summed in zip(full, from_sums):
+        torch.testing.assert_close(summed, whole, rtol=1e-6, atol=1e-6)
+
+
+def test_round_metrics_from_sums_equal_round_metrics_from_uploads():
+    """train/consistency from the float64 sums (local_consistency centres small tensors in float32,
+    hence rel=1e-6); comm/* from the uploads' sizes: the same row."""
+    gen = torch.Generator().manual_seed(1)
+    uploads = [{"delta": {"w": torch.randn(6, 4, generator=gen), "b": torch.randn(4, generator=gen)}} for _ in range(7)]
+    broadcast = {"x": {"w": torch.zeros(6, 4), "b": torch.zeros(4)}}
+    delta_sum = {k: sum(u["delta"][k].double() for u in uploads) for k in ("w", "b")}
+    delta_sq = sum(float(v.double().square().sum()) for u in uploads for v in u["delta"].values())
+    losses, accuracies = [0.5 + i for i in range(7)], [0.1 * i for i in range(7)]
+    from_uploads = round_metrics(3, 0.1, losses, uploads, broadcast, {"bytes_up": 0, "bytes_down": 0, "client_uploads": 0}, accuracies)
+    from_sums = round_metrics(
+        3, 0.1, losses, [], broadcast, {"bytes_up": 0, "bytes_down": 0, "client_uploads": 0}, accuracies,
+        upload_bytes=[payload_bytes(u) for u in uploads], consistency=consistency_from_sums(delta_sum, delta_sq, 7),
+    )  # fmt: skip
+    assert from_sums.keys() == from_uploads.keys()
+    for name, value in from_uploads.items():
+        assert from_sums[name] == (pytest.approx(value, rel=1e-6) if name == "train/consistency" else value), name
+    assert consistency_from_sums({}, 0.0, 0) == 0.0

@@ -98,6 +98,8 @@ class ClientContext:
 
 
 _RULE_METHODS = ("client_init", "client_step", "client_finish", "personal_finish")
+_AGGREGATE_METHODS = ("aggregate", "upload_sum", "aggregate_sum")
+_CAPABILITY_METHODS = {"linear_aggregate": _AGGREGATE_METHODS}  # else the client rule's methods
 
 
 def declares_capability(algorithm: object, capability: str) -> bool:
@@ -106,6 +108,7 @@ def declares_capability(algorithm: object, capability: str) -> bool:
     True only if the class declaring the flag is (a subclass of) every class that defines one of
     the rule's methods: a subclass that overrides ``client_step`` (say, to clip the gradient by
     its global norm) does not inherit its parent's ``elementwise = True``; it must declare it.
+    For ``linear_aggregate`` the rule is the server's: ``aggregate``, ``upload_sum``, ``aggregate_sum``.
     """
     if capability in vars(algorithm):
         return bool(vars(algorithm)[capability])
@@ -113,7 +116,8 @@ def declares_capability(algorithm: object, capability: str) -> bool:
     declarer = next((c for c in mro if capability in vars(c)), None)
     if declarer is None or not vars(declarer)[capability]:
         return False
-    definers = (next(c for c in mro if m in vars(c)) for m in _RULE_METHODS if any(m in vars(c) for c in mro))
+    methods = _CAPABILITY_METHODS.get(capability, _RULE_METHODS)
+    definers = (next(c for c in mro if m in vars(c)) for m in methods if any(m in vars(c) for c in mro))
     return all(issubclass(declarer, definer) for definer in definers)
 
 
@@ -138,6 +142,14 @@ class Algorithm:
     #: them once to all clients' stacked tensors instead of per client under vmap (much faster).
     #: Honoured only where the class that writes the rule declares it (``declares_capability``).
     elementwise = False
+
+    #: Whether ``aggregate`` reads the uploads only through ``upload_sum``, a sum over clients, as
+    #: ``aggregate_sum(x, upload_sum(x, uploads, weights), ...)``. Under DDP each process then sums
+    #: its own clients' uploads and the processes all-reduce the sums instead of gathering every
+    #: upload (``DistributedExecutor``). Honoured only where the class declaring it wrote all three
+    #: methods (``declares_capability``): a subclass that rewrites ``aggregate`` gathers until it
+    #: declares it. True here: the base ``aggregate`` (FedAvg's) is ``-sum_i w_i delta_i``.
+    linear_aggregate = True
 
     def __init__(self, global_lr: float = 1.0) -> None:
         if not global_lr > 0:
@@ -192,7 +204,21 @@ class Algorithm:
 
         ``local_steps[i]`` is the number of local steps client i ran (its upload is ``uploads[i]``).
         """
-        return P.scale(P.weighted_sum([u["delta"] for u in uploads], weights), -1.0), server_state
+        return self.aggregate_sum(x, self.upload_sum(x, uploads, weights, info), server_state, info, local_steps)
+
+    def upload_sum(self, x: TensorDict, uploads: Sequence[Payload], weights: Sequence[float] | Tensor, info: RoundInfo) -> Payload:
+        """The sums over clients that ``aggregate_sum`` reads: here ``{"delta": sum_i w_i delta_i}``.
+
+        Must be additive over disjoint sets of clients (DDP adds the processes' partial sums) and
+        have the same names and shapes for any set of clients, zeros for none.
+        """
+        return {"delta": weighted_sum_or_zeros([u["delta"] for u in uploads], weights, x)}
+
+    def aggregate_sum(
+        self, x: TensorDict, sums: Payload, server_state: NestedState, info: RoundInfo, local_steps: Sequence[int]
+    ) -> tuple[TensorDict, NestedState]:
+        """``aggregate`` from ``upload_sum`` over all reporting clients (``local_steps`` in their order)."""
+        return P.scale(sums["delta"], -1.0), server_state
 
     def metrics(self, server_state: NestedState, info: RoundInfo) -> dict[str, float]:
         """Algorithm-specific values logged after each round as ``algo/<name>`` (e.g. a control-variate norm)."""
@@ -200,6 +226,11 @@ class Algorithm:
 
     def server_optimizer(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
         return torch.optim.SGD(params, lr=self.global_lr)
+
+
+def weighted_sum_or_zeros(dicts: Sequence[TensorDict], weights: Sequence[float] | Tensor, like: TensorDict) -> TensorDict:
+    """``P.weighted_sum``, or zeros shaped like ``like`` for no dicts (a process whose clients all failed)."""
+    return P.weighted_sum(dicts, weights) if len(dicts) else P.zeros_like(like)
 
 
 def mean_steps(local_steps: Sequence[int]) -> float:

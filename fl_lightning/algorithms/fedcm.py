@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from torch import Tensor
-
 from fl_lightning import params as P
 from fl_lightning.algorithms import increments as H
 from fl_lightning.algorithms.base import Algorithm, ClientContext, Payload, RoundInfo, mean_steps
@@ -30,6 +28,7 @@ class FedCM(Algorithm):
     """
 
     elementwise = True
+    linear_aggregate = True  # FedAvg's sum; the history update reads x and the local steps only
 
     def __init__(self, a: float = 0.1, global_lr: float = 1.0) -> None:
         super().__init__(global_lr)
@@ -50,9 +49,8 @@ class FedCM(Algorithm):
         direction = {k: self.a * grad[k] + (1.0 - self.a) * momentum[k] for k in grad}
         return sgd_step(params, direction, ctx.lr), local
 
-    def aggregate(
-        self, x: TensorDict, uploads: Sequence[Payload], weights: Tensor, server_state: NestedState, info: RoundInfo,
-        local_steps: Sequence[int],
+    def aggregate_sum(
+        self, x: TensorDict, sums: Payload, server_state: NestedState, info: RoundInfo, local_steps: Sequence[int]
     ) -> tuple[TensorDict, NestedState]:
-        pseudo_grad, _ = super().aggregate(x, uploads, weights, server_state, info, local_steps)
+        pseudo_grad, _ = super().aggregate_sum(x, sums, server_state, info, local_steps)
         return pseudo_grad, H.history_update(x, server_state, 1, mean_steps(local_steps))

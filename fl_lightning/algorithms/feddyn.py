@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from torch import Tensor
 
 from fl_lightning import params as P
-from fl_lightning.algorithms.base import Algorithm, ClientContext, Payload, RoundInfo
+from fl_lightning.algorithms.base import Algorithm, ClientContext, Payload, RoundInfo, weighted_sum_or_zeros
 from fl_lightning.optim import sgd_step
 from fl_lightning.params import TensorDict
 from fl_lightning.state import NestedState
@@ -29,6 +29,7 @@ class FedDyn(Algorithm):
     """
 
     elementwise = True
+    linear_aggregate = True  # sums of w_i delta_i and of delta_i / N
 
     def __init__(self, alpha: float = 0.01, global_lr: float = 1.0) -> None:
         super().__init__(global_lr)
@@ -52,12 +53,15 @@ class FedDyn(Algorithm):
         delta = P.sub(params, ctx.broadcast["x"])
         return {"delta": delta}, {"l": P.add(ctx.client_state["l"], delta, -self.alpha)}
 
-    def aggregate(
-        self, x: TensorDict, uploads: Sequence[Payload], weights: Tensor, server_state: NestedState, info: RoundInfo,
-        local_steps: Sequence[int],
-    ) -> tuple[TensorDict, NestedState]:
+    def upload_sum(self, x: TensorDict, uploads: Sequence[Payload], weights: Sequence[float] | Tensor, info: RoundInfo) -> Payload:
         deltas = [u["delta"] for u in uploads]
-        h = P.add(server_state["h"], P.weighted_sum(deltas, [1.0 / info.num_clients] * len(deltas)), -self.alpha)
+        mean = weighted_sum_or_zeros(deltas, [1.0 / info.num_clients] * len(deltas), x)
+        return {"delta_over_n": mean, "delta": weighted_sum_or_zeros(deltas, weights, x)}
+
+    def aggregate_sum(
+        self, x: TensorDict, sums: Payload, server_state: NestedState, info: RoundInfo, local_steps: Sequence[int]
+    ) -> tuple[TensorDict, NestedState]:
+        h = P.add(server_state["h"], sums["delta_over_n"], -self.alpha)
         # x - x_new = -(sum_i w_i delta_i) + h / alpha
-        pseudo_grad = P.add(P.scale(P.weighted_sum(deltas, weights), -1.0), h, 1.0 / self.alpha)
+        pseudo_grad = P.add(P.scale(sums["delta"], -1.0), h, 1.0 / self.alpha)
         return pseudo_grad, {"h": h}

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from torch import Tensor
-
 from fl_lightning import params as P
 from fl_lightning.algorithms.base import ClientContext, Payload, RoundInfo, mean_steps
 from fl_lightning.algorithms.local_adam import LocalAdam
@@ -30,6 +28,7 @@ class FedLADA(LocalAdam):
     """
 
     elementwise = True
+    linear_aggregate = True  # FedAvg's sum; g_a is the pseudo-gradient rescaled
 
     def __init__(
         self, global_lr: float = 1.0, beta1: float = 0.9, beta2: float = 0.99, eps: float = 1e-8, a: float = 0.5
@@ -55,11 +54,10 @@ class FedLADA(LocalAdam):
         shift = local["shift"]
         return tracked_adam_step(params, grad, local, ctx.lr, self.betas, self.eps, step_shift=shift, scale=self.a)
 
-    def aggregate(
-        self, x: TensorDict, uploads: Sequence[Payload], weights: Tensor, server_state: NestedState, info: RoundInfo,
-        local_steps: Sequence[int],
+    def aggregate_sum(
+        self, x: TensorDict, sums: Payload, server_state: NestedState, info: RoundInfo, local_steps: Sequence[int]
     ) -> tuple[TensorDict, NestedState]:
         """The server SGD step is x <- x - eta_g pseudo_grad, so g_a = eta_g pseudo_grad / (K eta_l)."""
-        pseudo_grad, _ = super().aggregate(x, uploads, weights, server_state, info, local_steps)
+        pseudo_grad, _ = super().aggregate_sum(x, sums, server_state, info, local_steps)
         g_a = P.scale(pseudo_grad, self.global_lr / (mean_steps(local_steps) * info.local_lr))
         return pseudo_grad, {**server_state, "g_a": g_a}

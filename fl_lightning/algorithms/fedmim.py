@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from torch import Tensor
 
 from fl_lightning import params as P
 from fl_lightning.algorithms import increments as H
@@ -58,6 +57,7 @@ class FedMIM(Algorithm):
     """
 
     elementwise = True
+    linear_aggregate = True  # FedAvg's sum; the history update reads x and the local steps only
 
     def __init__(
         self,
@@ -108,11 +108,10 @@ class FedMIM(Algorithm):
             state = H.history_update(x, ctx.client_state, self.inertial_steps, ctx.num_steps)
         return upload, state
 
-    def aggregate(
-        self, x: TensorDict, uploads: Sequence[Payload], weights: Tensor, server_state: NestedState, info: RoundInfo,
-        local_steps: Sequence[int],
+    def aggregate_sum(
+        self, x: TensorDict, sums: Payload, server_state: NestedState, info: RoundInfo, local_steps: Sequence[int]
     ) -> tuple[TensorDict, NestedState]:
-        pseudo_grad, _ = super().aggregate(x, uploads, weights, server_state, info, local_steps)
+        pseudo_grad, _ = super().aggregate_sum(x, sums, server_state, info, local_steps)
         if self.history == "client":
             return pseudo_grad, server_state
         return pseudo_grad, H.history_update(x, server_state, self.inertial_steps, mean_steps(local_steps))

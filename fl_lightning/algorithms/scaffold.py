@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from torch import Tensor
 
 from fl_lightning import params as P
-from fl_lightning.algorithms.base import Algorithm, ClientContext, Payload, RoundInfo
+from fl_lightning.algorithms.base import Algorithm, ClientContext, Payload, RoundInfo, weighted_sum_or_zeros
 from fl_lightning.optim import control_variate_option2, sgd_step
 from fl_lightning.params import TensorDict
 from fl_lightning.state import NestedState
@@ -24,6 +24,7 @@ class SCAFFOLD(Algorithm):
     """
 
     elementwise = True
+    linear_aggregate = True  # sums of w_i delta_i and of delta_c_i / N
 
     def client_state_init(self, x: TensorDict) -> NestedState:
         return {"c": P.zeros_like(x)}
@@ -44,13 +45,15 @@ class SCAFFOLD(Algorithm):
         c_new = control_variate_option2(c_i, ctx.broadcast["c"], x, params, ctx.num_steps, ctx.lr)
         return {"delta": P.sub(params, x), "delta_c": P.sub(c_new, c_i)}, {"c": c_new}
 
-    def aggregate(
-        self, x: TensorDict, uploads: Sequence[Payload], weights: Tensor, server_state: NestedState, info: RoundInfo,
-        local_steps: Sequence[int],
+    def upload_sum(self, x: TensorDict, uploads: Sequence[Payload], weights: Sequence[float] | Tensor, info: RoundInfo) -> Payload:
+        dc = weighted_sum_or_zeros([u["delta_c"] for u in uploads], [1.0 / info.num_clients] * len(uploads), x)
+        return {**super().upload_sum(x, uploads, weights, info), "delta_c": dc}
+
+    def aggregate_sum(
+        self, x: TensorDict, sums: Payload, server_state: NestedState, info: RoundInfo, local_steps: Sequence[int]
     ) -> tuple[TensorDict, NestedState]:
-        pseudo_grad, _ = super().aggregate(x, uploads, weights, server_state, info, local_steps)
-        dc = P.weighted_sum([u["delta_c"] for u in uploads], [1.0 / info.num_clients] * len(uploads))
-        return pseudo_grad, {"c": P.add(server_state["c"], dc)}
+        pseudo_grad, _ = super().aggregate_sum(x, sums, server_state, info, local_steps)
+        return pseudo_grad, {"c": P.add(server_state["c"], sums["delta_c"])}
 
     def metrics(self, server_state: NestedState, info: RoundInfo) -> dict[str, float]:
         """``algo/c_norm``: ||c||, the norm of the server control variate."""

@@ -20,7 +20,7 @@ from fl_lightning.client_data import ClientData
 from fl_lightning.config import LocalTraining
 from fl_lightning.faults import DivergenceError
 from fl_lightning.objective import Objective
-from fl_lightning.tasks import ClientResult, ClientTask
+from fl_lightning.tasks import ClientResult, ClientTask, SummedRound
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,8 @@ class ClientRuntime:
         fail_fast: a client that raises stops the run instead of being left out of the round.
         personal_names: the model's personal tensors (kept per client, never sent).
         should_stop: whether the run was asked to stop (SIGTERM); executors check it between local steps.
+        aggregation_weights: the aggregation weights of the reporting clients (their ids, in task
+            order); an executor that sums the uploads itself (``run_summed``) weighs them with it.
     """
 
     algorithm: Algorithm
@@ -46,6 +48,7 @@ class ClientRuntime:
     fail_fast: bool = False
     personal_names: tuple[str, ...] = ()
     should_stop: Callable[[], bool] = lambda: False
+    aggregation_weights: Callable[[Sequence[int]], Tensor] | None = None
 
 
 class Executor:
@@ -57,6 +60,12 @@ class Executor:
     def run(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> list[ClientResult]:
         """Results of the tasks that completed, in task order (a failed client has none)."""
         raise NotImplementedError
+
+    def run_summed(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> SummedRound | None:
+        """For an algorithm that declares ``linear_aggregate``: run the tasks and return their uploads
+        already summed, or None where this executor does not sum them (the module then calls ``run``
+        and aggregates the uploads). ``DistributedExecutor`` sums across DDP processes."""
+        return None
 
 
 def to_device(batch: Any, device: torch.device) -> Any:

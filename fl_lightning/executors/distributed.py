@@ -19,10 +19,22 @@ Structures are learned once (an ``all_gather_object`` of the structure, not of
 the tensors) the first round an id appears, then cached. So algorithms whose
 uploads differ between clients (FAdamET: only the tracking subset uploads
 ``y_delta``) need no fallback: each slot carries its own structure id.
+
+An algorithm that declares ``linear_aggregate`` (its aggregate reads the uploads only
+through ``upload_sum``, a sum over clients) takes ``run_summed`` instead: each rank sums
+its own clients' uploads with the aggregation weights of the round's tasks, and one
+``all_reduce`` of a flat float64 buffer carries the headers (each rank's rows, zeros
+elsewhere; they also hold each upload's byte count and whether it is finite) and the
+sums: the uploads', and for ``train/consistency`` the float64 sum of the ``delta``
+uploads and of their squared norms. If a client failed, the survivors' weights differ
+and the ranks sum and all-reduce again. Only the client states (the client store is
+replicated on every rank) still travel as bytes, and none when the algorithm keeps no
+client state (FedAvg): one collective a round, of model size plus 7 numbers per client slot.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import math
@@ -32,9 +44,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from fl_lightning.algorithms.base import RoundInfo
+from fl_lightning.algorithms.base import RoundInfo, declares_capability
 from fl_lightning.executors.base import ClientRuntime, Executor
-from fl_lightning.tasks import ClientResult, ClientTask, Payload
+from fl_lightning.faults import all_finite
+from fl_lightning.metrics import payload_bytes
+from fl_lightning.params import TensorDict
+from fl_lightning.tasks import ClientResult, ClientTask, Payload, SummedRound
 
 _ALIGN = 16  # bytes, a multiple of every element size: slots start aligned for any dtype
 Structure = tuple  # (upload, client_state), each nested tuples of (name, shape, dtype)
@@ -114,14 +129,53 @@ class DistributedExecutor(Executor):
     def __init__(self, inner: Executor) -> None:
         self.inner = inner
         self.structures: dict[int, Structure] = {}  # learned by all ranks together: identical on every rank
+        self.rounds = {"gathered": 0, "summed": 0}  # multi-process exchanges of each kind (warm-up passes gather)
 
     def run(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> list[ClientResult]:
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        if not _distributed():
             return self.inner.run(tasks, info, runtime)
+        assignment, mine, results = self._run_mine(tasks, info, runtime)
+        self.rounds["gathered"] += 1
+        return self._exchange(tasks, assignment, mine, results, runtime.device)[0]
+
+    def run_summed(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> SummedRound | None:
+        """The round's uploads summed across the ranks (None: one process, no weights, or an algorithm
+        whose aggregate is not declared linear, which ``run`` gathers)."""
+        algorithm = runtime.algorithm
+        if not _distributed() or runtime.aggregation_weights is None or not declares_capability(algorithm, "linear_aggregate"):
+            return None
+        assignment, mine, results = self._run_mine(tasks, info, runtime)
+        self.rounds["summed"] += 1
+        device = runtime.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        x, uploads = tasks[0].broadcast["x"], [r.upload for r in results]
+        delta_sum, delta_sq = _delta_moments([u["delta"] for u in uploads], x)
+
+        def partial_sums(reporting: list[int]) -> Tensor:  # this rank's sums, with the weights of `reporting`
+            weight_of = dict(zip(reporting, runtime.aggregation_weights(reporting).tolist()))
+            sums = algorithm.upload_sum(x, uploads, [weight_of[r.client_id] for r in results], info)
+            return _flatten(sums, delta_sum, delta_sq, device)
+
+        # Sums weighted as if every task reports travel with the headers: one all_reduce a round.
+        facts = {r.client_id: [float(payload_bytes(r.upload)), float(all_finite([r.upload]))] for r in results}
+        stripped = [dataclasses.replace(r, upload={}) for r in results]
+        carry = partial_sums([t.client_id for t in tasks])
+        everyone, rows, carry = self._exchange(tasks, assignment, mine, stripped, runtime.device, facts, carry)
+        if not everyone:  # no client of the round reported, on any rank
+            return SummedRound([], {}, [], {}, 0.0, [])
+        if len(everyone) < len(tasks):  # a client failed: the survivors' weights differ, sum again
+            carry = partial_sums([r.client_id for r in everyone])
+            dist.all_reduce(carry)
+        sums, delta_sum, delta_sq = _unflatten(carry, algorithm.upload_sum(x, [], [], info), delta_sum, runtime.device)
+        return SummedRound(
+            everyone, sums, [int(row[3]) for row in rows], delta_sum, delta_sq,
+            [r.client_id for r, row in zip(everyone, rows) if not row[4]],
+        )  # fmt: skip
+
+    def _run_mine(self, tasks, info, runtime) -> tuple[list[list[int]], list[ClientTask], list[ClientResult]]:
+        """This rank's share of the tasks (balanced by local steps), run by the wrapped executor."""
         assignment = assign_clients([task.num_steps for task in tasks], dist.get_world_size())
         mine = [tasks[i] for i in assignment[dist.get_rank()]]
-        results = self.inner.run(mine, info, runtime) if mine else []
-        return self._exchange(tasks, assignment, mine, results, runtime.device)
+        return assignment, mine, self.inner.run(mine, info, runtime) if mine else []
 
     def _exchange(
         self,
@@ -130,18 +184,23 @@ class DistributedExecutor(Executor):
         mine: list[ClientTask],
         results: list[ClientResult],
         local_device: torch.device,
-    ) -> list[ClientResult]:
-        """Every rank's results, in task order, on every rank (a client that failed is absent everywhere)."""
+        facts: dict[int, list[float]] | None = None,
+        carry: Tensor | None = None,
+    ) -> tuple[list[ClientResult], list[list[float]], Tensor | None]:
+        """Every rank's results, in task order, on every rank (a client that failed is absent everywhere),
+        with their header rows: (mean loss, steps, accuracy, *facts) (facts: two per client, zeros if not given),
+        and ``carry`` (float64, 1-D) summed over the ranks in the headers' collective."""
         world, rank = len(assignment), dist.get_rank()
         device = local_device if dist.get_backend() == "nccl" else torch.device("cpu")
         reported = {r.client_id: r for r in results}  # a client that failed has no result
         by_slot = {slot: reported[t.client_id] for slot, t in enumerate(mine) if t.client_id in reported}
         structures = {slot: _structure(result) for slot, result in by_slot.items()}
-        ids, rows = self._gather_headers(by_slot, structures, max(len(a) for a in assignment), device)
+        extra = {slot: (facts or {}).get(r.client_id, [0.0, 0.0]) for slot, r in by_slot.items()}
+        ids, rows, carry = self._gather_headers(by_slot, structures, extra, max(len(a) for a in assignment), device, carry)
         sizes = [sum(_layout(self.structures[i])[1] for i in ids_r if i) for ids_r in ids]
         buffers = _gather_bytes(by_slot, structures, max(sizes), world, device)
 
-        by_position = {}
+        by_position, row_of = {}, {}
         for r in range(world):
             offset = 0
             for slot, (position, structure_id) in enumerate(zip(assignment[r], ids[r])):
@@ -149,36 +208,53 @@ class DistributedExecutor(Executor):
                     continue
                 structure = self.structures[structure_id]
                 size = _layout(structure)[1]
+                row_of[position] = rows[r][slot]
                 if r == rank:  # this rank's own results, as they are
                     by_position[position] = by_slot[slot]
                 else:
                     upload, state = _unpack(buffers[r][offset : offset + size], structure)
                     if device != local_device:
                         upload = {n: {k: v.to(local_device) for k, v in td.items()} for n, td in upload.items()}
-                    loss, steps, accuracy = rows[r][slot]
+                    loss, steps, accuracy = rows[r][slot][:3]
                     by_position[position] = ClientResult(tasks[position].client_id, upload, state, int(steps), loss, accuracy)
                 offset += size
-        return [by_position[p] for p in sorted(by_position)]
+        return [by_position[p] for p in sorted(by_position)], [row_of[p] for p in sorted(by_position)], carry
 
     def _gather_headers(
-        self, by_slot: dict[int, ClientResult], structures: dict[int, Structure], slots: int, device: torch.device
-    ) -> tuple[list[list[int]], list[list[list[float]]]]:
-        """Per rank and slot: the structure id (0: no result) and (mean loss, steps, accuracy). Learns new structures.
+        self, by_slot: dict[int, ClientResult], structures: dict[int, Structure], extra: dict[int, list[float]],
+        slots: int, device: torch.device, carry: Tensor | None = None,
+    ) -> tuple[list[list[int]], list[list[list[float]]], Tensor | None]:
+        """Per rank and slot: the structure id (0: no result) and (mean loss, steps, accuracy, *extra).
+        Learns new structures.
 
-        One float64 [slots, 4] all_gather; the id travels as the bits of an int64.
+        One float64 [slots, 6] all_gather; the id travels as the bits of an int64. With ``carry``
+        (partial sums to add up), one all_reduce of [every rank's header (zeros but its own) | carry]
+        instead: each header value has one non-zero term, so the sum is exact; the id travels as two
+        exact 32-bit halves.
         """
-        ids, meta, local = [0] * slots, [[0.0, 0.0, 0.0] for _ in range(slots)], {}
+        ids, meta, local = [0] * slots, [[0.0] * 5 for _ in range(slots)], {}
         for slot, result in by_slot.items():
             structure = structures[slot]
             ids[slot] = _structure_id(structure)
             local[ids[slot]] = structure
-            meta[slot] = [result.mean_loss, float(result.num_steps), result.accuracy]
-        id_bits = torch.tensor(ids, dtype=torch.int64).view(torch.float64)[:, None]
-        header = torch.cat([id_bits, torch.tensor(meta, dtype=torch.float64)], dim=1).to(device)
-        headers = [torch.empty_like(header) for _ in range(dist.get_world_size())]
-        dist.all_gather(headers, header)
-        headers = [h.cpu() for h in headers]
-        ids = [h[:, 0].contiguous().view(torch.int64).tolist() for h in headers]
+            meta[slot] = [result.mean_loss, float(result.num_steps), result.accuracy, *extra[slot]]
+        world = dist.get_world_size()
+        if carry is None:
+            id_bits = torch.tensor(ids, dtype=torch.int64).view(torch.float64)[:, None]
+            header = torch.cat([id_bits, torch.tensor(meta, dtype=torch.float64)], dim=1).to(device)
+            headers = [torch.empty_like(header) for _ in range(world)]
+            dist.all_gather(headers, header)
+            headers = [h.cpu() for h in headers]
+            ids = [h[:, 0].contiguous().view(torch.int64).tolist() for h in headers]
+        else:
+            halves = [[float(i >> 32), float(i & 0xFFFFFFFF)] for i in ids]
+            block = torch.zeros(world, slots, 7, dtype=torch.float64)
+            block[dist.get_rank()] = torch.tensor([h + m for h, m in zip(halves, meta)], dtype=torch.float64).view(slots, 7)
+            flat = torch.cat([block.reshape(-1).to(device), carry])
+            dist.all_reduce(flat)
+            carry, block = flat[block.numel() :], flat[: block.numel()].cpu().view(world, slots, 7)
+            ids = [[(int(hi) << 32) | int(lo) for hi, lo in b[:, :2].tolist()] for b in block]
+            headers = [b[:, 1:] for b in block]  # like the all_gather's: one id column, then the values
         # Every rank sees the same ids and has the same cache, so all take this branch together.
         new = {i for ids_r in ids for i in ids_r if i and i not in self.structures}
         if new:  # a structure seen for the first time: exchange it once (objects, no tensors)
@@ -186,7 +262,7 @@ class DistributedExecutor(Executor):
             dist.all_gather_object(gathered, {i: s for i, s in local.items() if i in new})
             for part in gathered:
                 self.structures.update(part)
-        return ids, [h[:, 1:].tolist() for h in headers]
+        return ids, [h[:, 1:].tolist() for h in headers], carry
 
 
 def _gather_bytes(
@@ -210,3 +286,41 @@ def _gather_bytes(
     if size:  # 0 when no client of the round completed
         dist.all_gather(buffers, buffer)
     return buffers
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _delta_moments(deltas: list[TensorDict], like: TensorDict) -> tuple[TensorDict, float]:
+    """sum_i delta_i (float64) and sum_i ||delta_i||^2: ``train/consistency`` from sums (``consistency_from_sums``)."""
+    total = {k: torch.zeros(v.shape, dtype=torch.float64, device=v.device) for k, v in like.items()}
+    device = next(iter(like.values())).device
+    squares = torch.zeros((), dtype=torch.float64, device=device)  # on the tensors' device: one sync, at the end
+    for delta in deltas:
+        for k, v in delta.items():
+            v = v.double()
+            total[k] += v
+            squares += torch.dot(v.reshape(-1), v.reshape(-1))
+    return total, float(squares)
+
+
+def _flatten(sums: Payload, delta_sum: TensorDict, delta_sq: float, device: torch.device) -> Tensor:
+    """A rank's partial sums as one flat float64 buffer on ``device`` (to all-reduce)."""
+    tensors = [v for td in sums.values() for v in td.values()] + list(delta_sum.values())
+    scalar = torch.tensor([delta_sq], dtype=torch.float64, device=device)
+    return torch.cat([*(t.to(device, torch.float64).reshape(-1) for t in tensors), scalar])
+
+
+def _unflatten(
+    flat: Tensor, like: Payload, delta_like: TensorDict, local_device: torch.device
+) -> tuple[Payload, TensorDict, float]:
+    """``_flatten``'s inverse, each tensor cast back to the dtype and shape of ``like``'s / ``delta_like``'s."""
+    tensors = [v for td in like.values() for v in td.values()] + list(delta_like.values())
+    out, offset = [], 0
+    for t in tensors:
+        out.append(flat[offset : offset + t.numel()].view(t.shape).to(local_device, t.dtype))
+        offset += t.numel()
+    pieces = iter(out)
+    reduced = {n: {k: next(pieces) for k in td} for n, td in like.items()}
+    return reduced, {k: next(pieces) for k in delta_like}, float(flat[-1])
