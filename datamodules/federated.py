@@ -18,6 +18,8 @@ from fl_lightning.participation import Participation, RoundPlan, UniformSampling
 
 _HOLDOUT_STREAM = 0x401D
 _AUGMENT_STREAM = 0xA06
+GATHER_STEPS = 1024
+"""Local steps whose in-memory batches are gathered in one indexing op (bounds the memory of long rounds)."""
 
 
 def _identity(x: Any) -> Any:
@@ -237,8 +239,10 @@ class FederatedDataModule(L.LightningDataModule):
             return
         if generator is None and steps is not None and isinstance(self.source.train, TensorDataset):
             # All steps' batches in one gather per tensor (the same indices, fewer ops).
+            # Gathered GATHER_STEPS steps at a time: memory does not grow with the number of steps.
             index = self.client_batch_index_matrix(client_id, seed, batch_size, steps)
-            yield from zip(*(t[index].unbind(0) for t in self.source.train.tensors))
+            for chunk in index.split(GATHER_STEPS):
+                yield from zip(*(t[chunk].unbind(0) for t in self.source.train.tensors))
             return
         for indices in self.client_batch_indices(client_id, seed, batch_size, steps, epochs):
             yield self.augment(self._gather(indices), client_id, generator)

@@ -19,7 +19,7 @@ from fl_lightning import csv_resume, fingerprint
 from fl_lightning import params as P
 from fl_lightning.algorithms import Algorithm, FedAvg, RoundInfo
 from fl_lightning.client_data import ClientData
-from fl_lightning.config import LocalTraining
+from fl_lightning.config import MAX_LOCAL_STEPS, LocalTraining
 from fl_lightning.errors import CheckpointError
 from fl_lightning.executors import ClientRuntime, Executor, resolve_executor
 from fl_lightning.faults import ClientError, ClientFaults, DivergenceError, all_finite, first_non_finite, survivor_weights
@@ -166,10 +166,26 @@ class FederatedModule(L.LightningModule):
             raise ValueError(
                 f"trainer.val_check_interval must be > 0 (rounds between evaluations, or a fraction in (0, 1]), got {interval}"
             )
+        self._check_local_work()
         self.store.start()
         if self._resumed_step is not None:
             self._continue_metrics(self._resumed_step)
         self._previous_metrics = {}
+
+    def _check_local_work(self) -> None:
+        """At most ``MAX_LOCAL_STEPS`` local steps per client and round, before any training
+        (``local.steps`` is checked when LocalTraining is built; epochs need the client sizes)."""
+        local, data = self.local, self.datamodule
+        if local.epochs is None:
+            return
+        steps = [data.num_local_steps(c, local.batch_size, None, local.epochs) for c in range(data.num_clients)]
+        largest = max(range(len(steps)), key=steps.__getitem__)
+        if steps[largest] > MAX_LOCAL_STEPS:
+            raise ValueError(
+                f"local.epochs={local.epochs} gives {steps[largest]} local steps per round for client {largest} "
+                f"({int(data.client_sizes[largest])} samples, batch_size={local.batch_size}); "
+                f"must be <= {MAX_LOCAL_STEPS} (lower local.epochs or raise local.batch_size)"
+            )
 
     def prepare_data(self) -> None:
         self._previous_metrics = csv_resume.read(self.loggers)  # before Lightning's CSV writer deletes them

@@ -191,7 +191,7 @@ def test_sigterm_stops_a_long_round_within_one_local_step(tmp_path):
     err = tmp_path / "err.txt"
     with open(err, "w") as stderr:
         proc = subprocess.Popen(
-            [str(exe), "fit", "--config", str(ROOT / "configs" / "quickstart.yaml"), "--model.local.steps", "200000",
+            [str(exe), "fit", "--config", str(ROOT / "configs" / "quickstart.yaml"), "--model.local.steps", "100000",
              "--trainer.max_steps", "2", "--trainer.logger", "false"],
             cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL, stderr=stderr,
         )  # fmt: skip
@@ -205,3 +205,44 @@ def test_sigterm_stops_a_long_round_within_one_local_step(tmp_path):
     assert code == 143 and time.time() - stopped_at < 20
     last = err.read_text().replace("\r", "\n").strip().splitlines()[-1]
     assert last.startswith("fl-lightning: error: round 0: stopped by SIGTERM during client ") and "--ckpt_path last" in last
+
+
+# ---- a bound on local work per client, checked before any training ---------------------------------------------
+def test_huge_local_steps_are_named_with_the_allowed_range_before_training(tmp_path, capsys):
+    """local.steps 1e9: was a multi-GB index matrix, then a memory error or a hang that ignored SIGTERM."""
+    started = time.time()
+    line = _cli_error(capsys, "--model.local.steps", "1000000000", "--trainer.default_root_dir", str(tmp_path))
+    assert line == "fl-lightning: error: local.steps must be in [1, 100000] (local steps per client per round), got 1000000000"
+    assert time.time() - started < 60
+
+
+def test_huge_local_epochs_times_client_size_are_named_before_training(tmp_path, capsys):
+    """local.epochs x ceil(client size / batch_size) over the bound: the largest client is named, before round 0."""
+    line = _cli_error(
+        capsys, "--model.local.steps", "null", "--model.local.epochs", "1000000", "--model.local.batch_size", "1",
+        "--trainer.default_root_dir", str(tmp_path),
+    )  # fmt: skip
+    assert line.startswith("fl-lightning: error: local.epochs=1000000 gives ") and "local steps per round for client " in line
+    assert "must be <= 100000 (lower local.epochs or raise local.batch_size)" in line
+    assert not list(tmp_path.rglob("*.ckpt"))
+
+
+def test_the_local_step_batches_do_not_gather_every_step_at_once():
+    """The in-memory fast path gathered all K steps' samples in one tensor (K x B x sample size)."""
+    data = tiny_datamodule(2, 2)
+    data.setup("fit")
+    gathered = []
+    original = torch.Tensor.__getitem__
+
+    def spy(self, index):
+        out = original(self, index)
+        if isinstance(index, torch.Tensor) and index.dim() == 2:
+            gathered.append(index.shape[0])
+        return out
+
+    torch.Tensor.__getitem__ = spy
+    try:
+        batches = list(data.client_batches(0, seed=1, batch_size=2, steps=5000))
+    finally:
+        torch.Tensor.__getitem__ = original
+    assert len(batches) == 5000 and max(gathered) <= 1024
