@@ -288,6 +288,17 @@ class FLCli(LightningCLI):
 
         model.configure_optimizers = configure_optimizers
 
+    def _run_subcommand(self, subcommand: str) -> None:
+        from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+        try:
+            super()._run_subcommand(subcommand)
+        except SIGTERMException as error:  # Lightning's stop between rounds: a SystemExit with code 0 otherwise
+            stop = getattr(error, "interrupted", None)
+            if stop is None:
+                raise
+            raise stop from None
+
     def after_fit(self) -> None:
         if getattr(self.datamodule, "val_fraction", 0) and not self.trainer.interrupted:
             # A validation split: the final model's test accuracy, whatever the evaluation interval.

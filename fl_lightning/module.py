@@ -211,6 +211,11 @@ class FederatedModule(L.LightningModule):
                 "see the warnings above for the clients' errors"
             )
 
+    def configure_callbacks(self) -> list[L.Callback]:
+        from fl_lightning.stopping import StopCheckpoint
+
+        return [StopCheckpoint()]  # SIGTERM/SIGINT end the run with a checkpoint of the last completed round
+
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return self.algorithm.server_optimizer(self.federated_parameters())
 

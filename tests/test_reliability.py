@@ -204,7 +204,7 @@ def test_sigterm_stops_a_long_round_within_one_local_step(tmp_path):
         code = proc.wait(timeout=60)
     assert code == 143 and time.time() - stopped_at < 20
     last = err.read_text().replace("\r", "\n").strip().splitlines()[-1]
-    assert last.startswith("fl-lightning: error: round 0: stopped by SIGTERM during client ") and "--ckpt_path last" in last
+    assert last.startswith("fl-lightning: error: round 0: stopped by SIGTERM during client ") and "resume with --ckpt_path " in last
 
 
 # ---- a bound on local work per client, checked before any training ---------------------------------------------
@@ -246,3 +246,59 @@ def test_the_local_step_batches_do_not_gather_every_step_at_once():
     finally:
         torch.Tensor.__getitem__ = original
     assert len(batches) == 5000 and max(gathered) <= 1024
+
+
+# ---- SIGTERM / SIGINT: stop within one local step, ending with a checkpoint of the last completed round -------
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_stop_signal_ends_with_a_checkpoint_that_resumes_bitwise(tmp_path, signum, code):
+    from tests.test_kill_resume import _assert_equal, _command, _env, _federated_state, _step_of
+
+    config, rounds, slow = ROOT / "configs" / "quickstart.yaml", 5, ("--model.local.steps", "800")
+    straight = subprocess.run(_command(config, tmp_path / "straight", extra=slow, rounds=rounds), env=_env(),
+                              capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert straight.returncode == 0, straight.stderr[-2000:]
+    run_dir = tmp_path / "stopped"
+    last = run_dir / "last.ckpt"
+    proc = subprocess.Popen(_command(config, run_dir, extra=slow, rounds=rounds), env=_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.time() + 300
+    while _step_of(last) < 2 and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)  # the periodic checkpoint of round 2 exists: round 2 (or 3) is under way
+    time.sleep(1.0)
+    proc.send_signal(signum)
+    stopped_at = time.time()
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == code and time.time() - stopped_at < 30, stderr[-2000:]
+    line = stderr.strip().splitlines()[-1]
+    name = signal.Signals(signum).name
+    assert line.startswith(f"fl-lightning: error: round ") and f"stopped by {name}" in line, line
+    completed = _step_of(last)
+    assert 2 <= completed < rounds and f"wrote the checkpoint of the {completed} completed rounds: {last}; resume with --ckpt_path {last}" in line, line
+    resumed = subprocess.run(_command(config, run_dir, ckpt=last, extra=slow, rounds=rounds), env=_env(),
+                             capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    _assert_equal(_federated_state(last), _federated_state(tmp_path / "straight" / "last.ckpt"))
+
+
+from lightning.pytorch import Callback  # noqa: E402
+
+
+class SigtermAfterRound2(Callback):
+    """SIGTERM between rounds: Lightning raises SIGTERMException, a SystemExit with code 0 without the CLI's care."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == 2:
+            trainer._signal_connector.received_sigterm = True
+
+
+def test_sigterm_between_rounds_ends_with_a_checkpoint_and_exit_143(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        main(["fit", *QUICK[:2], "--trainer.max_steps", "4", "--trainer.logger", "false", "--trainer.enable_progress_bar",
+              "false", "--trainer.default_root_dir", str(tmp_path), "--trainer.callbacks+", "tests.test_reliability.SigtermAfterRound2"])  # fmt: skip
+    assert stopped.value.code == 143
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"fl-lightning: error: round 2: stopped by SIGTERM before the round started; "
+        f"wrote the checkpoint of the 2 completed rounds: {last}; resume with --ckpt_path {last}"
+    )
+    assert torch.load(last, weights_only=True)["global_step"] == 2
