@@ -410,6 +410,9 @@ class FederatedModule(L.LightningModule):
             "comm_totals": dict(self.comm_totals),
             "fingerprint": self.fingerprint(),
         }
+        wandb_ids = [str(logger.version) for logger in self.loggers if type(logger).__name__ == "WandbLogger" and logger.version]
+        if wandb_ids:  # a resume continues this wandb run (fl_lightning/cli_app.py)
+            checkpoint["loggers"] = {"wandb_run_id": wandb_ids[0]}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get(_CKPT_KEY)
