@@ -16,6 +16,7 @@ What it adds to LightningCLI:
 from __future__ import annotations
 
 import os
+import sys
 import zipfile
 from pathlib import Path
 from typing import Any, Optional
@@ -320,15 +321,15 @@ class FLCli(LightningCLI):
                 raise
             raise stop from None
         finally:
-            self._finish_wandb_runs()
+            self._finish_wandb_runs(failed=sys.exc_info()[0] is not None)
 
-    def _finish_wandb_runs(self) -> None:
+    def _finish_wandb_runs(self, failed: bool) -> None:
         """Close this process's wandb run before it exits, so that a resume can reopen it by id at once
         (a run left open by an exiting process is still "in use" for a moment)."""
         for logger in getattr(self.trainer, "loggers", []):
             experiment = getattr(logger, "_experiment", None)
             if type(logger).__name__ == "WandbLogger" and experiment is not None and hasattr(experiment, "finish"):
-                experiment.finish()
+                experiment.finish(exit_code=1 if failed else 0)
 
     def after_fit(self) -> None:
         if getattr(self.datamodule, "val_fraction", 0) and not self.trainer.interrupted:
