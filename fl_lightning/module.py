@@ -155,6 +155,13 @@ class FederatedModule(L.LightningModule):
         return {k: v.to(self.device) for k, v in values.items()}
 
     def setup(self, stage: str) -> None:
+        from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+        from fl_lightning.checkpoint_io import StreamingCheckpointIO
+
+        strategy = self._trainer.strategy if self._trainer is not None else None
+        if strategy is not None and type(strategy.checkpoint_io) is TorchCheckpointIO:  # not a user's own
+            strategy.checkpoint_io = StreamingCheckpointIO()  # streamed, beside the checkpoint (fl_lightning/checkpoint_io.py)
         if self.server_state is None:
             self.server_state = self.algorithm.server_state_init(P.detach_clone(self.global_params()))
 
@@ -167,6 +174,11 @@ class FederatedModule(L.LightningModule):
                 f"trainer.val_check_interval must be > 0 (rounds between evaluations, or a fraction in (0, 1]), got {interval}"
             )
         self._check_local_work()
+        if self.global_rank == 0:  # temporary files of killed checkpoint writes
+            from fl_lightning.checkpoint_io import remove_stale_temporaries
+
+            for path in remove_stale_temporaries(c.dirpath for c in self.trainer.checkpoint_callbacks if getattr(c, "dirpath", None)):
+                log.info("removed %s, left by a checkpoint write that did not finish", path)
         self.store.start()
         if self._resumed_step is not None:
             self._continue_metrics(self._resumed_step)
