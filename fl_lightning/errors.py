@@ -42,6 +42,10 @@ class RunInterrupted(FLError):
         return f"round {self.round_idx}: stopped by {self.signal_name} {self.where}; {saved}"
 
 
+class RankFailed(FLError):
+    """Under DDP, another rank stopped with an error in this round: every rank stops with its message (no hang)."""
+
+
 def interrupted(round_idx: int, client_id: int, step: int, steps: int) -> RunInterrupted:
     """The stop inside a round: the round is not aggregated."""
     return RunInterrupted(round_idx, f"during client {client_id}'s local step {step + 1} of {steps} (the round is not aggregated)")

@@ -52,3 +52,15 @@ def test_assign_clients_balances_local_steps_deterministically():
     assert loads == [12, 12]  # round-robin would give 19 / 5
     assert ranks == assign_clients(steps, 2)
     assert assign_clients([3] * 5, 2) == [[0, 2, 4], [1, 3]]  # equal steps: round-robin
+
+
+def test_a_fatal_error_on_one_rank_stops_every_rank_with_its_message(tmp_path):
+    """A setup error raised on rank 1 only: rank 0 (the process the user started) blocked in the round's
+    exchange until gloo noticed the dead peer, then ended with 'Connection closed by peer' instead of the error."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "ddp_fault.py"), "--fail-rank", "1"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert proc.returncode != 0
+    rank0 = "\n".join(line for line in proc.stderr.splitlines() if line.startswith("[rank0]"))
+    assert "RankFailed: round 1: rank 1 failed: FatalClientError: round 1: client" in rank0, proc.stderr[-3000:]
+    assert "Connection closed by peer" not in proc.stderr

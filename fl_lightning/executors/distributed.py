@@ -13,6 +13,11 @@ The exchange is two tensor collectives per round, never pickled tensors:
 1. a small header per client slot: an id of the result's *structure* (names,
    shapes and dtypes of its upload and client state; 0 for a
    slot without a result), its mean loss, its training accuracy and its number of steps;
+   and one row with the rank's error flag: a rank whose clients raised (a fatal client
+   error, divergence, SIGTERM) still takes part in the exchange, so every rank learns of
+   it in the same collective; the failing rank re-raises its error and every other rank
+   raises ``RankFailed`` with its one-line message (never a hang in the next collective,
+   nor a bare "connection closed by peer");
 2. the raw bytes of every result's tensors, laid out by that structure.
 
 Structures are learned once (an ``all_gather_object`` of the structure, not of
@@ -33,6 +38,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from fl_lightning.algorithms.base import RoundInfo
+from fl_lightning.errors import RankFailed, one_line
 from fl_lightning.executors.base import ClientRuntime, Executor
 from fl_lightning.tasks import ClientResult, ClientTask, Payload
 
@@ -120,8 +126,12 @@ class DistributedExecutor(Executor):
             return self.inner.run(tasks, info, runtime)
         assignment = assign_clients([task.num_steps for task in tasks], dist.get_world_size())
         mine = [tasks[i] for i in assignment[dist.get_rank()]]
-        results = self.inner.run(mine, info, runtime) if mine else []
-        return self._exchange(tasks, assignment, mine, results, runtime.device)
+        error = None
+        try:
+            results = self.inner.run(mine, info, runtime) if mine else []
+        except Exception as raised:  # every rank must still reach the exchange, or the others wait there
+            results, error = [], raised
+        return self._exchange(tasks, assignment, mine, results, runtime.device, error, info.round)
 
     def _exchange(
         self,
@@ -130,14 +140,18 @@ class DistributedExecutor(Executor):
         mine: list[ClientTask],
         results: list[ClientResult],
         local_device: torch.device,
+        error: Exception | None = None,
+        round_idx: int = -1,
     ) -> list[ClientResult]:
-        """Every rank's results, in task order, on every rank (a client that failed is absent everywhere)."""
+        """Every rank's results, in task order, on every rank (a client that failed is absent everywhere).
+
+        ``error``: what this rank's executor raised; any rank's error stops every rank (see the module)."""
         world, rank = len(assignment), dist.get_rank()
         device = local_device if dist.get_backend() == "nccl" else torch.device("cpu")
         reported = {r.client_id: r for r in results}  # a client that failed has no result
         by_slot = {slot: reported[t.client_id] for slot, t in enumerate(mine) if t.client_id in reported}
         structures = {slot: _structure(result) for slot, result in by_slot.items()}
-        ids, rows = self._gather_headers(by_slot, structures, max(len(a) for a in assignment), device)
+        ids, rows = self._gather_headers(by_slot, structures, max(len(a) for a in assignment), device, error, round_idx)
         sizes = [sum(_layout(self.structures[i])[1] for i in ids_r if i) for ids_r in ids]
         buffers = _gather_bytes(by_slot, structures, max(sizes), world, device)
 
@@ -161,11 +175,13 @@ class DistributedExecutor(Executor):
         return [by_position[p] for p in sorted(by_position)]
 
     def _gather_headers(
-        self, by_slot: dict[int, ClientResult], structures: dict[int, Structure], slots: int, device: torch.device
+        self, by_slot: dict[int, ClientResult], structures: dict[int, Structure], slots: int, device: torch.device,
+        error: Exception | None = None, round_idx: int = -1,
     ) -> tuple[list[list[int]], list[list[list[float]]]]:
         """Per rank and slot: the structure id (0: no result) and (mean loss, steps, accuracy). Learns new structures.
 
-        One float64 [slots, 4] all_gather; the id travels as the bits of an int64.
+        One float64 [slots + 1, 4] all_gather; the id travels as the bits of an int64; the last row's first
+        entry is the rank's error flag (any rank's error is raised on every rank).
         """
         ids, meta, local = [0] * slots, [[0.0, 0.0, 0.0] for _ in range(slots)], {}
         for slot, result in by_slot.items():
@@ -174,10 +190,19 @@ class DistributedExecutor(Executor):
             local[ids[slot]] = structure
             meta[slot] = [result.mean_loss, float(result.num_steps), result.accuracy]
         id_bits = torch.tensor(ids, dtype=torch.int64).view(torch.float64)[:, None]
-        header = torch.cat([id_bits, torch.tensor(meta, dtype=torch.float64)], dim=1).to(device)
+        flag = torch.tensor([[float(error is not None), 0.0, 0.0, 0.0]], dtype=torch.float64)
+        header = torch.cat([torch.cat([id_bits, torch.tensor(meta, dtype=torch.float64).view(-1, 3)], dim=1), flag]).to(device)
         headers = [torch.empty_like(header) for _ in range(dist.get_world_size())]
         dist.all_gather(headers, header)
         headers = [h.cpu() for h in headers]
+        failed = [r for r, h in enumerate(headers) if h[-1, 0] != 0]
+        if failed:  # every rank sees the same flags, so all take this branch together
+            messages: list[str | None] = [None] * len(headers)
+            dist.all_gather_object(messages, one_line(error) if error is not None else None)
+            if error is not None:
+                raise error
+            raise RankFailed(f"round {round_idx}: rank {failed[0]} failed: {messages[failed[0]]}")
+        headers = [h[:-1] for h in headers]
         ids = [h[:, 0].contiguous().view(torch.int64).tolist() for h in headers]
         # Every rank sees the same ids and has the same cache, so all take this branch together.
         new = {i for ids_r in ids for i in ids_r if i and i not in self.structures}
