@@ -219,6 +219,31 @@ class FederatedDataModule(L.LightningDataModule):
                   for _ in range(-(-num_steps // per_pass))]  # fmt: skip
         return (passes[0] if len(passes) == 1 else torch.cat(passes)).view(-1, batch_size)[:num_steps]
 
+    @staticmethod
+    def _step_batch_chunks(indices: Tensor, generator: torch.Generator, batch_size: int, num_steps: int) -> Iterator[Tensor]:
+        """``_step_batches`` in pieces of at most ``GATHER_STEPS`` rows, each pass drawn only when needed
+        (the same passes from the same generator: the same rows)."""
+        per_pass = len(indices) // batch_size
+        pending: list[Tensor] = []
+        have, left = 0, num_steps
+        while left > 0:
+            take = min(GATHER_STEPS, left)
+            while have < take:
+                perm = indices[torch.randperm(len(indices), generator=generator)][: per_pass * batch_size]
+                pending.append(perm.view(per_pass, batch_size))
+                have += per_pass
+            block = pending[0] if len(pending) == 1 else torch.cat(pending)
+            yield block[:take]
+            pending = [block[take:]] if have > take else []
+            have, left = have - take, left - take
+
+    def client_batch_index_chunks(self, client_id: int, seed: int, batch_size: int, steps: int) -> Iterator[Tensor]:
+        """``client_batch_index_matrix`` in row blocks of at most ``GATHER_STEPS`` steps (bounded memory)."""
+        indices = self.client_train[client_id]
+        if batch_size > len(indices):
+            raise ValueError(f"client {client_id} holds {len(indices)} samples, fewer than batch_size={batch_size}")
+        return self._step_batch_chunks(indices, torch.Generator().manual_seed(seed), batch_size, steps)
+
     def client_batch_index_matrix(self, client_id: int, seed: int, batch_size: int, steps: int) -> Tensor:
         """``client_batch_indices`` for ``steps`` local steps as one ``[steps, batch_size]`` tensor
         (requires ``batch_size`` <= the client's size)."""
@@ -239,9 +264,8 @@ class FederatedDataModule(L.LightningDataModule):
             return
         if generator is None and steps is not None and isinstance(self.source.train, TensorDataset):
             # All steps' batches in one gather per tensor (the same indices, fewer ops).
-            # Gathered GATHER_STEPS steps at a time: memory does not grow with the number of steps.
-            index = self.client_batch_index_matrix(client_id, seed, batch_size, steps)
-            for chunk in index.split(GATHER_STEPS):
+            # Indices built and gathered GATHER_STEPS steps at a time: memory does not grow with the steps.
+            for chunk in self.client_batch_index_chunks(client_id, seed, batch_size, steps):
                 yield from zip(*(t[chunk].unbind(0) for t in self.source.train.tensors))
             return
         for indices in self.client_batch_indices(client_id, seed, batch_size, steps, epochs):
@@ -256,19 +280,22 @@ class FederatedDataModule(L.LightningDataModule):
             raise Unstackable("the training set is not in-memory tensors (TensorDataset)")
         if batch_size is None or any(int(self.client_sizes[c]) < batch_size for c in client_ids):
             raise Unstackable("a client holds fewer samples than local.batch_size, so batches cannot be stacked")
-        index = torch.stack([self.client_batch_index_matrix(c, s, batch_size, steps) for c, s in zip(client_ids, seeds)])
-        return self._stacked(index, client_ids, seeds)  # [S, K, B] indices
+        chunks = [self.client_batch_index_chunks(c, s, batch_size, steps) for c, s in zip(client_ids, seeds)]
+        return self._stacked(chunks, client_ids, seeds)
 
-    def _stacked(self, index: Tensor, client_ids: Sequence[int], seeds: Sequence[int]) -> Iterator[Any]:
+    def _stacked(self, chunks: list[Iterator[Tensor]], client_ids: Sequence[int], seeds: Sequence[int]) -> Iterator[Any]:
+        """Step by step from ``[S, <= GATHER_STEPS, B]`` index blocks (never the whole ``[S, K, B]``)."""
         tensors = self.source.train.tensors
-        if not self.augments_batches:
-            for step in range(index.shape[1]):  # one gather per tensor for all clients
-                yield tuple(t[index[:, step]] for t in tensors)
-            return
-        generators = [self.augment_generator(s) for s in seeds]  # per-client transforms, then stacked
-        for step in range(index.shape[1]):
-            views = [self.augment(tuple(t[i] for t in tensors), c, g) for i, c, g in zip(index[:, step], client_ids, generators)]
-            yield tuple(torch.stack(parts) for parts in zip(*views))
+        generators = [self.augment_generator(s) for s in seeds] if self.augments_batches else None
+        for block in zip(*chunks):
+            index = torch.stack(block)  # [S, steps of this block, B]
+            for step in range(index.shape[1]):
+                if generators is None:  # one gather per tensor for all clients
+                    yield tuple(t[index[:, step]] for t in tensors)
+                    continue
+                views = [self.augment(tuple(t[i] for t in tensors), c, g)  # per-client transforms, then stacked
+                         for i, c, g in zip(index[:, step], client_ids, generators)]  # fmt: skip
+                yield tuple(torch.stack(parts) for parts in zip(*views))
 
     @property
     def augments_batches(self) -> bool:
