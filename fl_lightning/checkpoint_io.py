@@ -53,9 +53,24 @@ class StreamingCheckpointIO(TorchCheckpointIO):
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
             os.replace(tmp, target)
+            _fsync_folder(target.parent)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make the rename durable (where the platform can open a folder)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some file systems refuse fsync of a folder: the rename itself has happened
+    finally:
+        os.close(fd)
 
 
 def _running(pid: int) -> bool:

@@ -244,7 +244,8 @@ class FLCli(LightningCLI):
         import torch
 
         try:  # memory-mapped: only the small record is read; a damaged file is reported by the real load
-            recorded = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True).get("loggers") or {}
+            trusted = config.get("weights_only") is False  # --weights_only false: the user trusts this file
+            recorded = torch.load(ckpt, map_location="cpu", weights_only=not trusted, mmap=True).get("loggers") or {}
         except Exception:
             return
         run_id = recorded.get("wandb_run_id")

@@ -367,3 +367,17 @@ def test_a_checkpoint_write_peaks_well_below_2x_its_size(tmp_path):
     extra = float(out.stdout.strip().splitlines()[-1])  # peak memory added by the write, in checkpoint sizes
     assert extra < 0.5, extra
     assert torch.load(tmp_path / "c.ckpt", weights_only=True)["global_step"] == 3
+
+
+def test_a_stop_checkpoint_of_a_disk_store_run_resumes_in_its_folder(tmp_path):
+    """The stop checkpoint names a snapshot of the store (kept, not rotated away) and resumes into the same folder."""
+    common = ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path),
+              "--model.algorithm", "fl_lightning.algorithms.SCAFFOLD", "--model.store", "fl_lightning.state.DiskClientStore",
+              "--model.store.directory", str(tmp_path / "store"), "--model.store.keep_snapshots", "1"]  # fmt: skip
+    stopped = _cli_line(tmp_path, "--trainer.max_steps", "4", *common, "--trainer.callbacks+", "tests.test_reliability.SigtermAfterRound2")
+    assert stopped.returncode == 143, stopped.stderr[-2000:]
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert f"wrote the checkpoint of the 2 completed rounds: {last}" in stopped.stderr.strip().splitlines()[-1]
+    resumed = _cli_line(tmp_path, "--trainer.max_steps", "4", *common, "--ckpt_path", str(last))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "(resumed at round 2)" in resumed.stdout, resumed.stdout[-2000:]
