@@ -17,6 +17,7 @@ import threading
 from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from fl_lightning.errors import RunInterrupted, one_line
@@ -56,6 +57,8 @@ class StopCheckpoint(Callback):
 
     # ---- the checkpoint --------------------------------------------------------------------------
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        if trainer.state.fn != TrainerFn.FITTING:
+            return  # validate/test/predict: their state is a loaded checkpoint, never to overwrite a run's last.ckpt
         if isinstance(exception, SIGTERMException):  # between rounds: reported as a RunInterrupted (FLCli)
             stop = RunInterrupted(trainer.global_step, "before the round started")
             exception.interrupted = stop  # type: ignore[attr-defined]

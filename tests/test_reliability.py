@@ -381,3 +381,20 @@ def test_a_stop_checkpoint_of_a_disk_store_run_resumes_in_its_folder(tmp_path):
     resumed = _cli_line(tmp_path, "--trainer.max_steps", "4", *common, "--ckpt_path", str(last))
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "(resumed at round 2)" in resumed.stdout, resumed.stdout[-2000:]
+
+
+class SigtermDuringValidation(Callback):
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        trainer._signal_connector.received_sigterm = True
+
+
+def test_a_stop_during_validate_only_writes_no_checkpoint(tmp_path):
+    """Only a fit writes the stop checkpoint: `validate` must never overwrite a training run's last.ckpt."""
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    callback = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
+    trainer = tiny_trainer(tmp_path, 1, enable_checkpointing=True, callbacks=[callback, SigtermDuringValidation()], limit_val_batches=1.0)
+    module = FederatedModule(MLP(8, 3, hidden=[16]), FedAvg(), LocalTraining(lr=0.1, steps=2, batch_size=8))
+    with pytest.raises(SIGTERMException):
+        trainer.validate(module, datamodule=tiny_datamodule(6, 3, eval_batch_size=10))
+    assert not (tmp_path / "ckpt" / "last.ckpt").exists()
