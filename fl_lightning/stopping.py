@@ -29,12 +29,14 @@ class StopCheckpoint(Callback):
     def __init__(self) -> None:
         self.signal_name: str | None = None  # "SIGINT" once Ctrl+C was pressed
         self._previous: Any = None
+        self._installed = False
 
     # ---- SIGINT: a stop request, like SIGTERM -------------------------------------------------
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
-        self._previous = signal.getsignal(signal.SIGINT)
+        previous = signal.getsignal(signal.SIGINT)
+        self._previous = signal.SIG_DFL if previous is None else previous  # None: a handler not set from Python
 
         def on_sigint(signum: int, frame: Any) -> None:
             if self.signal_name == "SIGINT":  # the second Ctrl+C: stop at once
@@ -46,11 +48,12 @@ class StopCheckpoint(Callback):
                 connector.received_sigterm = True  # the stop request the executors and Lightning's loops check
 
         signal.signal(signal.SIGINT, on_sigint)
+        self._installed = True
 
     def _restore(self) -> None:
-        if self._previous is not None and threading.current_thread() is threading.main_thread():
+        if self._installed and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, self._previous)
-            self._previous = None
+            self._installed = False
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._restore()

@@ -398,3 +398,11 @@ def test_a_stop_during_validate_only_writes_no_checkpoint(tmp_path):
     with pytest.raises(SIGTERMException):
         trainer.validate(module, datamodule=tiny_datamodule(6, 3, eval_batch_size=10))
     assert not (tmp_path / "ckpt" / "last.ckpt").exists()
+
+
+def test_the_sigint_handler_is_restored_after_fit(tmp_path):
+    before = signal.getsignal(signal.SIGINT)
+    trainer = tiny_trainer(tmp_path, 1)
+    trainer.fit(FederatedModule(MLP(8, 3, hidden=[16]), FedAvg(), LocalTraining(lr=0.1, steps=2, batch_size=8)),
+                datamodule=tiny_datamodule(6, 3))  # fmt: skip
+    assert signal.getsignal(signal.SIGINT) is before
