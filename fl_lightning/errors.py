@@ -27,6 +27,7 @@ class RunInterrupted(FLError):
     def __init__(self, round_idx: int, where: str, signal_name: str = "SIGTERM") -> None:
         self.round_idx, self.where, self.signal_name = round_idx, where, signal_name
         self.checkpoint: tuple[str, int] | None = None  # (path, completed rounds) once written
+        self.unsaved = "no checkpoint was written (no ModelCheckpoint callback)"  # why, while checkpoint is None
         super().__init__(round_idx, where, signal_name)  # picklable
 
     @property
@@ -35,7 +36,7 @@ class RunInterrupted(FLError):
 
     def __str__(self) -> str:
         if self.checkpoint is None:
-            saved = "no checkpoint was written (no ModelCheckpoint callback); resume from the last checkpoint, if any"
+            saved = f"{self.unsaved}; resume from the last checkpoint, if any"
         else:
             path, rounds = self.checkpoint
             saved = f"wrote the checkpoint of the {rounds} completed rounds: {path}; resume with --ckpt_path {path}"

@@ -71,8 +71,9 @@ class StopCheckpoint(Callback):
             return
         stop.signal_name = self.signal_name or "SIGTERM"
         self._restore()
-        if trainer.world_size > 1:
-            return  # a checkpoint is a collective write: the ranks need not stop at the same place
+        if trainer.world_size > 1:  # a checkpoint is a collective write: the ranks need not stop at the same place
+            stop.unsaved = "no stop checkpoint under DDP (the ranks stop at different steps)"
+            return
         written = None
         for callback in trainer.checkpoint_callbacks:
             dirpath = getattr(callback, "dirpath", None)
@@ -82,7 +83,7 @@ class StopCheckpoint(Callback):
             try:
                 trainer.save_checkpoint(path)
             except Exception as error:  # reported in the stop's line; the run is ending anyway
-                stop.where += f" (writing {path} failed: {one_line(error)})"
+                stop.unsaved = f"writing the stop checkpoint {path} failed ({one_line(error)})"
                 continue
             callback.last_model_path = path
             written = written or path

@@ -406,3 +406,16 @@ def test_the_sigint_handler_is_restored_after_fit(tmp_path):
     trainer.fit(FederatedModule(MLP(8, 3, hidden=[16]), FedAvg(), LocalTraining(lr=0.1, steps=2, batch_size=8)),
                 datamodule=tiny_datamodule(6, 3))  # fmt: skip
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_a_stop_without_a_checkpoint_callback_says_why_none_was_written(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        main(["fit", *QUICK[:2], "--trainer.max_steps", "4", "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
+              "--trainer.enable_checkpointing", "false", "--trainer.callbacks", "tests.test_reliability.SigtermAfterRound2",
+              "--trainer.default_root_dir", str(tmp_path)])  # fmt: skip
+    assert stopped.value.code == 143
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "fl-lightning: error: round 2: stopped by SIGTERM before the round started; no checkpoint was written "
+        "(no ModelCheckpoint callback); resume from the last checkpoint, if any"
+    )
+    assert not list(tmp_path.rglob("*.ckpt"))
