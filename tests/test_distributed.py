@@ -64,3 +64,14 @@ def test_a_fatal_error_on_one_rank_stops_every_rank_with_its_message(tmp_path):
     rank0 = "\n".join(line for line in proc.stderr.splitlines() if line.startswith("[rank0]"))
     assert "RankFailed: round 1: rank 1 failed: FatalClientError: round 1: client" in rank0, proc.stderr[-3000:]
     assert "Connection closed by peer" not in proc.stderr
+
+
+def test_a_stop_signal_seen_by_one_rank_stops_every_rank_as_a_stop(tmp_path):
+    """A rank that stopped on SIGTERM during its clients' steps: the others stop as interrupted too (exit 143
+    from the CLI), not as failed, and not waiting in the next round's exchange."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "ddp_fault.py"), "--fail-rank", "1", "--interrupt"], env=env,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert proc.returncode != 0
+    rank0 = "\n".join(line for line in proc.stderr.splitlines() if line.startswith("[rank0]"))
+    assert "RunInterrupted: round 1: stopped by SIGTERM on rank 1 (the round is not aggregated); no stop checkpoint under DDP" in rank0, proc.stderr[-3000:]

@@ -38,7 +38,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from fl_lightning.algorithms.base import RoundInfo
-from fl_lightning.errors import RankFailed, one_line
+from fl_lightning.errors import RankFailed, RunInterrupted, one_line
 from fl_lightning.executors.base import ClientRuntime, Executor
 from fl_lightning.tasks import ClientResult, ClientTask, Payload
 
@@ -197,11 +197,17 @@ class DistributedExecutor(Executor):
         headers = [h.cpu() for h in headers]
         failed = [r for r, h in enumerate(headers) if h[-1, 0] != 0]
         if failed:  # every rank sees the same flags, so all take this branch together
-            messages: list[str | None] = [None] * len(headers)
-            dist.all_gather_object(messages, one_line(error) if error is not None else None)
+            messages: list[tuple[str, str | None] | None] = [None] * len(headers)
+            signal_name = error.signal_name if isinstance(error, RunInterrupted) else None
+            dist.all_gather_object(messages, (one_line(error), signal_name) if error is not None else None)
             if error is not None:
                 raise error
-            raise RankFailed(f"round {round_idx}: rank {failed[0]} failed: {messages[failed[0]]}")
+            message, signal_name = messages[failed[0]]
+            if signal_name is not None:  # a stop signal another rank saw first: this rank stops the same way
+                stop = RunInterrupted(round_idx, f"on rank {failed[0]} (the round is not aggregated)", signal_name)
+                stop.unsaved = "no stop checkpoint under DDP (the ranks stop at different steps)"
+                raise stop
+            raise RankFailed(f"round {round_idx}: rank {failed[0]} failed: {message}")
         headers = [h[:-1] for h in headers]
         ids = [h[:, 0].contiguous().view(torch.int64).tolist() for h in headers]
         # Every rank sees the same ids and has the same cache, so all take this branch together.
