@@ -18,6 +18,8 @@ from fl_lightning.participation import Participation, RoundPlan, UniformSampling
 
 _HOLDOUT_STREAM = 0x401D
 _AUGMENT_STREAM = 0xA06
+GATHER_STEPS = 1024
+"""Local steps whose in-memory batches are gathered in one indexing op (bounds the memory of long rounds)."""
 
 
 def _identity(x: Any) -> Any:
@@ -252,6 +254,31 @@ class FederatedDataModule(L.LightningDataModule):
                   for _ in range(-(-num_steps // per_pass))]  # fmt: skip
         return (passes[0] if len(passes) == 1 else torch.cat(passes)).view(-1, batch_size)[:num_steps]
 
+    @staticmethod
+    def _step_batch_chunks(indices: Tensor, generator: torch.Generator, batch_size: int, num_steps: int) -> Iterator[Tensor]:
+        """``_step_batches`` in pieces of at most ``GATHER_STEPS`` rows, each pass drawn only when needed
+        (the same passes from the same generator: the same rows)."""
+        per_pass = len(indices) // batch_size
+        pending: list[Tensor] = []
+        have, left = 0, num_steps
+        while left > 0:
+            take = min(GATHER_STEPS, left)
+            while have < take:
+                perm = indices[torch.randperm(len(indices), generator=generator)][: per_pass * batch_size]
+                pending.append(perm.view(per_pass, batch_size))
+                have += per_pass
+            block = pending[0] if len(pending) == 1 else torch.cat(pending)
+            yield block[:take]
+            pending = [block[take:]] if have > take else []
+            have, left = have - take, left - take
+
+    def client_batch_index_chunks(self, client_id: int, seed: int, batch_size: int, steps: int) -> Iterator[Tensor]:
+        """``client_batch_index_matrix`` in row blocks of at most ``GATHER_STEPS`` steps (bounded memory)."""
+        indices = self.client_train[client_id]
+        if batch_size > len(indices):
+            raise ValueError(f"client {client_id} holds {len(indices)} samples, fewer than batch_size={batch_size}")
+        return self._step_batch_chunks(indices, torch.Generator().manual_seed(seed), batch_size, steps)
+
     def client_batch_index_matrix(self, client_id: int, seed: int, batch_size: int, steps: int) -> Tensor:
         """``client_batch_indices`` for ``steps`` local steps as one ``[steps, batch_size]`` tensor
         (requires ``batch_size`` <= the client's size)."""
@@ -271,12 +298,13 @@ class FederatedDataModule(L.LightningDataModule):
                 yield self.augment(full, client_id, generator)
             return
         if generator is None and steps is not None and self._vectorised:
-            index = self.client_batch_index_matrix(client_id, seed, batch_size, steps)
+            # Indices built and gathered GATHER_STEPS steps at a time: memory does not grow with the steps.
             train = self._train
-            if isinstance(train, TensorDataset):  # all steps' batches in one gather per tensor (the same indices, fewer ops)
-                yield from zip(*(t[index.to(t.device, non_blocking=True)].unbind(0) for t in train.tensors))
-                return
-            yield from self._gather_steps(index, 0)  # padded per step, as a collated batch would be
+            for chunk in self.client_batch_index_chunks(client_id, seed, batch_size, steps):
+                if isinstance(train, TensorDataset):  # a block's batches in one gather per tensor (the same indices, fewer ops)
+                    yield from zip(*(t[chunk.to(t.device, non_blocking=True)].unbind(0) for t in train.tensors))
+                else:
+                    yield from self._gather_steps(chunk, 0)  # padded per step, as a collated batch would be
             return
         for indices in self.client_batch_indices(client_id, seed, batch_size, steps, epochs):
             yield self.augment(self._gather(indices), client_id, generator)
@@ -292,18 +320,22 @@ class FederatedDataModule(L.LightningDataModule):
             raise Unstackable("a client holds fewer samples than local.batch_size, so batches cannot be stacked")
         if self.augments_batches and not isinstance(self.source.train, TensorDataset):
             raise Unstackable("augmented batches are stacked from in-memory tensors (TensorDataset) only")
-        index = torch.stack([self.client_batch_index_matrix(c, s, batch_size, steps) for c, s in zip(client_ids, seeds)])
-        return self._stacked(index, client_ids, seeds)  # [S, K, B] indices
+        chunks = [self.client_batch_index_chunks(c, s, batch_size, steps) for c, s in zip(client_ids, seeds)]
+        return self._stacked(chunks, client_ids, seeds)
 
-    def _stacked(self, index: Tensor, client_ids: Sequence[int], seeds: Sequence[int]) -> Iterator[Any]:
-        if not self.augments_batches:
-            yield from self._gather_steps(index, 1)  # one gather for all clients (text: padded to the step's longest sample)
-            return
-        tensors = self.source.train.tensors
-        generators = [self.augment_generator(s) for s in seeds]  # per-client transforms, then stacked
-        for step in range(index.shape[1]):
-            views = [self.augment(tuple(t[i] for t in tensors), c, g) for i, c, g in zip(index[:, step], client_ids, generators)]
-            yield tuple(torch.stack(parts) for parts in zip(*views))
+    def _stacked(self, chunks: list[Iterator[Tensor]], client_ids: Sequence[int], seeds: Sequence[int]) -> Iterator[Any]:
+        """Step by step from ``[S, <= GATHER_STEPS, B]`` index blocks (never the whole ``[S, K, B]``)."""
+        generators = [self.augment_generator(s) for s in seeds] if self.augments_batches else None
+        for block in zip(*chunks):
+            index = torch.stack(block)  # [S, steps of this block, B]
+            if generators is None:  # one gather for all clients (text: padded to the step's longest sample)
+                yield from self._gather_steps(index, 1)
+                continue
+            tensors = self.source.train.tensors
+            for step in range(index.shape[1]):
+                views = [self.augment(tuple(t[i] for t in tensors), c, g)  # per-client transforms, then stacked
+                         for i, c, g in zip(index[:, step], client_ids, generators)]  # fmt: skip
+                yield tuple(torch.stack(parts) for parts in zip(*views))
 
     @property
     def augments_batches(self) -> bool:

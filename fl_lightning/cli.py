@@ -128,7 +128,7 @@ def main(args: list[str] | None = None) -> None:
         if debug:
             raise
         print(f"fl-lightning: error: {_essential(str(error))}", file=sys.stderr)
-        raise SystemExit(143 if isinstance(error, RunInterrupted) else 2) from None  # 128 + SIGTERM
+        raise SystemExit(error.exit_code if isinstance(error, RunInterrupted) else 2) from None  # 128 + the signal
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ What it adds to LightningCLI:
 from __future__ import annotations
 
 import os
+import sys
 import zipfile
 from pathlib import Path
 from typing import Any, Optional
@@ -215,6 +216,7 @@ class FLCli(LightningCLI):
         self._name_wandb_runs(config)
         if self.subcommand == "fit":
             self._resume_in_place(config)
+            self._resume_wandb_run(config)
         self.trainer_defaults["callbacks"] = self._extra_callbacks(config)
 
     @staticmethod
@@ -230,6 +232,27 @@ class FLCli(LightningCLI):
         for init_args, root in _versioned_logs(config):
             if init_args.get("version") is None and root.resolve() == run_dir.parent:
                 init_args["version"] = int(run_dir.name[len("version_"):])
+
+    @staticmethod
+    def _resume_wandb_run(config: Any) -> None:
+        """Resuming from a checkpoint that recorded a wandb run continues that run (same id; Lightning's
+        WandbLogger passes ``resume="allow"``) unless the config names an id or version of its own."""
+        ckpt = config.get("ckpt_path")
+        loggers = [e for e in _loggers(config.get("trainer")) if _class_name(e) == "WandbLogger" and e.get("init_args") is not None]
+        if not loggers or not isinstance(ckpt, (str, Path)) or not Path(ckpt).is_file():
+            return
+        import torch
+
+        try:  # memory-mapped: only the small record is read; a damaged file is reported by the real load
+            trusted = config.get("weights_only") is False  # --weights_only false: the user trusts this file
+            recorded = torch.load(ckpt, map_location="cpu", weights_only=not trusted, mmap=True).get("loggers") or {}
+        except Exception:
+            return
+        run_id = recorded.get("wandb_run_id")
+        for entry in loggers:
+            init_args = entry.get("init_args")
+            if run_id and init_args.get("id") is None and init_args.get("version") is None:
+                init_args["id"] = str(run_id)
 
     def _experiment(self, config: Any) -> str:
         from fl_lightning.config_files import bases_named
@@ -287,6 +310,27 @@ class FLCli(LightningCLI):
             return [optimizer], [instantiate_class(optimizer, scheduler_init)]
 
         model.configure_optimizers = configure_optimizers
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+        try:
+            super()._run_subcommand(subcommand)
+        except SIGTERMException as error:  # Lightning's stop between rounds: a SystemExit with code 0 otherwise
+            stop = getattr(error, "interrupted", None)
+            if stop is None:
+                raise
+            raise stop from None
+        finally:
+            self._finish_wandb_runs(failed=sys.exc_info()[0] is not None)
+
+    def _finish_wandb_runs(self, failed: bool) -> None:
+        """Close this process's wandb run before it exits, so that a resume can reopen it by id at once
+        (a run left open by an exiting process is still "in use" for a moment)."""
+        for logger in getattr(self.trainer, "loggers", []):
+            experiment = getattr(logger, "_experiment", None)
+            if type(logger).__name__ == "WandbLogger" and experiment is not None and hasattr(experiment, "finish"):
+                experiment.finish(exit_code=1 if failed else 0)
 
     def after_fit(self) -> None:
         if getattr(self.datamodule, "val_fraction", 0) and not self.trainer.interrupted:

@@ -6,6 +6,11 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+MAX_LOCAL_STEPS = 100_000
+"""The most local steps one client may take in one round (``local.steps``, or ``local.epochs`` x
+ceil(client size / batch_size)): checked before any training, so that a typo such as
+``local.steps 1e9`` ends in one line instead of a multi-GB batch index and a hang."""
+
 
 @dataclass
 class LocalTraining:
@@ -55,6 +60,10 @@ class LocalTraining:
             raise ValueError(f"set exactly one of local.steps and local.epochs, got steps={self.steps}, epochs={self.epochs}")
         if self.steps is not None and self.steps < 1:
             raise ValueError(f"local.steps must be >= 1, got {self.steps}")
+        if self.steps is not None and self.steps > MAX_LOCAL_STEPS:
+            raise ValueError(
+                f"local.steps must be in [1, {MAX_LOCAL_STEPS}] (local steps per client per round), got {self.steps}"
+            )
         if self.epochs is not None and self.epochs < 1:
             raise ValueError(f"local.epochs must be >= 1, got {self.epochs}")
         if self.batch_size is not None and self.batch_size < 1:

@@ -21,14 +21,35 @@ class StoreError(FLError):
 
 
 class RunInterrupted(FLError):
-    """SIGTERM arrived during a round: the run stops within one local step (the round is not aggregated)."""
+    """SIGTERM or SIGINT arrived: the run stops within one local step (an unfinished round is not
+    aggregated) and ends with a checkpoint of the last completed round (``StopCheckpoint``)."""
+
+    def __init__(self, round_idx: int, where: str, signal_name: str = "SIGTERM") -> None:
+        self.round_idx, self.where, self.signal_name = round_idx, where, signal_name
+        self.checkpoint: tuple[str, int] | None = None  # (path, completed rounds) once written
+        self.unsaved = "no checkpoint was written (no ModelCheckpoint callback)"  # why, while checkpoint is None
+        super().__init__(round_idx, where, signal_name)  # picklable
+
+    @property
+    def exit_code(self) -> int:
+        return 130 if self.signal_name == "SIGINT" else 143  # 128 + the signal's number
+
+    def __str__(self) -> str:
+        if self.checkpoint is None:
+            saved = f"{self.unsaved}; resume from the last checkpoint, if any"
+        else:
+            path, rounds = self.checkpoint
+            saved = f"wrote the checkpoint of the {rounds} completed rounds: {path}; resume with --ckpt_path {path}"
+        return f"round {self.round_idx}: stopped by {self.signal_name} {self.where}; {saved}"
+
+
+class RankFailed(FLError):
+    """Under DDP, another rank stopped with an error in this round: every rank stops with its message (no hang)."""
 
 
 def interrupted(round_idx: int, client_id: int, step: int, steps: int) -> RunInterrupted:
-    return RunInterrupted(
-        f"round {round_idx}: stopped by SIGTERM during client {client_id}'s local step {step + 1} of {steps}; "
-        "the round is not aggregated; resume from the last checkpoint (--ckpt_path last)"
-    )
+    """The stop inside a round: the round is not aggregated."""
+    return RunInterrupted(round_idx, f"during client {client_id}'s local step {step + 1} of {steps} (the round is not aggregated)")
 
 
 KNOWN_ERRORS: tuple[type[BaseException], ...] = (ValueError, FLError)

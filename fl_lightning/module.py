@@ -20,7 +20,7 @@ from fl_lightning import params as P
 from fl_lightning.algorithms import Algorithm, FedAvg, RoundInfo
 from fl_lightning.algorithms.base import declares_capability
 from fl_lightning.client_data import ClientData
-from fl_lightning.config import LocalTraining
+from fl_lightning.config import MAX_LOCAL_STEPS, LocalTraining
 from fl_lightning.errors import CheckpointError
 from fl_lightning.executors import ClientRuntime, Executor, resolve_executor
 from fl_lightning.faults import ClientError, ClientFaults, DivergenceError, all_finite, first_non_finite, survivor_weights
@@ -158,6 +158,13 @@ class FederatedModule(L.LightningModule):
         return {k: v.to(self.device) for k, v in values.items()}
 
     def setup(self, stage: str) -> None:
+        from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+        from fl_lightning.checkpoint_io import StreamingCheckpointIO
+
+        strategy = self._trainer.strategy if self._trainer is not None else None
+        if strategy is not None and type(strategy.checkpoint_io) is TorchCheckpointIO:  # not a user's own
+            strategy.checkpoint_io = StreamingCheckpointIO()  # streamed, beside the checkpoint (fl_lightning/checkpoint_io.py)
         if self.server_state is None:
             self.server_state = self.algorithm.server_state_init(P.detach_clone(self.global_params()))
 
@@ -169,6 +176,12 @@ class FederatedModule(L.LightningModule):
             raise ValueError(
                 f"trainer.val_check_interval must be > 0 (rounds between evaluations, or a fraction in (0, 1]), got {interval}"
             )
+        self._check_local_work()
+        if self.global_rank == 0:  # temporary files of killed checkpoint writes
+            from fl_lightning.checkpoint_io import remove_stale_temporaries
+
+            for path in remove_stale_temporaries(c.dirpath for c in self.trainer.checkpoint_callbacks if getattr(c, "dirpath", None)):
+                log.info("removed %s, left by a checkpoint write that did not finish", path)
         self.store.start()
         place = getattr(self.datamodule, "place", None)
         if callable(place):  # client data resident on the training device, copied there once
@@ -176,6 +189,21 @@ class FederatedModule(L.LightningModule):
         if self._resumed_step is not None:
             self._continue_metrics(self._resumed_step)
         self._previous_metrics = {}
+
+    def _check_local_work(self) -> None:
+        """At most ``MAX_LOCAL_STEPS`` local steps per client and round, before any training
+        (``local.steps`` is checked when LocalTraining is built; epochs need the client sizes)."""
+        local, data = self.local, self.datamodule
+        if local.epochs is None:
+            return
+        steps = [data.num_local_steps(c, local.batch_size, None, local.epochs) for c in range(data.num_clients)]
+        largest = max(range(len(steps)), key=steps.__getitem__)
+        if steps[largest] > MAX_LOCAL_STEPS:
+            raise ValueError(
+                f"local.epochs={local.epochs} gives {steps[largest]} local steps per round for client {largest} "
+                f"({int(data.client_sizes[largest])} samples, batch_size={local.batch_size}); "
+                f"must be <= {MAX_LOCAL_STEPS} (lower local.epochs or raise local.batch_size)"
+            )
 
     def prepare_data(self) -> None:
         self._previous_metrics = csv_resume.read(self.loggers)  # before Lightning's CSV writer deletes them
@@ -200,6 +228,11 @@ class FederatedModule(L.LightningModule):
                 f"no client completed its local training in {self._rounds_run} rounds: the model is untrained; "
                 "see the warnings above for the clients' errors"
             )
+
+    def configure_callbacks(self) -> list[L.Callback]:
+        from fl_lightning.stopping import StopCheckpoint
+
+        return [StopCheckpoint()]  # SIGTERM/SIGINT end the run with a checkpoint of the last completed round
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return self.algorithm.server_optimizer(self.federated_parameters())
@@ -422,6 +455,9 @@ class FederatedModule(L.LightningModule):
             "comm_totals": dict(self.comm_totals),
             "fingerprint": self.fingerprint(),
         }
+        wandb_ids = [str(logger.version) for logger in self.loggers if type(logger).__name__ == "WandbLogger" and logger.version]
+        if wandb_ids:  # a resume continues this wandb run (fl_lightning/cli_app.py)
+            checkpoint["loggers"] = {"wandb_run_id": wandb_ids[0]}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get(_CKPT_KEY)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -23,6 +24,8 @@ from torch import Tensor
 
 from fl_lightning.errors import CheckpointError, StoreError
 from fl_lightning.params import TensorDict
+
+log = logging.getLogger(__name__)
 
 NestedState = dict[str, TensorDict]
 """State of one party: ``{state_name: {param_name: tensor}}`` (e.g. SCAFFOLD's ``{"c": {...}}``)."""
@@ -153,6 +156,7 @@ class DiskClientStore(ClientStore):
         self._lock = self._acquire()
         self.live = self.directory / "live"
         self.snapshots = self.directory / "snapshots"
+        self._remove_temporaries()
         self._stale = self._previous_owner() if self.live.exists() and any(self.live.iterdir()) else None
         self.live.mkdir(parents=True, exist_ok=True)
         self._ids: set[int] = set()
@@ -179,6 +183,17 @@ class DiskClientStore(ClientStore):
         tmp.write_text(json.dumps(marker))
         os.replace(tmp, self.directory / "OWNER.json")
         return handle
+
+    def _remove_temporaries(self) -> None:
+        """Delete what a killed run left half-written (safe: this run holds the folder's lock): client files
+        (``live/*.tmp``), snapshots (``snapshots/.tmp-*``) and owner markers (``.OWNER.*.tmp``)."""
+        leftovers = [*self.live.glob("*.tmp"), *self.snapshots.glob(".tmp-*"), *self.directory.glob(".OWNER.*.tmp")]
+        for path in leftovers:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
+            log.info("DiskClientStore %s: removed %s, left by a write that did not finish", self.directory, path.name)
 
     def _read_owner(self) -> dict[str, Any]:
         try:

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from datamodules import Dirichlet
 from fl_lightning import LocalTraining, UniformSampling
+from fl_lightning.config import MAX_LOCAL_STEPS
 from fl_lightning.faults import ClientFaults
 
 numbers = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-5, 5).map(float))
@@ -25,7 +26,7 @@ def _expect(build, problems: list[str]):
 
 
 @settings(max_examples=300, deadline=None)
-@given(lr=numbers, lr_decay=numbers, steps=counts, epochs=counts, batch_size=counts, weight_decay=numbers)
+@given(lr=numbers, lr_decay=numbers, steps=st.one_of(counts, st.integers(MAX_LOCAL_STEPS - 2, MAX_LOCAL_STEPS + 2)), epochs=counts, batch_size=counts, weight_decay=numbers)
 def test_local_training_validation(lr, lr_decay, steps, epochs, batch_size, weight_decay):
     problems = []
     if not 0 < lr < math.inf:
@@ -34,7 +35,7 @@ def test_local_training_validation(lr, lr_decay, steps, epochs, batch_size, weig
         problems.append("local.lr_decay")
     if (steps is None) == (epochs is None):
         problems.append("local.steps and local.epochs")
-    if steps is not None and steps < 1:
+    if steps is not None and not 1 <= steps <= MAX_LOCAL_STEPS:
         problems.append("local.steps")
     if epochs is not None and epochs < 1:
         problems.append("local.epochs")

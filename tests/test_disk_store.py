@@ -185,3 +185,22 @@ def test_a_snapshot_is_deleted_only_after_no_written_checkpoint_references_it(tm
     torch.save({"federated": {"client_store": second}}, tmp_path / "ckpt" / "last.ckpt")
     store.release_snapshots([str(tmp_path / "ckpt")])
     assert not first.is_dir() and (tmp_path / "store" / second["disk_snapshot"]).is_dir()
+
+
+def test_temporary_files_of_a_killed_store_are_removed_when_the_folder_is_next_opened(tmp_path):
+    """A run killed while writing a client file or a snapshot left its temporaries (each a full client state,
+    or links to all of them) in the store for ever; a folder holding only those counted as in use."""
+    folder = tmp_path / "store"
+    (folder / "live").mkdir(parents=True)
+    (folder / "live" / "3.tmp").write_bytes(b"partial client state")
+    (folder / "snapshots" / ".tmp-20260101-000000-deadbeef-step_000000004").mkdir(parents=True)
+    (folder / "snapshots" / ".tmp-20260101-000000-deadbeef-step_000000004" / "3.safetensors").write_bytes(b"x")
+    (folder / ".OWNER.20260101-000000-deadbeef.tmp").write_text("{}")
+    store = DiskClientStore(str(folder))
+    try:
+        assert not (folder / "live" / "3.tmp").exists()
+        assert not list((folder / "snapshots").iterdir())
+        assert not list(folder.glob(".OWNER.*.tmp"))
+        store.start()  # only temporaries were there: an empty store, not another run's live states
+    finally:
+        store.close()

@@ -156,3 +156,26 @@ def test_round_metrics_from_sums_equal_round_metrics_from_uploads():
     for name, value in from_uploads.items():
         assert from_sums[name] == (pytest.approx(value, rel=1e-6) if name == "train/consistency" else value), name
     assert consistency_from_sums({}, 0.0, 0) == 0.0
+
+
+def test_a_fatal_error_on_one_rank_stops_every_rank_with_its_message(tmp_path):
+    """A setup error raised on rank 1 only: rank 0 (the process the user started) blocked in the round's
+    exchange until gloo noticed the dead peer, then ended with 'Connection closed by peer' instead of the error."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "ddp_fault.py"), "--fail-rank", "1"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert proc.returncode != 0
+    rank0 = "\n".join(line for line in proc.stderr.splitlines() if line.startswith("[rank0]"))
+    assert "RankFailed: round 1: rank 1 failed: FatalClientError: round 1: client" in rank0, proc.stderr[-3000:]
+    assert "Connection closed by peer" not in proc.stderr
+
+
+def test_a_stop_signal_seen_by_one_rank_stops_every_rank_as_a_stop(tmp_path):
+    """A rank that stopped on SIGTERM during its clients' steps: the others stop as interrupted too (exit 143
+    from the CLI), not as failed, and not waiting in the next round's exchange."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "ddp_fault.py"), "--fail-rank", "1", "--interrupt"], env=env,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert proc.returncode != 0
+    rank0 = "\n".join(line for line in proc.stderr.splitlines() if line.startswith("[rank0]"))
+    assert "RunInterrupted: round 1: stopped by SIGTERM on rank 1 (the round is not aggregated); no stop checkpoint under DDP" in rank0, proc.stderr[-3000:]

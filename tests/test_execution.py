@@ -179,3 +179,27 @@ def test_index_matrix_matches_the_sequential_batches():
             assert torch.equal(torch.stack(rows), matrix)
     with pytest.raises(ValueError, match="fewer than batch_size=1000"):
         data.client_batch_index_matrix(0, 0, 1000, 2)
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 7, 1024])
+def test_index_chunks_are_the_index_matrix_in_bounded_pieces(monkeypatch, chunk):
+    """Long rounds build their batch indices GATHER_STEPS steps at a time (memory independent of the steps),
+    with exactly the rows of the whole matrix, in sequential and stacked execution."""
+    import datamodules.federated as federated
+
+    data = tiny_datamodule(num_clients=5)
+    data.setup()
+    monkeypatch.setattr(federated, "GATHER_STEPS", chunk)
+    for client in range(5):
+        for batch_size, steps in [(2, 9), (4, 3), (3, 20), (8, 7)]:
+            matrix = data.client_batch_index_matrix(client, 7 + client, batch_size, steps)
+            chunks = list(data.client_batch_index_chunks(client, 7 + client, batch_size, steps))
+            assert all(len(c) <= chunk for c in chunks) and torch.equal(torch.cat(chunks), matrix)
+            sequential = list(data.client_batches(client, 7 + client, batch_size, steps))
+            assert all(torch.equal(a, b) for x, y in zip(sequential, zip(*(t[matrix].unbind(0) for t in data.source.train.tensors))) for a, b in zip(x, y))
+    clients, seeds, batch_size, steps = [0, 2, 3], [5, 6, 7], 3, 11
+    stacked = list(data.stacked_client_batches(clients, seeds, batch_size, steps))
+    index = torch.stack([data.client_batch_index_matrix(c, s, batch_size, steps) for c, s in zip(clients, seeds)])
+    assert len(stacked) == steps
+    for k, batch in enumerate(stacked):
+        assert all(torch.equal(part, t[index[:, k]]) for part, t in zip(batch, data.source.train.tensors))

@@ -13,6 +13,11 @@ The exchange is two tensor collectives per round, never pickled tensors:
 1. a small header per client slot: an id of the result's *structure* (names,
    shapes and dtypes of its upload and client state; 0 for a
    slot without a result), its mean loss, its training accuracy and its number of steps;
+   and one row with the rank's error flag: a rank whose clients raised (a fatal client
+   error, divergence, SIGTERM) still takes part in the exchange, so every rank learns of
+   it in the same collective; the failing rank re-raises its error and every other rank
+   raises ``RankFailed`` with its one-line message (never a hang in the next collective,
+   nor a bare "connection closed by peer");
 2. the raw bytes of every result's tensors, laid out by that structure.
 
 Structures are learned once (an ``all_gather_object`` of the structure, not of
@@ -45,6 +50,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from fl_lightning.algorithms.base import RoundInfo, declares_capability
+from fl_lightning.errors import RankFailed, RunInterrupted, one_line
 from fl_lightning.executors.base import ClientRuntime, Executor
 from fl_lightning.faults import all_finite
 from fl_lightning.metrics import payload_bytes
@@ -134,9 +140,9 @@ class DistributedExecutor(Executor):
     def run(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> list[ClientResult]:
         if not _distributed():
             return self.inner.run(tasks, info, runtime)
-        assignment, mine, results = self._run_mine(tasks, info, runtime)
+        assignment, mine, results, error = self._run_mine(tasks, info, runtime)
         self.rounds["gathered"] += 1
-        return self._exchange(tasks, assignment, mine, results, runtime.device)[0]
+        return self._exchange(tasks, assignment, mine, results, runtime.device, error=error, round_idx=info.round)[0]
 
     def run_summed(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> SummedRound | None:
         """The round's uploads summed across the ranks (None: one process, no weights, or an algorithm
@@ -144,7 +150,7 @@ class DistributedExecutor(Executor):
         algorithm = runtime.algorithm
         if not _distributed() or runtime.aggregation_weights is None or not declares_capability(algorithm, "linear_aggregate"):
             return None
-        assignment, mine, results = self._run_mine(tasks, info, runtime)
+        assignment, mine, results, error = self._run_mine(tasks, info, runtime)
         self.rounds["summed"] += 1
         device = runtime.device if dist.get_backend() == "nccl" else torch.device("cpu")
         x, uploads = tasks[0].broadcast["x"], [r.upload for r in results]
@@ -159,7 +165,9 @@ class DistributedExecutor(Executor):
         facts = {r.client_id: [float(payload_bytes(r.upload)), float(all_finite([r.upload]))] for r in results}
         stripped = [dataclasses.replace(r, upload={}) for r in results]
         carry = partial_sums([t.client_id for t in tasks])
-        everyone, rows, carry = self._exchange(tasks, assignment, mine, stripped, runtime.device, facts, carry)
+        everyone, rows, carry = self._exchange(
+            tasks, assignment, mine, stripped, runtime.device, facts, carry, error, info.round
+        )
         if not everyone:  # no client of the round reported, on any rank
             return SummedRound([], {}, [], {}, 0.0, [])
         if len(everyone) < len(tasks):  # a client failed: the survivors' weights differ, sum again
@@ -171,11 +179,17 @@ class DistributedExecutor(Executor):
             [r.client_id for r, row in zip(everyone, rows) if not row[4]],
         )  # fmt: skip
 
-    def _run_mine(self, tasks, info, runtime) -> tuple[list[list[int]], list[ClientTask], list[ClientResult]]:
-        """This rank's share of the tasks (balanced by local steps), run by the wrapped executor."""
+    def _run_mine(self, tasks, info, runtime) -> tuple[list[list[int]], list[ClientTask], list[ClientResult], Exception | None]:
+        """This rank's share of the tasks (balanced by local steps), run by the wrapped executor, and what it
+        raised (the exchange still runs: every rank must reach it, or the others wait there)."""
         assignment = assign_clients([task.num_steps for task in tasks], dist.get_world_size())
         mine = [tasks[i] for i in assignment[dist.get_rank()]]
-        return assignment, mine, self.inner.run(mine, info, runtime) if mine else []
+        error = None
+        try:
+            results = self.inner.run(mine, info, runtime) if mine else []
+        except Exception as raised:  # every rank must still reach the exchange, or the others wait there
+            results, error = [], raised
+        return assignment, mine, results, error
 
     def _exchange(
         self,
@@ -186,17 +200,23 @@ class DistributedExecutor(Executor):
         local_device: torch.device,
         facts: dict[int, list[float]] | None = None,
         carry: Tensor | None = None,
+        error: Exception | None = None,
+        round_idx: int = -1,
     ) -> tuple[list[ClientResult], list[list[float]], Tensor | None]:
         """Every rank's results, in task order, on every rank (a client that failed is absent everywhere),
         with their header rows: (mean loss, steps, accuracy, *facts) (facts: two per client, zeros if not given),
-        and ``carry`` (float64, 1-D) summed over the ranks in the headers' collective."""
+        and ``carry`` (float64, 1-D) summed over the ranks in the headers' collective.
+
+        ``error``: what this rank's executor raised; any rank's error stops every rank (``_stop_if_failed``)."""
         world, rank = len(assignment), dist.get_rank()
         device = local_device if dist.get_backend() == "nccl" else torch.device("cpu")
         reported = {r.client_id: r for r in results}  # a client that failed has no result
         by_slot = {slot: reported[t.client_id] for slot, t in enumerate(mine) if t.client_id in reported}
         structures = {slot: _structure(result) for slot, result in by_slot.items()}
         extra = {slot: (facts or {}).get(r.client_id, [0.0, 0.0]) for slot, r in by_slot.items()}
-        ids, rows, carry = self._gather_headers(by_slot, structures, extra, max(len(a) for a in assignment), device, carry)
+        ids, rows, carry = self._gather_headers(
+            by_slot, structures, extra, max(len(a) for a in assignment), device, carry, error, round_idx
+        )
         sizes = [sum(_layout(self.structures[i])[1] for i in ids_r if i) for ids_r in ids]
         buffers = _gather_bytes(by_slot, structures, max(sizes), world, device)
 
@@ -220,17 +240,37 @@ class DistributedExecutor(Executor):
                 offset += size
         return [by_position[p] for p in sorted(by_position)], [row_of[p] for p in sorted(by_position)], carry
 
+    @staticmethod
+    def _stop_if_failed(failed: list[int], error: Exception | None, round_idx: int, world: int) -> None:
+        """Raise on every rank when any rank's executor raised (every rank sees the same flags, so all
+        take this branch together): the failing rank its own error, the others ``RankFailed`` naming it,
+        or the same stop when it was a stop signal."""
+        if not failed:
+            return
+        messages: list[tuple[str, str | None] | None] = [None] * world
+        signal_name = error.signal_name if isinstance(error, RunInterrupted) else None
+        dist.all_gather_object(messages, (one_line(error), signal_name) if error is not None else None)
+        if error is not None:
+            raise error
+        message, signal_name = messages[failed[0]]
+        if signal_name is not None:  # a stop signal another rank saw first: this rank stops the same way
+            stop = RunInterrupted(round_idx, f"on rank {failed[0]} (the round is not aggregated)", signal_name)
+            stop.unsaved = "no stop checkpoint under DDP (the ranks stop at different steps)"
+            raise stop
+        raise RankFailed(f"round {round_idx}: rank {failed[0]} failed: {message}")
+
     def _gather_headers(
         self, by_slot: dict[int, ClientResult], structures: dict[int, Structure], extra: dict[int, list[float]],
-        slots: int, device: torch.device, carry: Tensor | None = None,
+        slots: int, device: torch.device, carry: Tensor | None = None, error: Exception | None = None, round_idx: int = -1,
     ) -> tuple[list[list[int]], list[list[list[float]]], Tensor | None]:
         """Per rank and slot: the structure id (0: no result) and (mean loss, steps, accuracy, *extra).
         Learns new structures.
 
-        One float64 [slots, 6] all_gather; the id travels as the bits of an int64. With ``carry``
-        (partial sums to add up), one all_reduce of [every rank's header (zeros but its own) | carry]
-        instead: each header value has one non-zero term, so the sum is exact; the id travels as two
-        exact 32-bit halves.
+        One float64 [slots + 1, 6] all_gather; the id travels as the bits of an int64; the last row's
+        first entry is the rank's error flag. With ``carry`` (partial sums to add up), one all_reduce of
+        [every rank's header (zeros but its own) | every rank's error flag | carry] instead: each header
+        value has one non-zero term, so the sum is exact; the id travels as two exact 32-bit halves.
+        Any rank's error is raised on every rank.
         """
         ids, meta, local = [0] * slots, [[0.0] * 5 for _ in range(slots)], {}
         for slot, result in by_slot.items():
@@ -238,21 +278,28 @@ class DistributedExecutor(Executor):
             ids[slot] = _structure_id(structure)
             local[ids[slot]] = structure
             meta[slot] = [result.mean_loss, float(result.num_steps), result.accuracy, *extra[slot]]
-        world = dist.get_world_size()
+        world, failed_flag = dist.get_world_size(), float(error is not None)
         if carry is None:
             id_bits = torch.tensor(ids, dtype=torch.int64).view(torch.float64)[:, None]
-            header = torch.cat([id_bits, torch.tensor(meta, dtype=torch.float64)], dim=1).to(device)
+            flag = torch.tensor([[failed_flag] + [0.0] * 5], dtype=torch.float64)
+            header = torch.cat([torch.cat([id_bits, torch.tensor(meta, dtype=torch.float64)], dim=1), flag]).to(device)
             headers = [torch.empty_like(header) for _ in range(world)]
             dist.all_gather(headers, header)
             headers = [h.cpu() for h in headers]
+            self._stop_if_failed([r for r, h in enumerate(headers) if h[-1, 0] != 0], error, round_idx, world)
+            headers = [h[:-1] for h in headers]
             ids = [h[:, 0].contiguous().view(torch.int64).tolist() for h in headers]
         else:
             halves = [[float(i >> 32), float(i & 0xFFFFFFFF)] for i in ids]
             block = torch.zeros(world, slots, 7, dtype=torch.float64)
             block[dist.get_rank()] = torch.tensor([h + m for h, m in zip(halves, meta)], dtype=torch.float64).view(slots, 7)
-            flat = torch.cat([block.reshape(-1).to(device), carry])
+            flags = torch.zeros(world, dtype=torch.float64)
+            flags[dist.get_rank()] = failed_flag
+            flat = torch.cat([block.reshape(-1).to(device), flags.to(device), carry])
             dist.all_reduce(flat)
-            carry, block = flat[block.numel() :], flat[: block.numel()].cpu().view(world, slots, 7)
+            flags = flat[block.numel() : block.numel() + world].cpu()
+            self._stop_if_failed([r for r in range(world) if flags[r] != 0], error, round_idx, world)
+            carry, block = flat[block.numel() + world :], flat[: block.numel()].cpu().view(world, slots, 7)
             ids = [[(int(hi) << 32) | int(lo) for hi, lo in b[:, :2].tolist()] for b in block]
             headers = [b[:, 1:] for b in block]  # like the all_gather's: one id column, then the values
         # Every rank sees the same ids and has the same cache, so all take this branch together.
