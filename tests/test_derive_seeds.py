@@ -1,11 +1,14 @@
 """derive_seeds: numpy's SeedSequence mixing vectorised over many key tuples, bit for bit."""
 
+from unittest import mock
+
 import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fl_lightning import participation
 from fl_lightning.participation import UniformSampling, derive_seed, derive_seeds
 
 small = st.integers(0, 2**32 - 1)
@@ -30,17 +33,21 @@ def test_derive_seeds_equals_seed_sequence(scalars, columns, data):
     for s in scalars:
         keys.insert(data.draw(st.integers(0, len(keys))), s)
     expected = [_reference(*[k if isinstance(k, int) else int(k[r]) for k in keys]) for r in range(rows)]
-    got = derive_seeds(*keys)
-    assert got.dtype == np.int64
-    assert got.tolist() == expected
-    assert got.tolist() == [derive_seed(*[k if isinstance(k, int) else int(k[r]) for k in keys]) for r in range(rows)]
+    for vectorise_from in (1, 10**9):  # the vectorised mixing, and the loop of derive_seed used for few rows
+        with mock.patch.object(participation, "_VECTORISE_FROM", vectorise_from):
+            got = derive_seeds(*keys)
+        assert got.dtype == np.int64
+        assert got.tolist() == expected
+    assert expected == [derive_seed(*[k if isinstance(k, int) else int(k[r]) for k in keys]) for r in range(rows)]
 
 
 @settings(max_examples=50, deadline=None)
 @given(seed=any_key, round_idx=small, clients=st.lists(st.integers(0, 10**6), max_size=60))
 def test_round_seeds_of_clients(seed, round_idx, clients):
-    got = derive_seeds(seed, round_idx, torch.tensor(clients, dtype=torch.int64))
+    with mock.patch.object(participation, "_VECTORISE_FROM", 1):
+        got = derive_seeds(seed, round_idx, torch.tensor(clients, dtype=torch.int64))
     assert got.tolist() == [derive_seed(seed, round_idx, c) for c in clients]
+    assert derive_seeds(seed, round_idx, torch.tensor(clients, dtype=torch.int64)).tolist() == got.tolist()
 
 
 def test_plan_seeds_unchanged():
