@@ -249,10 +249,8 @@ class FederatedDataModule(L.LightningDataModule):
     def _step_batches(indices: Tensor, generator: torch.Generator, batch_size: int, num_steps: int) -> Tensor:
         """``[num_steps, batch_size]`` indices: whole batches from reshuffled passes over ``indices``
         (a pass's remainder is skipped, so the batch size is constant and clients stack)."""
-        per_pass = len(indices) // batch_size
-        passes = [indices[torch.randperm(len(indices), generator=generator)][: per_pass * batch_size]
-                  for _ in range(-(-num_steps // per_pass))]  # fmt: skip
-        return (passes[0] if len(passes) == 1 else torch.cat(passes)).view(-1, batch_size)[:num_steps]
+        positions = FederatedDataModule._step_positions(len(indices), generator, batch_size, num_steps)
+        return indices[positions].view(num_steps, batch_size)
 
     @staticmethod
     def _step_batch_chunks(indices: Tensor, generator: torch.Generator, batch_size: int, num_steps: int) -> Iterator[Tensor]:
@@ -279,13 +277,26 @@ class FederatedDataModule(L.LightningDataModule):
             raise ValueError(f"client {client_id} holds {len(indices)} samples, fewer than batch_size={batch_size}")
         return self._step_batch_chunks(indices, torch.Generator().manual_seed(seed), batch_size, steps)
 
-    def client_batch_index_matrix(self, client_id: int, seed: int, batch_size: int, steps: int) -> Tensor:
+    def _step_positions(n: int, generator: torch.Generator, batch_size: int, num_steps: int) -> Tensor:
+        """The flat ``[num_steps * batch_size]`` positions (into a client's ``n`` indices) of ``_step_batches``:
+        the first ``num_steps`` whole batches of reshuffled passes, one ``randperm`` per pass."""
+        per_pass, needed = n // batch_size, num_steps * batch_size
+        if num_steps <= per_pass:  # one pass (a round of a few steps): its first batches
+            return torch.randperm(n, generator=generator)[:needed]
+        passes = [torch.randperm(n, generator=generator)[: per_pass * batch_size] for _ in range(-(-num_steps // per_pass))]
+        return torch.cat(passes)[:needed]
+
+    def client_batch_index_matrix(
+        self, client_id: int, seed: int, batch_size: int, steps: int, generator: torch.Generator | None = None
+    ) -> Tensor:
         """``client_batch_indices`` for ``steps`` local steps as one ``[steps, batch_size]`` tensor
-        (requires ``batch_size`` <= the client's size)."""
+        (requires ``batch_size`` <= the client's size). ``generator``: one to reseed with ``seed``
+        (the same draws as a new one; creating a generator costs microseconds per client)."""
         indices = self.client_train[client_id]
         if batch_size > len(indices):
             raise ValueError(f"client {client_id} holds {len(indices)} samples, fewer than batch_size={batch_size}")
-        return self._step_batches(indices, torch.Generator().manual_seed(seed), batch_size, steps)
+        generator = torch.Generator() if generator is None else generator
+        return self._step_batches(indices, generator.manual_seed(seed), batch_size, steps)
 
     def client_batches(
         self, client_id: int, seed: int, batch_size: int | None, steps: int | None = None, epochs: int | None = None
@@ -316,18 +327,32 @@ class FederatedDataModule(L.LightningDataModule):
         augmentations) of ``client_batches``. Raises ``Unstackable`` at the call if they cannot stack."""
         if not self._vectorised:
             raise Unstackable("the training set gathers sample by sample (neither a TensorDataset nor a dataset with gather(index))")
-        if batch_size is None or any(int(self.client_sizes[c]) < batch_size for c in client_ids):
+        if batch_size is None or bool((self.client_sizes[torch.as_tensor(client_ids, dtype=torch.int64)] < batch_size).any()):
             raise Unstackable("a client holds fewer samples than local.batch_size, so batches cannot be stacked")
         if self.augments_batches and not isinstance(self.source.train, TensorDataset):
             raise Unstackable("augmented batches are stacked from in-memory tensors (TensorDataset) only")
+        if steps <= GATHER_STEPS:  # the usual round: every client's indices drawn and gathered at once
+            return self._stacked(iter([self.client_batch_index_matrices(client_ids, seeds, batch_size, steps)]), client_ids, seeds)
         chunks = [self.client_batch_index_chunks(c, s, batch_size, steps) for c, s in zip(client_ids, seeds)]
-        return self._stacked(chunks, client_ids, seeds)
+        return self._stacked((torch.stack(block) for block in zip(*chunks)), client_ids, seeds)
 
-    def _stacked(self, chunks: list[Iterator[Tensor]], client_ids: Sequence[int], seeds: Sequence[int]) -> Iterator[Any]:
-        """Step by step from ``[S, <= GATHER_STEPS, B]`` index blocks (never the whole ``[S, K, B]``)."""
+    def client_batch_index_matrices(self, client_ids: Sequence[int], seeds: Sequence[int], batch_size: int, steps: int) -> Tensor:
+        """``client_batch_index_matrix`` of every client, stacked: ``[S, steps, batch_size]``
+        (each client's permutations drawn client by client, the indices gathered in one op)."""
+        train = [self.client_train[c] for c in client_ids]
+        sizes = [len(indices) for indices in train]
+        for c, n in zip(client_ids, sizes):
+            if batch_size > n:
+                raise ValueError(f"client {c} holds {n} samples, fewer than batch_size={batch_size}")
+        generator = torch.Generator()  # reseeded per client: the draws of a new generator each
+        positions = torch.stack([self._step_positions(n, generator.manual_seed(s), batch_size, steps) for n, s in zip(sizes, seeds)])
+        starts = torch.tensor([0, *sizes[:-1]], dtype=torch.int64).cumsum(0)  # client i's indices in the concatenation
+        return torch.cat(train)[positions + starts.unsqueeze(1)].view(len(train), steps, batch_size)
+
+    def _stacked(self, blocks: Iterator[Tensor], client_ids: Sequence[int], seeds: Sequence[int]) -> Iterator[Any]:
+        """Step by step from ``[S, <= GATHER_STEPS, B]`` index blocks (never more than that at once)."""
         generators = [self.augment_generator(s) for s in seeds] if self.augments_batches else None
-        for block in zip(*chunks):
-            index = torch.stack(block)  # [S, steps of this block, B]
+        for index in blocks:  # [S, steps of this block, B]
             if generators is None:  # one gather for all clients (text: padded to the step's longest sample)
                 yield from self._gather_steps(index, 1)
                 continue

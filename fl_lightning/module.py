@@ -27,7 +27,7 @@ from fl_lightning.faults import ClientError, ClientFaults, DivergenceError, all_
 from fl_lightning.metrics import consistency_from_sums, count_messages, round_metrics
 from fl_lightning.objective import Objective
 from fl_lightning.params import TensorDict
-from fl_lightning.participation import RoundPlan, derive_seed
+from fl_lightning.participation import RoundPlan, derive_seeds
 from fl_lightning.state import ClientStore, NestedState, flatten_state, unflatten_state
 from fl_lightning.tasks import PERSONAL, ClientState, ClientTask, Payload, SummedRound
 
@@ -368,7 +368,7 @@ class FederatedModule(L.LightningModule):
         """The algorithm's pass over all N clients before round 0 (e.g. Scaffold-P's c_i^0, c^0),
         run by the executor like any round's tasks."""
         broadcast, clients = self.algorithm.broadcast(x, server_state, info), list(range(info.num_clients))
-        seeds = [derive_seed(self.datamodule.seed, cid, WARMUP_STREAM) for cid in clients]
+        seeds = derive_seeds(self.datamodule.seed, clients, WARMUP_STREAM).tolist()  # derive_seed(seed, cid, WARMUP_STREAM)
         tasks, _ = self._tasks(clients, seeds, broadcast, info.round, warmup=True)
         results = self.executor.run(tasks, info, self._runtime())
         uploads = [r.upload for r in results]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Literal
 
 import numpy as np
@@ -22,6 +23,107 @@ _SAMPLING_STREAM = 0x5A3
 def derive_seed(*keys: int) -> int:
     """A 63-bit seed derived from integer keys, well mixed (numpy SeedSequence)."""
     return int(np.random.SeedSequence([int(k) for k in keys]).generate_state(2, dtype=np.uint32).view(np.uint64)[0] >> 1)
+
+
+# numpy's SeedSequence constants (numpy/random/bit_generator.pyx), all arithmetic modulo 2**32.
+_POOL_SIZE = 4
+_INIT_A, _MULT_A, _INIT_B, _MULT_B = 0x43B0D7E5, 0x931E8875, 0x8B51F9DD, 0x58F38DED
+_MIX_MULT_L, _MIX_MULT_R, _XSHIFT = np.uint32(0xCA01F9DD), np.uint32(0x4973F715), np.uint32(16)
+_MASK32 = 0xFFFFFFFF
+_VECTORISE_FROM = 16  # rows from which derive_seeds mixes all rows at once rather than calling derive_seed per row
+
+
+def _uint32_words(key: int) -> list[int]:
+    """A key's entropy words as SeedSequence takes them: 32-bit little-endian words, ``[0]`` for 0."""
+    if key < 0:
+        raise ValueError(f"seed keys must be non-negative, got {key}")
+    words = []
+    while True:
+        words.append(key & _MASK32)
+        key >>= 32
+        if not key:
+            return words
+
+
+def _seed_words(entropy: np.ndarray) -> np.ndarray:
+    """``SeedSequence(words).generate_state(2, uint32)`` for every row of ``entropy`` (uint32 ``[R, L]``, L >= 1)."""
+    hash_const = _INIT_A
+
+    def hashmix(value: np.ndarray) -> np.ndarray:
+        nonlocal hash_const
+        value = value ^ np.uint32(hash_const)
+        hash_const = (hash_const * _MULT_A) & _MASK32
+        value = value * np.uint32(hash_const)
+        return value ^ (value >> _XSHIFT)
+
+    def mix(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        result = _MIX_MULT_L * x - _MIX_MULT_R * y
+        return result ^ (result >> _XSHIFT)
+
+    rows, length = entropy.shape
+    zeros = np.zeros(rows, dtype=np.uint32)
+    pool = [hashmix(entropy[:, i] if i < length else zeros) for i in range(_POOL_SIZE)]
+    for i_src in range(_POOL_SIZE):
+        for i_dst in range(_POOL_SIZE):
+            if i_src != i_dst:
+                pool[i_dst] = mix(pool[i_dst], hashmix(pool[i_src]))
+    for i_src in range(_POOL_SIZE, length):
+        for i_dst in range(_POOL_SIZE):
+            pool[i_dst] = mix(pool[i_dst], hashmix(entropy[:, i_src]))
+    out, hash_const = [], _INIT_B
+    for word in pool[:2]:
+        word = word ^ np.uint32(hash_const)
+        hash_const = (hash_const * _MULT_B) & _MASK32
+        word = word * np.uint32(hash_const)
+        out.append(word ^ (word >> _XSHIFT))
+    return np.stack(out, axis=1)
+
+
+def derive_seeds(*keys: int | Sequence[int] | np.ndarray | Tensor) -> np.ndarray:
+    """``derive_seed`` of many key tuples at once, bit for bit: int64 ``[R]``.
+
+    Each key is an int (the same in every tuple) or a 1-D sequence of R non-negative ints
+    (row r takes its r-th entry). ``derive_seeds(seed, round, clients)[i] ==
+    derive_seed(seed, round, clients[i])``: numpy's SeedSequence mixing, vectorised over rows.
+    """
+    columns, rows = [], None
+    for key in keys:
+        if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
+            columns.append(int(key))
+            continue
+        values = key.numpy() if isinstance(key, Tensor) else np.asarray(key)
+        if values.ndim != 1 or not (values.dtype.kind in "iu" or values.size == 0):
+            raise ValueError(f"derive_seeds keys are ints or 1-D sequences of ints, got {values.dtype} of shape {values.shape}")
+        if rows is not None and len(values) != rows:
+            raise ValueError(f"derive_seeds key sequences differ in length ({rows} and {len(values)})")
+        rows = len(values)
+        if values.size and values.min() < 0:
+            raise ValueError(f"seed keys must be non-negative, got {int(values.min())}")
+        columns.append(values.astype(np.uint64))
+    if rows is None:
+        return np.array([derive_seed(*columns)], dtype=np.int64)
+    if rows == 0:
+        return np.zeros(0, dtype=np.int64)
+    if rows < _VECTORISE_FROM:  # the vectorised mixing costs a fixed ~0.1 ms; a call of derive_seed ~10 us
+        return np.array([derive_seed(*(k if isinstance(k, int) else int(k[r]) for k in columns)) for r in range(rows)], np.int64)
+    # A key >= 2**32 is two entropy words: rows are grouped by which of their keys are.
+    wide = np.stack([c >= np.uint64(1 << 32) if isinstance(c, np.ndarray) else np.zeros(rows, bool) for c in columns], axis=1)
+    pattern = wide @ (1 << np.arange(len(columns), dtype=np.int64)) if wide.any() else None
+    result = np.empty(rows, dtype=np.int64)
+    for code in [0] if pattern is None else np.unique(pattern):
+        at = np.arange(rows) if pattern is None else np.nonzero(pattern == code)[0]
+        words = []
+        for j, column in enumerate(columns):
+            if isinstance(column, int):
+                words += [np.full(len(at), w, dtype=np.uint32) for w in _uint32_words(column)]
+            else:
+                values = column[at]
+                words.append((values & np.uint64(_MASK32)).astype(np.uint32))
+                if (int(code) >> j) & 1:
+                    words.append((values >> np.uint64(32)).astype(np.uint32))
+        state = _seed_words(np.stack(words, axis=1)).astype(np.uint64)
+        result[at] = ((state[:, 0] | (state[:, 1] << np.uint64(32))) >> np.uint64(1)).astype(np.int64)
+    return result
 
 
 @dataclass
@@ -52,7 +154,7 @@ class Participation(ABC):
     def plan(self, round_idx: int, client_sizes: Tensor, seed: int) -> RoundPlan:
         generator = torch.Generator().manual_seed(derive_seed(seed, round_idx, _SAMPLING_STREAM))
         clients, weights = self.sample(round_idx, client_sizes, generator)
-        seeds = torch.tensor([derive_seed(seed, round_idx, int(c)) for c in clients], dtype=torch.int64)
+        seeds = torch.from_numpy(derive_seeds(seed, round_idx, clients))  # derive_seed(seed, round_idx, c) of each client
         return RoundPlan(round=round_idx, clients=clients, weights=weights.double(), seeds=seeds)
 
 
