@@ -132,7 +132,7 @@ def rows_of(stacked: Tensor) -> list[Tensor]:
     rows = list(stacked.unbind(0))
     if len(rows) > 1 and not stacked.requires_grad and stacked.storage_offset() == 0 and _is_row_major(stacked):
         key = id(rows[0])
-        _STACKED_ROWS[key] = (weakref.ref(stacked), list(map(weakref.ref, rows)))
+        _STACKED_ROWS[key] = (weakref.ref(stacked), [weakref.ref(r) for r in rows])
         weakref.finalize(rows[0], _STACKED_ROWS.pop, key, None)
     return rows
 
