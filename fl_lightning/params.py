@@ -8,7 +8,6 @@ code serves one client or many clients stacked on a leading dimension.
 from __future__ import annotations
 
 import fnmatch
-import weakref
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -106,55 +105,9 @@ it the per-tensor ops' arithmetic outweighs their dispatch and stacking would co
 
 
 def across(dicts: Sequence[TensorDict], name: str) -> list[Tensor]:
-    """Tensor ``name`` of every dict: as one stacked ``[S, ...]`` tensor if small, else one per dict.
-
-    The stacked tensor is for reading only: for the views ``rows_of`` made it is their source tensor.
-    """
+    """Tensor ``name`` of every dict: as one stacked ``[S, ...]`` tensor if small, else one per dict."""
     tensors = [d[name] for d in dicts]
     if len(tensors) > 1 and tensors[0].numel() * len(tensors) <= STACK_LIMIT:
-        stacked = _stacked_source(tensors)
-        return [torch.stack(tensors) if stacked is None else stacked]
+        return [torch.stack(tensors)]
     return tensors
-
-
-# id(rows[0]) -> (the stacked tensor, its rows), weakly: for rows made by ``rows_of`` while the first lives.
-_STACKED_ROWS: dict[int, tuple[weakref.ref, list[weakref.ref]]] = {}
-
-
-def rows_of(stacked: Tensor) -> list[Tensor]:
-    """``list(stacked.unbind(0))`` (one view per client of a batched round's ``[S, ...]`` tensor),
-    remembered so that ``across`` of exactly these views reads ``stacked`` rather than stacking a copy.
-
-    Remembered only when ``stacked`` is laid out as ``torch.stack`` lays out its result (contiguous,
-    at the start of its storage, no autograd history): ``across`` then returns the same values in the
-    same layout, so every reduction over it gives the same floats.
-    """
-    rows = list(stacked.unbind(0))
-    if len(rows) > 1 and not stacked.requires_grad and stacked.storage_offset() == 0 and _is_row_major(stacked):
-        key = id(rows[0])
-        _STACKED_ROWS[key] = (weakref.ref(stacked), [weakref.ref(r) for r in rows])
-        weakref.finalize(rows[0], _STACKED_ROWS.pop, key, None)
-    return rows
-
-
-def _is_row_major(tensor: Tensor) -> bool:
-    """Contiguous with the strides of a freshly allocated tensor (also on its size-1 dimensions)."""
-    step = 1
-    for size, stride in zip(reversed(tensor.shape), reversed(tensor.stride())):
-        if stride != step:
-            return False
-        step *= size
-    return True
-
-
-def _stacked_source(tensors: list[Tensor]) -> Tensor | None:
-    """The tensor that ``tensors`` are exactly the ``rows_of`` (the same objects, in order), else None.
-    Shared with the rows: for reading only."""
-    entry = _STACKED_ROWS.get(id(tensors[0]))
-    if entry is None:
-        return None
-    stacked, refs = entry[0](), entry[1]
-    if stacked is None or len(refs) != len(tensors) or len(stacked) != len(tensors):
-        return None
-    return stacked if all(ref() is t for ref, t in zip(refs, tensors)) else None
 

@@ -62,7 +62,7 @@ def _unstack(state: Any, num_clients: int) -> list[Any]:
     if isinstance(state, dict):
         per_key = {k: _unstack(v, num_clients) for k, v in state.items()}
         return [{k: parts[i] for k, parts in per_key.items()} for i in range(num_clients)]
-    return P.rows_of(state)  # list(state.unbind(0)); across() of these views reads state without a copy
+    return list(state.unbind(0))
 
 
 def _no_full_grad(params: TensorDict) -> TensorDict:
