@@ -277,6 +277,7 @@ class FederatedDataModule(L.LightningDataModule):
             raise ValueError(f"client {client_id} holds {len(indices)} samples, fewer than batch_size={batch_size}")
         return self._step_batch_chunks(indices, torch.Generator().manual_seed(seed), batch_size, steps)
 
+    @staticmethod
     def _step_positions(n: int, generator: torch.Generator, batch_size: int, num_steps: int) -> Tensor:
         """The flat ``[num_steps * batch_size]`` positions (into a client's ``n`` indices) of ``_step_batches``:
         the first ``num_steps`` whole batches of reshuffled passes, one ``randperm`` per pass."""
