@@ -30,25 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-
-def _reset_peak_rss() -> None:
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        pass
-
-
-def _rss_mib(field: str) -> float:
-    """VmRSS (now) or VmHWM (peak since the last reset), MiB."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+from benchmarks.run import default_out, machine, reset_peak_rss, rss_mb  # noqa: E402
 
 
 def _long_texts(path: Path, n: int, words: int) -> dict[str, str]:
@@ -144,8 +126,8 @@ def one_round(args) -> dict:
                 torch.cuda.reset_peak_memory_stats()
                 self.before = torch.cuda.memory_allocated() / 2**20
             else:
-                _reset_peak_rss()
-                self.before = _rss_mib("VmRSS")
+                reset_peak_rss()
+                self.before = rss_mb("VmRSS")
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             if cuda:
@@ -157,7 +139,7 @@ def one_round(args) -> dict:
                 torch.cuda.synchronize()
             if batch_idx > 0 or args.rounds == 1:
                 self.seconds.append(time.perf_counter() - self.start)
-            peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else _rss_mib("VmHWM")
+            peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else rss_mb("VmHWM")
             self.growth = peak - self.before
 
     timer = RoundTimer()
@@ -217,8 +199,6 @@ def one_round(args) -> dict:
 
 def sweep(args) -> None:
     """Every S of ``--sweep`` with sequential and batched execution, one process each."""
-    from benchmarks.run import default_out, machine
-
     assets = Path(args.assets or tempfile.mkdtemp(prefix="lora_bench_"))
     sizes = [int(s) for s in args.sweep.split(",")]
     write_assets(assets, args.size, args.num_clients * args.batch_size * args.steps, args.max_length)

@@ -82,9 +82,16 @@ def reset_peak_rss() -> None:
 
 
 def peak_rss_mb() -> float:
+    """The resident-set high-water mark since the last ``reset_peak_rss``, MB."""
+    return rss_mb("VmHWM")
+
+
+def rss_mb(field: str = "VmRSS") -> float:
+    """A memory figure of this process from /proc/self/status (VmRSS: now; VmHWM: peak), MB; where
+    there is no /proc, the peak resident set of the process's life."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
     except OSError:
         pass
@@ -107,24 +114,20 @@ def _text_assets() -> Path:
     return root
 
 
-def _cifar_shaped_class():
-    from datamodules import FederatedDataModule
-    from datamodules.sources import DataSource, load_source
+def cifar_shaped(**kwargs):
+    """A ``FederatedDataModule`` of Gaussian-class images of CIFAR's shape, 3 x 32 x 32, 10 classes (no download)."""
     from torch.utils.data import TensorDataset
 
-    class CifarShaped(FederatedDataModule):
-        """Gaussian-class images of CIFAR's shape, 3 x 32 x 32, 10 classes (no download)."""
+    from datamodules import FederatedDataModule
+    from datamodules.sources import DataSource, load_source
 
+    class CifarShaped(FederatedDataModule):
         def build_source(self) -> DataSource:
             flat = load_source("synthetic", num_samples=2000, num_features=3 * 32 * 32, num_classes=10, seed=0)
             images = [TensorDataset(d.tensors[0].view(-1, 3, 32, 32), d.tensors[1]) for d in (flat.train, flat.test)]
             return DataSource(images[0], images[1], flat.train_labels, flat.num_classes)
 
-    return CifarShaped
-
-
-def CifarShaped(**kwargs):  # noqa: N802  (a class built on first use: importing datamodules is slow)
-    return _cifar_shaped_class()(**kwargs)
+    return CifarShaped(**kwargs)
 
 
 def build(workload: str, clients_per_round: int):
@@ -152,7 +155,7 @@ def build(workload: str, clients_per_round: int):
     from models import MLP, ResNet18, SmallCNN
 
     if workload == "resnet18":
-        data = CifarShaped(num_clients=spec["num_clients"], partition=IID(), participation=UniformSampling(clients_per_round))
+        data = cifar_shaped(num_clients=spec["num_clients"], partition=IID(), participation=UniformSampling(clients_per_round))
         data.setup()
         torch.manual_seed(0)
         return ResNet18(num_classes=10, norm="group", channels_last=DEVICE.type == "cuda"), data

@@ -270,11 +270,16 @@ class FederatedDataModule(L.LightningDataModule):
             pending = [block[take:]] if have > take else []
             have, left = have - take, left - take
 
-    def client_batch_index_chunks(self, client_id: int, seed: int, batch_size: int, steps: int) -> Iterator[Tensor]:
-        """``client_batch_index_matrix`` in row blocks of at most ``GATHER_STEPS`` steps (bounded memory)."""
+    def _batchable_indices(self, client_id: int, batch_size: int) -> Tensor:
+        """The client's training indices, checked to hold at least ``batch_size`` samples."""
         indices = self.client_train[client_id]
         if batch_size > len(indices):
             raise ValueError(f"client {client_id} holds {len(indices)} samples, fewer than batch_size={batch_size}")
+        return indices
+
+    def client_batch_index_chunks(self, client_id: int, seed: int, batch_size: int, steps: int) -> Iterator[Tensor]:
+        """``client_batch_index_matrix`` in row blocks of at most ``GATHER_STEPS`` steps (bounded memory)."""
+        indices = self._batchable_indices(client_id, batch_size)
         return self._step_batch_chunks(indices, torch.Generator().manual_seed(seed), batch_size, steps)
 
     @staticmethod
@@ -293,9 +298,7 @@ class FederatedDataModule(L.LightningDataModule):
         """``client_batch_indices`` for ``steps`` local steps as one ``[steps, batch_size]`` tensor
         (requires ``batch_size`` <= the client's size). ``generator``: one to reseed with ``seed``
         (the same draws as a new one; creating a generator costs microseconds per client)."""
-        indices = self.client_train[client_id]
-        if batch_size > len(indices):
-            raise ValueError(f"client {client_id} holds {len(indices)} samples, fewer than batch_size={batch_size}")
+        indices = self._batchable_indices(client_id, batch_size)
         generator = torch.Generator() if generator is None else generator
         return self._step_batches(indices, generator.manual_seed(seed), batch_size, steps)
 
@@ -340,11 +343,8 @@ class FederatedDataModule(L.LightningDataModule):
     def client_batch_index_matrices(self, client_ids: Sequence[int], seeds: Sequence[int], batch_size: int, steps: int) -> Tensor:
         """``client_batch_index_matrix`` of every client, stacked: ``[S, steps, batch_size]``
         (each client's permutations drawn client by client, the indices gathered in one op)."""
-        train = [self.client_train[c] for c in client_ids]
+        train = [self._batchable_indices(c, batch_size) for c in client_ids]
         sizes = [len(indices) for indices in train]
-        for c, n in zip(client_ids, sizes):
-            if batch_size > n:
-                raise ValueError(f"client {c} holds {n} samples, fewer than batch_size={batch_size}")
         generator = torch.Generator()  # reseeded per client: the draws of a new generator each
         positions = torch.stack([self._step_positions(n, generator.manual_seed(s), batch_size, steps) for n, s in zip(sizes, seeds)])
         starts = torch.tensor([0, *sizes[:-1]], dtype=torch.int64).cumsum(0)  # client i's indices in the concatenation

@@ -105,8 +105,7 @@ class TokenSequences(Dataset):
 
     def to(self, device: torch.device) -> TokenSequences:
         """The same sequences with token ids and labels on ``device`` (offsets and lengths stay on the CPU)."""
-        moved = TokenSequences(self.ids.to(device), self.offsets, self.labels.to(device), self.pad_id)
-        return moved
+        return TokenSequences(self.ids.to(device), self.offsets, self.labels.to(device), self.pad_id)
 
 
 class PadCollate:

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fl_lightning.capabilities import declared
 from fl_lightning.params import TensorDict
 
 
@@ -32,16 +33,11 @@ class UnsupportedLayer(Exception):
 
 
 def model_declares(model: nn.Module, capability: str) -> bool:
-    """Whether ``model``'s class declares ``capability`` (e.g. ``independent_rows``) itself: the class
-    that sets the flag must be (a subclass of) the class that defines ``forward``, so a subclass
-    with its own ``forward`` does not inherit the claim by accident. An instance may set it itself
-    (a model whose independence depends on its configuration, e.g. its normalisation)."""
-    if capability in vars(model):
-        return bool(vars(model)[capability])
-    mro = type(model).__mro__
-    declarer = next((c for c in mro if capability in vars(c)), None)
-    definer = next((c for c in mro if "forward" in vars(c)), None)
-    return declarer is not None and bool(vars(declarer)[capability]) and definer is not None and issubclass(declarer, definer)
+    """Whether ``model`` declares ``capability`` (e.g. ``independent_rows``): set on the instance (a model
+    whose independence depends on its configuration, e.g. its normalisation) or by a class that is
+    (a subclass of) the class defining ``forward``, so a subclass with its own ``forward`` does not
+    inherit the claim by accident (``fl_lightning.capabilities``)."""
+    return declared(model, capability, ("forward",))
 
 
 def _clients(weight: Tensor, bias: Tensor | None, shared_dim: int) -> int:

@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from fl_lightning import params as P
+from fl_lightning.capabilities import declared
 from fl_lightning.objective import GradFn
 from fl_lightning.params import TensorDict
 from fl_lightning.participation import RoundPlan
@@ -110,15 +111,7 @@ def declares_capability(algorithm: object, capability: str) -> bool:
     its global norm) does not inherit its parent's ``elementwise = True``; it must declare it.
     For ``linear_aggregate`` the rule is the server's: ``aggregate``, ``upload_sum``, ``aggregate_sum``.
     """
-    if capability in vars(algorithm):
-        return bool(vars(algorithm)[capability])
-    mro = type(algorithm).__mro__
-    declarer = next((c for c in mro if capability in vars(c)), None)
-    if declarer is None or not vars(declarer)[capability]:
-        return False
-    methods = _CAPABILITY_METHODS.get(capability, _RULE_METHODS)
-    definers = (next(c for c in mro if m in vars(c)) for m in methods if any(m in vars(c) for c in mro))
-    return all(issubclass(declarer, definer) for definer in definers)
+    return declared(algorithm, capability, _CAPABILITY_METHODS.get(capability, _RULE_METHODS))
 
 
 class Algorithm:
