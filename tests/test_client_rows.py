@@ -99,3 +99,33 @@ def test_a_tensor_outside_the_rules_leaves_stacking_to_vmap():
     assert Objective(model, ["head.weight", "head.bias"]).rows is not None
     with pytest.raises(Exception, match="embed.weight"):
         ClientRows(model, names)
+
+
+def test_a_declared_model_whose_output_carries_a_penalty_falls_back_to_vmap_and_keeps_it():
+    """Client rows give plain logits only: an output with ``.penalty`` switches the objective to vmap,
+    which adds every client's own penalty (here a function of its own weights)."""
+
+    class Penalised(nn.Module):
+        independent_rows = True
+
+        def __init__(self):
+            super().__init__()
+            self.head = nn.Linear(4, 3)
+
+        def forward(self, x):
+            out = type("Out", (), {})()
+            out.logits, out.penalty = self.head(x), self.head.weight.square().sum()
+            return out
+
+    torch.manual_seed(0)
+    model = Penalised()
+    names = [n for n, _ in model.named_parameters()]
+    objective = Objective(model, names)
+    assert objective.rows is not None
+    params = _stacked(model, names, 3)
+    batch = (torch.randn(3, 5, 4), torch.randint(0, 3, (3, 5)))
+    losses, _, _ = objective.stacked(params, batch)
+    assert objective._plain_outputs is False  # the switch is remembered
+    for i in range(3):
+        own = {n: p[i] for n, p in params.items()}
+        torch.testing.assert_close(losses[i], objective.at(own, (batch[0][i], batch[1][i]))[0])
