@@ -39,6 +39,7 @@ class _Clients:
 
     client_batch_index_matrix = FederatedDataModule.client_batch_index_matrix
     client_batch_index_matrices = FederatedDataModule.client_batch_index_matrices
+    _batchable_indices = FederatedDataModule._batchable_indices
     _step_batches = staticmethod(FederatedDataModule._step_batches)
     _step_positions = staticmethod(FederatedDataModule._step_positions)
 
