@@ -12,8 +12,8 @@ rows as one batch (the arithmetic a batched round cannot go below).
 
 ``--sweep`` runs every S of the list with sequential and batched execution, each in its own
 process (peak memory only grows within a process), sharing one set of written assets, prints a
-table and writes ``benchmarks/results/lora-<size>-<machine>-<date>.json``. ``--device cuda``
-runs on the GPU.
+table and writes ``benchmarks/results/lora-<size>-<machine>-<date>.json``. ``--max-stacked 2,5``
+adds batched rows stacking at most 2 (5) clients at a time. ``--device cuda`` runs on the GPU.
 """
 
 from __future__ import annotations
@@ -108,9 +108,12 @@ def one_round(args) -> dict:
     data.setup()
     torch.manual_seed(0)
     model = LoRAClassifier(str(root / "gpt2"), num_labels=2, rank=8, alpha=16, dropout=0.05)
+    from fl_lightning.executors import BatchedExecutor
+
+    grouped = args.execution == "batched" and args.max_stacked
     module = FederatedModule(
         model=model, algorithm=AdamLikeState(), local=LocalTraining(lr=1e-3, steps=args.steps, batch_size=args.batch_size),
-        execution=args.execution,
+        execution=BatchedExecutor(max_stacked_clients=int(args.max_stacked)) if grouped else args.execution,
     )  # fmt: skip
     cuda = args.device == "cuda"
 
@@ -178,6 +181,7 @@ def one_round(args) -> dict:
     return {
         "size": args.size,
         "execution": args.execution,
+        "max_stacked_clients": int(args.max_stacked) if grouped else None,
         "device": args.device,
         "precision": args.precision,
         "clients_per_round": args.clients_per_round,
@@ -206,10 +210,13 @@ def sweep(args) -> None:
                    "--batch-size", str(args.batch_size), "--max-length", str(args.max_length), "--device", args.device,
                    "--precision", args.precision, "--rounds", str(args.rounds), "--threads", str(args.threads), "--repeats", str(args.repeats),
                    "--assets", str(assets)]  # fmt: skip
+    groups = [int(g) for g in args.max_stacked.split(",")] if args.max_stacked else []
     rows = []
     for s in sizes:
-        for execution in ("sequential", "batched"):
+        runs = [("sequential", None), ("batched", None)] + [("batched", g) for g in groups if g < s]
+        for execution, group in runs:
             cmd = [sys.executable, __file__, *passthrough, "--clients-per-round", str(s), "--execution", execution]
+            cmd += ["--max-stacked", str(group)] if group else []
             out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
             lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
             if out.returncode or not lines:
@@ -217,7 +224,8 @@ def sweep(args) -> None:
                 continue
             row = json.loads(lines[-1])
             rows.append(row)
-            print(f"{args.size} S={s:3d} {execution:10s} round {row['round_s']:8.3f} s  peak +{row['peak_growth_in_rounds_MiB']:8.1f} MiB"
+            name = f"{execution}/{group}" if group else execution
+            print(f"{args.size} S={s:3d} {name:10s} round {row['round_s']:8.3f} s  peak +{row['peak_growth_in_rounds_MiB']:8.1f} MiB"
                   f"  x{row['round_over_total_batch_steps']} of one fwd/bwd over the total batch", flush=True)  # fmt: skip
     for row in rows:
         seq = next((r for r in rows if r["clients_per_round"] == row["clients_per_round"] and r["execution"] == "sequential"), None)
@@ -240,6 +248,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--max-length", type=int, default=64)
     parser.add_argument("--execution", choices=["sequential", "batched"], default="sequential")
+    parser.add_argument("--max-stacked", default=None,
+                        help="batched: stack at most this many clients at once (BatchedExecutor.max_stacked_clients); "
+                             "--sweep: a comma-separated list, one more batched row per value below S")  # fmt: skip
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--precision", default="32-true", help="Lightning precision, e.g. bf16-mixed")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch default)")

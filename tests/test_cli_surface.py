@@ -208,3 +208,24 @@ def test_the_server_lr_schedule_continues_across_a_resume(tmp_path):
     assert {int(r["step"]): float(r["train/server_lr"]) for r in rows if r.get("train/server_lr")} == {2: 0.25, 3: 0.125}
     for a, b in zip(whole.model.federated_parameters(), second.model.federated_parameters()):
         assert torch.equal(a, b)
+
+
+def test_batched_execution_in_groups_from_the_command_line(tmp_path):
+    """``--model.execution.class_path BatchedExecutor --model.execution.init_args.max_stacked_clients 2``:
+    quickstart's 5 clients a round train in stacks of at most 2, every round stacked."""
+    cli = _fit(
+        tmp_path, "grouped", "--model.execution.class_path", "fl_lightning.executors.BatchedExecutor",
+        "--model.execution.init_args.max_stacked_clients", "2",
+    )  # fmt: skip
+    executor = cli.model.executor.inner
+    assert executor.max_stacked_clients == 2 and not executor.fallbacks
+    assert cli.trainer.global_step == 4
+
+
+def test_a_bad_max_stacked_clients_fails_in_one_line_before_training(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["fit", "--config", QUICKSTART, "--model.execution.class_path", "fl_lightning.executors.BatchedExecutor",
+              "--model.execution.init_args.max_stacked_clients", "0"])  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1
+    assert "execution.max_stacked_clients must be an integer >= 1" in err

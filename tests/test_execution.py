@@ -152,6 +152,36 @@ def test_rules_with_reductions_run_under_vmap(tmp_path, monkeypatch):
     assert calls == {"vmapped": 3, "elementwise": 3}
 
 
+@pytest.mark.parametrize(
+    "algorithm_fn", [FedAvg, SCAFFOLD, FedSAM, lambda: FAdamGT(tracking=0.5)], ids=["fedavg", "scaffold", "fedsam", "fadam_gt"]
+)
+def test_stacking_in_groups_gives_the_results_of_one_stack(tmp_path, monkeypatch, algorithm_fn):
+    """``max_stacked_clients=2`` runs a round of 5 clients as stacks of 2, 2 and 1, every one of them
+    stacked (no fallback), with the results of sequential execution and of one stack of 5."""
+    sizes = []
+    original = BatchedExecutor._run_stacked
+
+    def spy(self, tasks, *args):
+        sizes.append(len(tasks))
+        return original(self, tasks, *args)
+
+    monkeypatch.setattr(BatchedExecutor, "_run_stacked", spy)
+    mlp, data = lambda: MLP(8, 3, hidden=[16]), lambda: tiny_datamodule(num_clients=8, clients_per_round=5)  # noqa: E731
+    seq = _fit(tmp_path, mlp, algorithm_fn, "sequential", data)
+    whole = _fit(tmp_path, mlp, algorithm_fn, "batched", data)
+    assert sizes == [5, 5, 5]
+    grouped = _fit(tmp_path, mlp, algorithm_fn, BatchedExecutor(max_stacked_clients=2), data)
+    assert sizes[3:] == [2, 2, 1] * 3 and not grouped.executor.inner.fallbacks
+    _assert_same_training(seq, grouped, state_atol=1e-5)
+    _assert_same_training(whole, grouped, state_atol=1e-5)
+
+
+@pytest.mark.parametrize("value", [0, -1, True, 1.5])
+def test_max_stacked_clients_must_be_a_positive_integer(value):
+    with pytest.raises(ValueError, match="execution.max_stacked_clients must be an integer >= 1 or null"):
+        BatchedExecutor(max_stacked_clients=value)
+
+
 class SmoothedMLP(MLP):
     """A model with its own loss: batched execution evaluates it under vmap."""
 

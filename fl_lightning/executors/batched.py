@@ -81,9 +81,20 @@ def _model_not_vmappable(error: Exception, runtime: ClientRuntime) -> str | None
 
 
 class BatchedExecutor(Executor):
-    """Run all tasks' local steps together; sequential execution only for declared reasons."""
+    """Run all tasks' local steps together; sequential execution only for declared reasons.
 
-    def __init__(self) -> None:
+    Args:
+        max_stacked_clients: stack at most this many clients at once; a round of more runs as
+            consecutive groups of this size (the last one smaller). Bounds the memory of the
+            stacked activations (they grow with every stacked client's batch) and, where one
+            batch of every client's rows no longer fits the caches, can be faster. ``None``: the
+            whole round at once. Results are the same to float tolerance for every value.
+    """
+
+    def __init__(self, max_stacked_clients: int | None = None) -> None:
+        if max_stacked_clients is not None and (type(max_stacked_clients) is not int or max_stacked_clients < 1):
+            raise ValueError(f"execution.max_stacked_clients must be an integer >= 1 or null, got {max_stacked_clients!r}")
+        self.max_stacked_clients = max_stacked_clients
         self.sequential = SequentialExecutor()
         self.fallbacks: Counter[str] = Counter()  # rounds run sequentially, by reason
         self._finish_per_client: set[type] = set()  # rules whose client_finish reads ctx.client_id
@@ -96,7 +107,7 @@ class BatchedExecutor(Executor):
         reason = self.unsupported_reason(tasks, runtime)
         if reason is None:
             try:
-                return self._run_stacked(tasks, info, runtime)
+                return self._run_groups(tasks, info, runtime)
             except FLError:  # divergence, SIGTERM: known errors, not bugs of the batched path
                 raise
             except (Unbatchable, Unstackable) as error:
@@ -136,12 +147,17 @@ class BatchedExecutor(Executor):
         return None
 
     # ---- the round ---------------------------------------------------------------------------
+    def _run_groups(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> list[ClientResult]:
+        """The tasks stacked in consecutive groups of at most ``max_stacked_clients``."""
+        size = self.max_stacked_clients or len(tasks)
+        return [result for start in range(0, len(tasks), size) for result in self._run_stacked(tasks[start : start + size], info, runtime)]
+
     def _run_stacked(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> list[ClientResult]:
         local, broadcast = runtime.local, tasks[0].broadcast
         clients, seeds = [t.client_id for t in tasks], [t.seed for t in tasks]
         batches = runtime.data.stacked_client_batches(clients, seeds, local.batch_size, local.steps)
         states = [task.load_state().algorithm for task in tasks]
-        # Different randomness per client (dropout); the CPU generator seeded from the round's first client.
+        # Different randomness per client (dropout); the CPU generator seeded from the group's first client.
         seed_client(seeds[0], runtime.device)
         params = {k: v.unsqueeze(0).expand(len(tasks), *v.shape) for k, v in broadcast["x"].items()}
         ids, stacked_states = torch.tensor(clients), _stack(states)
