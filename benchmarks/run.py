@@ -12,7 +12,9 @@ SST-2-schema data written locally, 20 clients, S = 5). Every workload runs K = 4
 Executions: ``bare`` is the reference, a hand-written sequential FedAvg loop in
 this file; ``sequential`` and ``batched`` run FedAvg through ``FederatedModule``
 and ``Trainer.fit``; ``ddp2`` is sequential execution with the round's clients
-split over 2 DDP processes (gloo). bare/sequential/batched of one workload run in
+split over 2 DDP processes (gloo); ``one_batch`` (opt-in: ``--executions
+bare,one_batch,...``) is the arithmetic floor of batched execution, K plain steps of one
+model over the round's S x B rows as one batch (``bare_loop``). The local executions of one workload run in
 one process, interleaved and repeated (the best of each is kept), so machine noise
 hits them alike; ``ratio_vs_bare`` divides a row's client-steps/s by the bare
 loop's of the same workload and S in this invocation. The first round of every
@@ -168,8 +170,14 @@ def build(workload: str, clients_per_round: int):
     return (MLP(32, 10, hidden=[64]) if workload.startswith("mlp") else SmallCNN()), data
 
 
-def bare_loop(workload: str, clients_per_round: int, rounds: int) -> float:
+def bare_loop(workload: str, clients_per_round: int, rounds: int, one_batch: bool = False) -> float:
     """Hand-written sequential FedAvg: copy x in, K SGD steps, accumulate deltas, average.
+
+    ``one_batch`` (the ``one_batch`` execution): each of the K steps is instead one ordinary
+    forward/backward/SGD step of the one model over all S clients' minibatches concatenated
+    (S x B rows). Not FedAvg: the arithmetic floor of any way of stacking the clients (the same
+    rows through the same layers, without per-client parameters), so ``one_batch / bare`` is
+    the most batched execution can reach on the machine.
 
     Returns the seconds of rounds 2..``rounds`` (the first is a warm-up).
     """
@@ -207,6 +215,15 @@ def bare_loop(workload: str, clients_per_round: int, rounds: int) -> float:
             start = time.perf_counter()
         clients = torch.randperm(data.num_clients, generator=generator)[:clients_per_round]
         total = [torch.zeros_like(g) for g in global_params]
+        if one_batch:
+            for _ in range(spec["steps"]):
+                idx = torch.cat([data.client_train[c][torch.randint(len(data.client_train[c]), (spec["batch"],), generator=generator)]
+                                 for c in clients.tolist()])  # fmt: skip
+                grads = torch.autograd.grad(loss_of(batch_of(idx)), params)
+                with torch.no_grad():
+                    for p, g in zip(params, grads):
+                        p.sub_(g, alpha=LR)
+            continue
         for c in clients.tolist():
             idx_all = data.client_train[c]
             with torch.no_grad():
@@ -300,7 +317,9 @@ def worker(workloads: list[str], executions: list[str], rounds: dict[str, int], 
     _quiet()
 
     def run_one(workload, execution, s, n):
-        return bare_loop(workload, s, n) if execution == "bare" else framework(workload, s, n, execution)
+        if execution in ("bare", "one_batch"):
+            return bare_loop(workload, s, n, one_batch=execution == "one_batch")
+        return framework(workload, s, n, execution)
 
     runs = [(w, e, s) for w in workloads for s in WORKLOADS[w]["plan"] for e in executions]
     return _best_rows(runs, rounds, repeats, run_one)

@@ -26,8 +26,9 @@ def test_worker_rows_have_the_documented_fields(workload, tmp_path, monkeypatch)
     run = _runner()
     monkeypatch.setattr(run, "_quiet", lambda: None)  # keep this process's warning and log settings
     monkeypatch.setitem(run.WORKLOADS, workload, {**run.WORKLOADS[workload], "plan": [2]})
-    rows = run.worker([workload], ["bare", "sequential", "batched"], rounds={workload: 2}, repeats=1)
-    assert [r["execution"] for r in rows] == ["bare", "sequential", "batched"]
+    executions = ["bare", "one_batch", "sequential", "batched"]
+    rows = run.worker([workload], executions, rounds={workload: 2}, repeats=1)
+    assert [r["execution"] for r in rows] == executions
     for row in rows:
         assert set(row) == {"workload", "execution", "clients_per_round", "client_steps_per_s", "peak_rss_mb"}
         assert row["client_steps_per_s"] > 0 and row["peak_rss_mb"] > 0
