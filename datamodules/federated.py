@@ -314,8 +314,14 @@ class FederatedDataModule(L.LightningDataModule):
             return
         if generator is None and steps is not None and self._vectorised:
             # Indices built and gathered GATHER_STEPS steps at a time: memory does not grow with the steps.
+            # The usual round is one such block: its index matrix directly (the same rows as the chunks,
+            # without their generator's bookkeeping, a few microseconds of every client).
             train = self._train
-            for chunk in self.client_batch_index_chunks(client_id, seed, batch_size, steps):
+            if steps <= GATHER_STEPS:
+                chunks = [self.client_batch_index_matrix(client_id, seed, batch_size, steps)]
+            else:
+                chunks = self.client_batch_index_chunks(client_id, seed, batch_size, steps)
+            for chunk in chunks:
                 if isinstance(train, TensorDataset):  # a block's batches in one gather per tensor (the same indices, fewer ops)
                     yield from zip(*(t[chunk.to(t.device, non_blocking=True)].unbind(0) for t in train.tensors))
                 else:

@@ -21,8 +21,14 @@ _SAMPLING_STREAM = 0x5A3
 
 
 def derive_seed(*keys: int) -> int:
-    """A 63-bit seed derived from integer keys, well mixed (numpy SeedSequence)."""
-    return int(np.random.SeedSequence([int(k) for k in keys]).generate_state(2, dtype=np.uint32).view(np.uint64)[0] >> 1)
+    """A 63-bit seed derived from integer keys, well mixed (numpy SeedSequence).
+
+    The keys reach SeedSequence as the uint32 words it would split them into itself
+    (``_uint32_words``): the same entropy, at half the cost of its conversion of a list of
+    Python ints (a round derives one seed per active client).
+    """
+    words = np.array([word for key in keys for word in _uint32_words(int(key))], dtype=np.uint32)
+    return int(np.random.SeedSequence(words).generate_state(2, dtype=np.uint32).view(np.uint64)[0] >> 1)
 
 
 # numpy's SeedSequence constants (numpy/random/bit_generator.pyx), all arithmetic modulo 2**32.

@@ -26,6 +26,17 @@ def test_sgd_step_is_bitwise_p_minus_lr_times_d(lr):
             assert torch.equal(fused[k], p - lr * direction[k])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_sgd_step_rounds_like_a_python_step_size_in_every_dtype(dtype):
+    """On CPU the step size reaches ``_foreach_mul`` as a cached tensor of the tensors' dtype: the same bits."""
+    g = torch.Generator().manual_seed(0)
+    for lr in [0.05, 1 / 3, 0.0123456789123, 2.5e-4, 0.7] + torch.rand(20, generator=g, dtype=torch.float64).tolist():
+        params, direction = ({k: v.to(dtype) for k, v in d.items()} for d in _dicts(2, seed=7, scale=10.0))
+        fused = sgd_step(params, direction, lr)
+        for k, p in params.items():
+            assert torch.equal(fused[k], p - lr * direction[k]) and fused[k].dtype == dtype
+
+
 def test_loss_grads_equals_autograd_grad():
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
     x, y = torch.randn(10, 8), torch.randint(0, 3, (10,))
