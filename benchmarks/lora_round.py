@@ -84,6 +84,7 @@ def one_round(args) -> dict:
     from fl_lightning import FederatedModule, LocalTraining, UniformSampling
     from fl_lightning import params as P
     from fl_lightning.algorithms import Algorithm
+    from fl_lightning.executors import BatchedExecutor
     from models import LoRAClassifier
 
     class AdamLikeState(Algorithm):
@@ -108,8 +109,6 @@ def one_round(args) -> dict:
     data.setup()
     torch.manual_seed(0)
     model = LoRAClassifier(str(root / "gpt2"), num_labels=2, rank=8, alpha=16, dropout=0.05)
-    from fl_lightning.executors import BatchedExecutor
-
     grouped = args.execution == "batched" and args.max_stacked
     module = FederatedModule(
         model=model, algorithm=AdamLikeState(), local=LocalTraining(lr=1e-3, steps=args.steps, batch_size=args.batch_size),

@@ -214,7 +214,6 @@ def bare_loop(workload: str, clients_per_round: int, rounds: int, one_batch: boo
         if round_idx == 1:
             start = time.perf_counter()
         clients = torch.randperm(data.num_clients, generator=generator)[:clients_per_round]
-        total = [torch.zeros_like(g) for g in global_params]
         if one_batch:
             for _ in range(spec["steps"]):
                 idx = torch.cat([data.client_train[c][torch.randint(len(data.client_train[c]), (spec["batch"],), generator=generator)]
@@ -224,6 +223,7 @@ def bare_loop(workload: str, clients_per_round: int, rounds: int, one_batch: boo
                     for p, g in zip(params, grads):
                         p.sub_(g, alpha=LR)
             continue
+        total = [torch.zeros_like(g) for g in global_params]
         for c in clients.tolist():
             idx_all = data.client_train[c]
             with torch.no_grad():

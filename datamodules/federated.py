@@ -278,9 +278,14 @@ class FederatedDataModule(L.LightningDataModule):
         return indices
 
     def client_batch_index_chunks(self, client_id: int, seed: int, batch_size: int, steps: int) -> Iterator[Tensor]:
-        """``client_batch_index_matrix`` in row blocks of at most ``GATHER_STEPS`` steps (bounded memory)."""
+        """``client_batch_index_matrix`` in row blocks of at most ``GATHER_STEPS`` steps (bounded memory).
+        The usual round is one such block: its matrix directly (the same rows, without the chunk
+        generator's bookkeeping, a few microseconds of every client)."""
         indices = self._batchable_indices(client_id, batch_size)
-        return self._step_batch_chunks(indices, torch.Generator().manual_seed(seed), batch_size, steps)
+        generator = torch.Generator().manual_seed(seed)
+        if steps <= GATHER_STEPS:
+            return iter([self._step_batches(indices, generator, batch_size, steps)])
+        return self._step_batch_chunks(indices, generator, batch_size, steps)
 
     @staticmethod
     def _step_positions(n: int, generator: torch.Generator, batch_size: int, num_steps: int) -> Tensor:
@@ -314,14 +319,8 @@ class FederatedDataModule(L.LightningDataModule):
             return
         if generator is None and steps is not None and self._vectorised:
             # Indices built and gathered GATHER_STEPS steps at a time: memory does not grow with the steps.
-            # The usual round is one such block: its index matrix directly (the same rows as the chunks,
-            # without their generator's bookkeeping, a few microseconds of every client).
             train = self._train
-            if steps <= GATHER_STEPS:
-                chunks = [self.client_batch_index_matrix(client_id, seed, batch_size, steps)]
-            else:
-                chunks = self.client_batch_index_chunks(client_id, seed, batch_size, steps)
-            for chunk in chunks:
+            for chunk in self.client_batch_index_chunks(client_id, seed, batch_size, steps):
                 if isinstance(train, TensorDataset):  # a block's batches in one gather per tensor (the same indices, fewer ops)
                     yield from zip(*(t[chunk.to(t.device, non_blocking=True)].unbind(0) for t in train.tensors))
                 else:
