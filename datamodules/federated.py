@@ -381,6 +381,17 @@ class FederatedDataModule(L.LightningDataModule):
     def client_full_batch(self, client_id: int) -> Any:
         return self.client_view(self._gather(self.client_train[client_id]), client_id)
 
+    def client_label_counts(self, client_id: int) -> Tensor:
+        """The client's training samples per class (int64 ``[num_classes]``), the client statistic that
+        label-aware local losses read (FedLC, FedRS): counted from its training targets once, then kept."""
+        cache = self.__dict__.setdefault("_label_counts", {})
+        counts = cache.get(client_id)
+        if counts is None:
+            batch = self._gather(self.client_train[client_id])
+            target = batch["labels"] if isinstance(batch, dict) else batch[-1]
+            counts = cache[client_id] = torch.bincount(target.reshape(-1).long().cpu(), minlength=self.num_classes)
+        return counts
+
     def client_holdout_batch(self, client_id: int) -> Any:
         return self.client_view(self._gather(self.client_holdout[client_id]), client_id)
 

@@ -33,6 +33,10 @@ class ClientData(Protocol):
     def client_full_batch(self, client_id: int) -> Any:
         """All of the client's training data as one batch."""
 
+    # Optional (not part of the structural check): ``client_label_counts(client_id) -> Tensor``, the
+    # client's training samples per class (int64 ``[num_classes]``), read by algorithms that declare
+    # ``needs_label_counts`` (FedLC, FedRS). Checked before training where an algorithm needs it.
+
     def stacked_client_batches(
         self, client_ids: Sequence[int], seeds: Sequence[int], batch_size: int | None, steps: int
     ) -> Iterator[Any]:

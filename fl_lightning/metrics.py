@@ -104,6 +104,14 @@ def round_metrics(
     }
 
 
+def loss_term_means(terms: Sequence[dict[str, float]]) -> dict[str, float]:
+    """``train/loss/<term>``: each named term of an algorithm's local loss (``local_loss``), averaged
+    over the round's clients as ``train/loss`` is (the terms of a client sum to its loss)."""
+    if not terms or not terms[0]:
+        return {}
+    return {f"train/loss/{k}": sum(t[k] for t in terms) / len(terms) for k in terms[0]}
+
+
 def cep_radius(points: Tensor) -> float:
     """Circular error probable: the median distance of points ``[R, d]`` from their mean
     (Rostami & Kia, Sec. VI: the radius around the Monte Carlo mean holding half the runs)."""

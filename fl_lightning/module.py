@@ -24,7 +24,8 @@ from fl_lightning.config import MAX_LOCAL_STEPS, LocalTraining
 from fl_lightning.errors import CheckpointError
 from fl_lightning.executors import ClientRuntime, Executor, resolve_executor
 from fl_lightning.faults import ClientError, ClientFaults, DivergenceError, all_finite, first_non_finite, survivor_weights
-from fl_lightning.metrics import consistency_from_sums, count_messages, round_metrics
+from fl_lightning.metrics import consistency_from_sums, count_messages, loss_term_means, round_metrics
+from fl_lightning.local_loss import check_label_counts, check_local_loss
 from fl_lightning.objective import Objective
 from fl_lightning.params import TensorDict
 from fl_lightning.participation import RoundPlan, derive_seeds
@@ -102,6 +103,7 @@ class FederatedModule(L.LightningModule):
                 f"personal={self.personal} selects {self.personal_names} but algorithm "
                 f"{type(self.algorithm).__name__} does not train personal tensors; use FedAvgP, FedSim, ScaffoldP or FedAlt"
             )
+        check_local_loss(self.algorithm, model)
         self.store = store if store is not None else ClientStore()
         self.faults = faults
         self.server_state: NestedState | None = None
@@ -177,6 +179,7 @@ class FederatedModule(L.LightningModule):
                 f"trainer.val_check_interval must be > 0 (rounds between evaluations, or a fraction in (0, 1]), got {interval}"
             )
         self._check_local_work()
+        check_label_counts(self.algorithm, self.datamodule)
         if self.global_rank == 0:  # temporary files of killed checkpoint writes
             from fl_lightning.checkpoint_io import remove_stale_temporaries
 
@@ -389,6 +392,7 @@ class FederatedModule(L.LightningModule):
         metrics = round_metrics(
             plan.round, self.local.lr_at(plan.round), losses, uploads, broadcast, self.comm_totals, accuracies, **from_sums
         )
+        metrics.update(loss_term_means([r.loss_terms for r in results if r.loss_terms]))
         metrics.update({k: float(v) for k, v in extra_metrics.items()})
         metrics["time/round_s"] = time.perf_counter() - self._round_started
         # Straight to the loggers (`self.log` costs milliseconds per key, a real share of a

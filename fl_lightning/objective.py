@@ -27,6 +27,7 @@ from torch.func import vmap
 
 from fl_lightning import params as P
 from fl_lightning.client_rows import ClientRows, UnsupportedLayer, model_declares
+from fl_lightning.local_loss import ClientLoss, ModelOutputs
 from fl_lightning.params import TensorDict
 
 GradFn = Callable[[TensorDict], tuple[Tensor, TensorDict]]
@@ -137,29 +138,78 @@ class Objective:
         with self.swap(params):
             return self(batch)
 
-    def grad_fn(self, batch: Any, weight_decay: float, record: StepRecord | None = None, stacked: bool = False) -> GradFn:
+    def grad_fn(
+        self, batch: Any, weight_decay: float, record: StepRecord | None = None, stacked: bool = False, loss: ClientLoss | None = None
+    ) -> GradFn:
         """Loss and gradient of the minibatch loss plus ``weight_decay/2 ||w||^2`` at given parameters.
 
         ``stacked``: parameters and batch hold clients on a leading dimension; the loss is then
         ``[S]`` and the gradients ``[S, ...]``: clients are independent, so the gradient of the
         *sum* of their losses is every client's own gradient, from one ordinary backward.
-        The first evaluation (loss without the decay term, outputs, targets) goes to ``record``.
+        ``loss``: an algorithm's local loss (``fl_lightning.local_loss``) in place of the model's.
+        The first evaluation (loss without the decay term, its terms, outputs, targets) goes to ``record``.
         """
+        local_loss = None if loss is None else (loss.stacked if stacked else loss.at)
 
         def grad(params: TensorDict) -> tuple[Tensor, TensorDict]:
             leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
-            loss, out, target = self.stacked(leaves, batch) if stacked else self.at(leaves, batch)
-            grads = dict(zip(leaves, loss_grads(loss.sum() if stacked else loss, list(leaves.values()))))
+            if local_loss is None:
+                value, out, target = self.stacked(leaves, batch) if stacked else self.at(leaves, batch)
+                terms = None
+            else:
+                value, terms, out, target = local_loss(self, leaves, batch)
+            grads = dict(zip(leaves, loss_grads(value.sum() if stacked else value, list(leaves.values()))))
             if weight_decay:
                 grads = P.add(grads, params, weight_decay)
-            loss = loss.detach()
+            value = value.detach()
             if record is not None and not grad.recorded:  # the step's first evaluation is its reported one
-                record.add(loss, out, target)
+                record.add(value, out, target, terms)
                 grad.recorded = True
-            return loss, grads
+            return value, grads
 
         grad.recorded = False
         return grad
+
+    # ---- outputs for a local loss (fl_lightning.local_loss) ---------------------------------------
+    def outputs(self, batch: Any, features: bool = False) -> tuple[ModelOutputs, Tensor]:
+        """The model's outputs on ``batch`` (with its representation where ``features``) and the target."""
+        if isinstance(batch, dict):
+            target, args, kwargs = batch["labels"], (), {k: v for k, v in batch.items() if k != "labels"}
+        else:
+            *args, target = batch
+            kwargs = {}
+        if features:  # the representation convention: forward = head(representation(inputs))
+            z = self.model.representation(*args, **kwargs)
+            return ModelOutputs(self.model.head(z), z), target
+        raw = self.model(*args, **kwargs)
+        if type(raw) is Tensor:
+            return ModelOutputs(raw), target
+        if getattr(raw, "penalty", None) is not None:
+            raise ValueError("the model's output carries a penalty, which an algorithm's local_loss would leave out; use another model")
+        return ModelOutputs(getattr(raw, "logits", raw)), target
+
+    def outputs_at(self, params: TensorDict, batch: Any, features: bool = False) -> tuple[ModelOutputs, Tensor]:
+        """``outputs`` with ``params`` substituted for the model's parameters of those names."""
+        with self.swap(params):
+            return self.outputs(batch, features)
+
+    def stacked_outputs(self, params: TensorDict, batch: Any, features: bool = False) -> tuple[ModelOutputs, Tensor]:
+        """``outputs`` of clients stacked on a leading dimension (``[S, B, ...]``): as client rows
+        where the model allows (``ClientRows``), else by vmap of the forward."""
+        if self.rows is not None:
+            flat = {k: v.flatten(0, 1) for k, v in batch.items()} if isinstance(batch, dict) else [x.flatten(0, 1) for x in batch]
+            with self.rows(params):
+                out, target = self.outputs(flat, features)
+            shape = (batch["labels"] if isinstance(batch, dict) else batch[-1]).shape
+            z = None if out.features is None else out.features.view(*shape, *out.features.shape[1:])
+            return ModelOutputs(out.logits.view(*shape, *out.logits.shape[1:]), z), target.view(shape)
+
+        def one(p: TensorDict, b: Any) -> tuple[Tensor, ...]:
+            out, target = self.outputs_at(p, b, features)
+            return (out.logits, target, out.features) if features else (out.logits, target)
+
+        logits, target, *z = vmap(one, randomness="different")(params, batch)
+        return ModelOutputs(logits, z[0] if z else None), target
 
     # ---- clients stacked on a leading dimension ------------------------------------------------
     def stacked(self, params: TensorDict, batch: Any) -> tuple[Tensor, Tensor, Tensor]:
@@ -219,15 +269,18 @@ class StepRecord:
     clients) is done, so the local steps never wait for the host.
     """
 
-    __slots__ = ("losses", "outputs", "targets")
+    __slots__ = ("losses", "outputs", "targets", "terms")
 
     def __init__(self) -> None:
         self.losses: list[Tensor] = []
         self.outputs: list[Tensor] | None = []  # None: the model is not a classifier (decided at the first step)
         self.targets: list[Tensor] = []
+        self.terms: list[dict[str, Tensor]] = []  # an algorithm's named loss terms, per step (``local_loss``)
 
-    def add(self, loss: Tensor, out: Tensor, target: Tensor) -> None:
+    def add(self, loss: Tensor, out: Tensor, target: Tensor, terms: dict[str, Tensor] | None = None) -> None:
         self.losses.append(loss)
+        if terms is not None:
+            self.terms.append({k: v.detach() for k, v in terms.items()})
         outputs = self.outputs
         if outputs is None:
             return
@@ -249,6 +302,17 @@ class StepRecord:
 
     def samples(self) -> int:
         return sum(t.shape[-1] for t in self.targets)
+
+    def term_means(self) -> list[dict[str, float]] | dict[str, float]:
+        """The mean over steps of each named loss term: ``{term: mean}``, or for stacked clients one
+        such dict per client ({} where the loss has no named terms)."""
+        if not self.terms:
+            return {}
+        means = {k: torch.stack([t[k] for t in self.terms]).mean(0) for k in self.terms[0]}
+        if next(iter(means.values())).dim() == 0:
+            return {k: float(v) for k, v in means.items()}
+        columns = {k: v.tolist() for k, v in means.items()}
+        return [{k: column[i] for k, column in columns.items()} for i in range(len(next(iter(columns.values()))))]
 
 
 def round_means(records: Sequence[StepRecord]) -> list[tuple[float, float]]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from fl_lightning.params import TensorDict
@@ -57,6 +57,7 @@ class ClientResult:
     num_steps: int
     mean_loss: float
     accuracy: float = math.nan  # the fraction of its training samples predicted right during its steps (NaN: not a classifier)
+    loss_terms: dict[str, float] = field(default_factory=dict)  # mean over steps of each named term of an algorithm's local_loss
 
 
 @dataclass

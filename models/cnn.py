@@ -40,3 +40,11 @@ class SmallCNN(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.classifier(self.features(x))
+
+    # The representation convention (docs/architecture.md): forward(x) = head(representation(x)).
+    def representation(self, x: Tensor) -> Tensor:
+        """The hidden linear layer's activations (after its ReLU), which the last layer reads."""
+        return self.classifier[1](self.classifier[0](self.features(x)))
+
+    def head(self, z: Tensor) -> Tensor:
+        return self.classifier[2](z)

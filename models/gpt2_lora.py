@@ -118,6 +118,23 @@ class LoRAClassifier(nn.Module):
             attention_mask = causal_padding_mask(attention_mask)
         return self.net(input_ids=input_ids, attention_mask=attention_mask).logits
 
+    # The representation convention (docs/architecture.md): forward(...) = head(representation(...)) to float
+    # tolerance (the head here is applied to the pooled state, forward applies it to every token, then pools).
+    def representation(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """The hidden state of each sequence's last non-padding token: the one the ``score`` head's logits are read at."""
+        classifier = self.net.get_base_model()
+        if attention_mask is not None and attention_mask.dim() == 2 and self.net.config._attn_implementation == "sdpa":
+            attention_mask = causal_padding_mask(attention_mask)
+        body = getattr(classifier, classifier.base_model_prefix)
+        hidden = body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        # transformers' pooling: the rightmost token that is not padding
+        non_pad = (input_ids != classifier.config.pad_token_id).to(hidden.device, torch.int32)
+        last = (torch.arange(input_ids.shape[-1], device=hidden.device, dtype=torch.int32) * non_pad).argmax(-1)
+        return hidden[torch.arange(input_ids.shape[0], device=hidden.device), last]
+
+    def head(self, z: Tensor) -> Tensor:
+        return self.net.get_base_model().score(z)
+
     def save_pretrained(self, path: str | Path) -> None:
         """Write the current adapter (and head) in peft's format, for ``PeftModel.from_pretrained``,
         and the base model's config (``config.json``: ``num_labels``, ``pad_token_id``) beside it,

@@ -22,6 +22,13 @@ class LinearRegression(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return self.linear(x)
 
+    # The representation convention (docs/architecture.md): the representation of a linear model is its input.
+    def representation(self, x: Tensor) -> Tensor:
+        return x
+
+    def head(self, z: Tensor) -> Tensor:
+        return self.linear(z)
+
     @staticmethod
     def loss(out: Tensor, y: Tensor) -> Tensor:
         return 0.5 * ((out.squeeze(-1) - y) ** 2).mean()

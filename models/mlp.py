@@ -32,3 +32,13 @@ class MLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)
+
+    # The representation convention (docs/architecture.md): forward(x) = head(representation(x)).
+    def representation(self, x: Tensor) -> Tensor:
+        """The last hidden layer's activations (the flattened input for a linear model)."""
+        for layer in self.net[:-1]:
+            x = layer(x)
+        return x
+
+    def head(self, z: Tensor) -> Tensor:
+        return self.net[-1](z)

@@ -110,11 +110,19 @@ class ResNet18(nn.Module):
             self.to(memory_format=torch.channels_last)
 
     def forward(self, x: Tensor) -> Tensor:
+        return self.fc(self.representation(x))
+
+    # The representation convention (docs/architecture.md): forward(x) = head(representation(x)).
+    def representation(self, x: Tensor) -> Tensor:
+        """The globally pooled 512 features of the last stage, which ``fc`` reads."""
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         out = self.relu(self.bn1(self.conv1(x)))
         out = self.layer4(self.layer3(self.layer2(self.layer1(out))))
-        return self.fc(self.pool(out).flatten(1))
+        return self.pool(out).flatten(1)
+
+    def head(self, z: Tensor) -> Tensor:
+        return self.fc(z)
 
 
 class ResNet18x64(ResNet18):

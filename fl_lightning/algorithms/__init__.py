@@ -13,10 +13,12 @@ from fl_lightning.algorithms.fedopt import FedAdam, FedAvgM, FedYogi
 from fl_lightning.algorithms.fedprox import FedProx
 from fl_lightning.algorithms.fedsam import FedSAM
 from fl_lightning.algorithms.local_adam import LocalAdam
+from fl_lightning.algorithms.moon import MOON
 from fl_lightning.algorithms.scaffold import SCAFFOLD
 from fl_lightning.algorithms.scaffold_p import ScaffoldP
 
 __all__ = [
+    "MOON",
     "SCAFFOLD",
     "Algorithm",
     "ClientContext",

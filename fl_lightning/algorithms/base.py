@@ -36,13 +36,17 @@ from torch import Tensor
 
 from fl_lightning import params as P
 from fl_lightning.capabilities import declared
+from fl_lightning.local_loss import LossContext, ModelOutputs
 from fl_lightning.objective import GradFn
 from fl_lightning.params import TensorDict
 from fl_lightning.participation import RoundPlan
 from fl_lightning.state import NestedState
 from fl_lightning.tasks import ClientResult, Payload
 
-__all__ = ["Algorithm", "ClientContext", "ClientIdUnavailable", "ClientResult", "Payload", "RoundInfo", "declares_capability"]
+__all__ = [
+    "Algorithm", "ClientContext", "ClientIdUnavailable", "ClientResult", "LossContext", "ModelOutputs", "Payload", "RoundInfo",
+    "declares_capability", "defines_local_loss",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,11 @@ _AGGREGATE_METHODS = ("aggregate", "upload_sum", "aggregate_sum")
 _CAPABILITY_METHODS = {"linear_aggregate": _AGGREGATE_METHODS}  # else the client rule's methods
 
 
+def defines_local_loss(algorithm: object) -> bool:
+    """Whether ``algorithm`` replaces the model's loss with its own ``local_loss``."""
+    return getattr(type(algorithm), "local_loss", Algorithm.local_loss) is not Algorithm.local_loss
+
+
 def declares_capability(algorithm: object, capability: str) -> bool:
     """Whether ``algorithm`` has ``capability`` (e.g. ``elementwise``) set by the class that wrote its rule.
 
@@ -144,6 +153,13 @@ class Algorithm:
     #: declares it. True here: the base ``aggregate`` (FedAvg's) is ``-sum_i w_i delta_i``.
     linear_aggregate = True
 
+    #: Whether ``local_loss`` reads ``out.features``, the model's representation (the model must
+    #: define ``representation`` and ``head``: docs/architecture.md, "The local objective").
+    needs_features = False
+    #: Whether ``local_loss`` reads ``ctx.label_counts``, the client's training samples per class
+    #: (the data must define ``client_label_counts``).
+    needs_label_counts = False
+
     def __init__(self, global_lr: float = 1.0) -> None:
         if not global_lr > 0:
             raise ValueError(f"algorithm global_lr must be > 0, got {global_lr}")
@@ -176,6 +192,12 @@ class Algorithm:
     def personal_finish(self, params: TensorDict, local: NestedState, ctx: ClientContext) -> TensorDict:
         """The personal tensors the client keeps: ``v_{i,K}`` (the values after the last step)."""
         return {k: params[k] for k in ctx.personal}
+
+    # ---- the local objective (optional: fl_lightning.local_loss) ------------------------
+    def local_loss(self, out: ModelOutputs, target: Tensor, ctx: LossContext) -> dict[str, Tensor]:
+        """The client's loss on a batch as named terms, summed into the loss ``ctx.grad`` differentiates
+        and logged as ``train/loss/<term>``. Not defined here: without it the model's own loss is used."""
+        raise NotImplementedError
 
     # ---- optional warm-up pass over all clients before round 0 -----------------
     def client_warmup(self, params: TensorDict, ctx: ClientContext) -> tuple[Payload, NestedState]:

@@ -19,6 +19,7 @@ error); if none fails, the batched path is wrong and ``BatchedExecutionError`` s
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import Counter
 from collections.abc import Sequence
@@ -29,11 +30,12 @@ from torch import Tensor, nn
 from torch.func import grad_and_value, vmap
 
 from fl_lightning import params as P
-from fl_lightning.algorithms.base import ClientContext, ClientIdUnavailable, RoundInfo, declares_capability
+from fl_lightning.algorithms.base import ClientContext, ClientIdUnavailable, RoundInfo, declares_capability, defines_local_loss
 from fl_lightning.client_data import Unstackable
 from fl_lightning.errors import FLError, interrupted, one_line
 from fl_lightning.executors.base import ClientRuntime, Executor, check_loss, seed_client, to_device
 from fl_lightning.executors.sequential import SequentialExecutor
+from fl_lightning.local_loss import client_loss
 from fl_lightning.objective import StepRecord
 from fl_lightning.params import TensorDict
 from fl_lightning.tasks import ClientResult, ClientTask, Payload
@@ -72,7 +74,11 @@ def _no_full_grad(params: TensorDict) -> TensorDict:
 def _model_not_vmappable(error: Exception, runtime: ClientRuntime) -> str | None:
     """The declared reason when a rule that runs per client under vmap meets a model whose forward
     vmap cannot trace (e.g. transformers' masking code, which branches on tensor values); else None."""
-    if not (isinstance(error, RuntimeError) and str(error).startswith("vmap:")) or declares_capability(runtime.algorithm, "elementwise"):
+    if not (isinstance(error, RuntimeError) and str(error).startswith("vmap:")):
+        return None
+    if defines_local_loss(runtime.algorithm):
+        return f"{type(runtime.algorithm).__name__}'s local_loss runs per client under vmap, and the model's forward cannot run under vmap"
+    if declares_capability(runtime.algorithm, "elementwise"):
         return None
     return (
         f"{type(runtime.algorithm).__name__} does not declare elementwise = True, so its rule runs per client under vmap, "
@@ -164,7 +170,8 @@ class BatchedExecutor(Executor):
         record = StepRecord()
         rule = self._elementwise_rule if declares_capability(runtime.algorithm, "elementwise") else self._vmapped_rule
         step_batches = (to_device(batch, runtime.device) for batch in batches)
-        params, local_state = rule(runtime, params, stacked_states, ids, broadcast, info, step_batches, record)
+        loss = client_loss(runtime.algorithm, ids, broadcast, stacked_states, info, runtime.data, runtime.device)
+        params, local_state = rule(runtime, params, stacked_states, ids, broadcast, info, step_batches, record, loss)
         uploads, new_states = self._finish(runtime, params, local_state, (states, stacked_states), ids, broadcast, info)
         losses = record.losses
         mean_losses = torch.stack(losses).mean(0).tolist() if losses else [float("nan")] * len(tasks)
@@ -172,15 +179,17 @@ class BatchedExecutor(Executor):
             check_loss(info.round, client, loss)
         correct = record.correct()
         accuracies = (correct / record.samples()).tolist() if correct is not None else [float("nan")] * len(tasks)
+        terms = record.term_means() or [{}] * len(tasks)
         return [
-            ClientResult(c, uploads[i], new_states[i], local.steps, mean_losses[i], accuracies[i]) for i, c in enumerate(clients)
+            ClientResult(c, uploads[i], new_states[i], local.steps, mean_losses[i], accuracies[i], terms[i])
+            for i, c in enumerate(clients)
         ]
 
     @staticmethod
     def _context(ids: Tensor, broadcast: Payload, state: Any, info: RoundInfo, runtime: ClientRuntime, **kw) -> ClientContext:
         return ClientContext(ids, broadcast, state, info, runtime.local.steps, full_grad=_no_full_grad, **kw)
 
-    def _elementwise_rule(self, runtime, params, client_state, ids, broadcast, info, batches, record):
+    def _elementwise_rule(self, runtime, params, client_state, ids, broadcast, info, batches, record, loss=None):
         """The rule applied once to all clients' stacked tensors (no vmap around it)."""
         algorithm, objective, weight_decay = runtime.algorithm, runtime.objective, runtime.local.weight_decay
         ctx = self._context(ids, broadcast, client_state, info, runtime)
@@ -189,35 +198,40 @@ class BatchedExecutor(Executor):
             if runtime.should_stop():
                 raise interrupted(info.round, int(ids[0]), step, runtime.local.steps)
             ctx.step = step
-            ctx.grad = objective.grad_fn(batch, weight_decay, record, stacked=True)
+            ctx.grad = objective.grad_fn(batch, weight_decay, record, stacked=True, loss=loss)
             params, local_state = algorithm.client_step(params, local_state, ctx)
         return params, local_state
 
-    def _vmapped_rule(self, runtime, params, client_state, ids, broadcast, info, batches, record):
+    def _vmapped_rule(self, runtime, params, client_state, ids, broadcast, info, batches, record, loss=None):
         """A rule with reductions (e.g. FedSAM's gradient norm): run per client under vmap."""
         algorithm, objective, weight_decay = runtime.algorithm, runtime.objective, runtime.local.weight_decay
+        counts = None if loss is None else loss.label_counts
 
-        def loss_at(p: TensorDict, batch: Any) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-            loss, out, target = objective.at(p, batch)
-            return loss, (out, target)
+        def loss_at(p: TensorDict, batch: Any, bound: Any) -> tuple[Tensor, tuple[Tensor, Tensor, dict]]:
+            if bound is None:
+                value, out, target = objective.at(p, batch)
+                return value, (out, target, {})
+            value, terms, out, target = bound.at(objective, p, batch)
+            return value, (out, target, terms)
 
         def step_fn(step: int):
-            def one_client(params: TensorDict, local_state: Any, state: Any, cid: Tensor, batch: Any):
-                first: list[tuple] = []  # the step's first evaluation: (loss, outputs, targets)
+            def one_client(params: TensorDict, local_state: Any, state: Any, cid: Tensor, batch: Any, counts: Any):
+                first: list[tuple] = []  # the step's first evaluation: (loss, outputs, targets, terms)
+                bound = None if loss is None else dataclasses.replace(loss, client=cid, client_state=state, label_counts=counts)
 
                 def grad(p: TensorDict) -> tuple[Tensor, TensorDict]:
-                    g, (loss, (out, target)) = grad_and_value(loss_at, has_aux=True)(p, batch)
+                    g, (value, (out, target, terms)) = grad_and_value(loss_at, has_aux=True)(p, batch, bound)
                     if weight_decay:
                         g = P.add(g, p, weight_decay)
                     if not first:
-                        first.append((loss, out, target))
-                    return loss, g
+                        first.append((value, out, target, terms))
+                    return value, g
 
                 ctx = self._context(cid, broadcast, state, info, runtime, grad=grad, step=step)
                 new_params, new_local = algorithm.client_step(params, local_state, ctx)
                 return new_params, new_local, first[0]
 
-            return vmap(one_client, randomness="different")
+            return vmap(one_client, in_dims=(0, 0, 0, 0, 0, None if counts is None else 0), randomness="different")
 
         def init(p: TensorDict, state: Any, cid: Tensor) -> Any:
             return algorithm.client_init(p, self._context(cid, broadcast, state, info, runtime))
@@ -226,8 +240,8 @@ class BatchedExecutor(Executor):
         for step, batch in enumerate(batches):
             if runtime.should_stop():
                 raise interrupted(info.round, int(ids[0]), step, runtime.local.steps)
-            params, local_state, (loss, out, target) = step_fn(step)(params, local_state, client_state, ids, batch)
-            record.add(loss, out, target)
+            params, local_state, (value, out, target, terms) = step_fn(step)(params, local_state, client_state, ids, batch, counts)
+            record.add(value, out, target, terms if loss is not None else None)
         return params, local_state
 
     def _finish(self, runtime, params, local_state, states, ids, broadcast, info) -> tuple[list[Payload], list[Any]]:

@@ -14,6 +14,7 @@ from fl_lightning import params as P
 from fl_lightning.algorithms.base import ClientContext, RoundInfo
 from fl_lightning.errors import FLError, interrupted
 from fl_lightning.executors.base import ClientRuntime, Executor, check_loss, seed_client, to_device
+from fl_lightning.local_loss import client_loss
 from fl_lightning.objective import StepRecord, round_means
 from fl_lightning.faults import TRANSIENT_ERRORS, ClientError, fatal_client_error
 from fl_lightning.params import TensorDict
@@ -70,7 +71,7 @@ def _with_means(results: list[ClientResult], records: list, info: RoundInfo) -> 
     for (result, record), (loss, accuracy) in zip(records, round_means([r for _, r in records])):
         if record.losses:
             check_loss(info.round, result.client_id, loss)
-        result.mean_loss, result.accuracy = loss, accuracy
+        result.mean_loss, result.accuracy, result.loss_terms = loss, accuracy, record.term_means()
     return results
 
 
@@ -80,9 +81,10 @@ def _train_client(task: ClientTask, info: RoundInfo, runtime: ClientRuntime, rec
     cid, broadcast = task.client_id, task.broadcast
     seed_client(task.seed, device)
     client_state, personal = task.load_state()
+    loss = client_loss(algorithm, cid, broadcast, client_state, info, data, device)  # None: the model's own loss
 
     def full_grad(params: TensorDict) -> TensorDict:
-        return objective.grad_fn(to_device(data.client_full_batch(cid), device), local.weight_decay)(params)[1]
+        return objective.grad_fn(to_device(data.client_full_batch(cid), device), local.weight_decay, loss=loss)(params)[1]
 
     ctx = ClientContext(cid, broadcast, client_state, info, task.num_steps, full_grad=full_grad, personal=personal)
     params = {**broadcast["x"], **personal}  # personal tensors train beside the shared ones and never leave
@@ -92,7 +94,7 @@ def _train_client(task: ClientTask, info: RoundInfo, runtime: ClientRuntime, rec
         if runtime.should_stop():
             raise interrupted(info.round, cid, step, task.num_steps)
         ctx.step = step
-        ctx.grad = objective.grad_fn(to_device(batch, device), local.weight_decay, record)
+        ctx.grad = objective.grad_fn(to_device(batch, device), local.weight_decay, record, loss=loss)
         params, local_state = algorithm.client_step(params, local_state, ctx)
     shared = {k: params[k] for k in broadcast["x"]} if personal else params
     upload, new_state = algorithm.client_finish(shared, local_state, ctx)

@@ -1,0 +1,200 @@
+"""The local-objective contract (fl_lightning/local_loss.py) and the algorithms written through it
+(docs/algorithms.md, sections 19-24): each against an independent plain-PyTorch reference, sequential
+and batched, and their reductions to FedAvg (bitwise, sequential)."""
+
+import csv
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from datamodules import IID
+from fl_lightning import FedAvg, FederatedModule, LocalTraining
+from fl_lightning.algorithms import MOON
+from fl_lightning.cli import build_cli
+from fl_lightning.participation import derive_seed
+from models import MLP, SmallCNN
+from tests.conftest import tiny_datamodule, tiny_trainer
+
+ROOT = Path(__file__).resolve().parents[1]
+LR, STEPS, ROUNDS, BATCH = 0.1, 3, 2, 16
+
+
+def _data():
+    """Two clients of 150 samples each, both training every round (weights 1/2 either way)."""
+    return tiny_datamodule(num_clients=2, clients_per_round=2, partition=IID())
+
+
+def _fit(algorithm, execution, rounds=ROUNDS, model_fn=lambda: MLP(8, 3, hidden=[16]), data_fn=_data, batch_size=BATCH):
+    torch.manual_seed(0)
+    module = FederatedModule(model_fn(), algorithm, LocalTraining(lr=LR, steps=STEPS, batch_size=batch_size), execution=execution)
+    tiny_trainer("/tmp/unused", rounds).fit(module, datamodule=data_fn())
+    return module
+
+
+def _params(module):
+    return {k: v.detach().clone() for k, v in module.model.named_parameters()}
+
+
+# ---- an independent reference: plain tensors, local SGD on the clients' minibatches, FedAvg's server ----
+def _mlp(p, x):
+    """MLP(8, 3, hidden=[16]) written out: (representation z, logits)."""
+    z = torch.relu(x @ p["net.1.weight"].T + p["net.1.bias"])
+    return z, z @ p["net.3.weight"].T + p["net.3.bias"]
+
+
+def _reference(loss, finish, rounds=ROUNDS):
+    """``rounds`` rounds of 2 clients, K SGD steps on ``loss(p, x, y, global, state)`` over the client's
+    round's minibatches (the samples the data module draws from its round seed); ``finish(p, state)``
+    updates a client's state; the server averages the two models."""
+    torch.manual_seed(0)
+    x_global = {k: v.detach().clone() for k, v in MLP(8, 3, hidden=[16]).named_parameters()}
+    data = _data()
+    data.setup()
+    states = [{} for _ in range(2)]
+    for round_idx in range(rounds):
+        finals = []
+        for cid in range(2):
+            p = {k: v.clone() for k, v in x_global.items()}
+            for x, y in data.client_batches(cid, derive_seed(data.seed, round_idx, cid), BATCH, STEPS):
+                leaves = {k: v.requires_grad_(True) for k, v in p.items()}
+                grads = torch.autograd.grad(loss(leaves, x, y, x_global, states[cid]), list(leaves.values()))
+                p = {k: (v - LR * g).detach() for (k, v), g in zip(leaves.items(), grads)}
+            finish(p, states[cid])
+            finals.append(p)
+        x_global = {k: x_global[k] + ((finals[0][k] - x_global[k]) + (finals[1][k] - x_global[k])) / 2 for k in x_global}
+    return x_global
+
+
+def _max_difference(module, reference):
+    return max(float((module.model.get_parameter(k).detach() - v).abs().max()) for k, v in reference.items())
+
+
+# ---- MOON (section 19) ------------------------------------------------------------------------------
+def _cosine(a, b):
+    return (a * b).sum(-1) / (a.norm(dim=-1) * b.norm(dim=-1))
+
+
+def moon_reference(mu, tau):
+    def loss(p, x, y, x_global, state):
+        z, logits = _mlp(p, x)
+        z_global = _mlp(x_global, x)[0]
+        z_previous = _mlp(state.get("previous", x_global), x)[0]  # the global model at the client's first round
+        positive, negative = torch.exp(_cosine(z, z_global) / tau), torch.exp(_cosine(z, z_previous) / tau)
+        return F.cross_entropy(logits, y) - mu * torch.log(positive / (positive + negative)).mean()
+
+    def finish(p, state):
+        state["previous"] = p
+
+    return _reference(loss, finish)
+
+
+@pytest.mark.parametrize("execution", ["sequential", "batched"])
+def test_moon_equals_an_independent_moon(execution):
+    module = _fit(MOON(mu=1.0, tau=0.5), execution)
+    if execution == "batched":
+        assert not module.executor.inner.fallbacks  # every round ran stacked
+    difference = _max_difference(module, moon_reference(1.0, 0.5))
+    print(f"MOON {execution}: {difference:.2e}")
+    assert difference < 2e-6
+    # the client's previous model is its state: the model it ended its last round with
+    assert set(module.store.get(0, dict)) == {"previous"}
+
+
+class VmappedMOON(MOON):
+    """MOON whose rule runs per client under vmap (it declares no elementwise)."""
+
+    elementwise = False
+
+
+def test_moon_rule_under_vmap_equals_stacked():
+    stacked, vmapped = _fit(MOON(mu=1.0, tau=0.5), "batched"), _fit(VmappedMOON(mu=1.0, tau=0.5), "batched")
+    assert not vmapped.executor.inner.fallbacks
+    for a, b in zip(stacked.model.parameters(), vmapped.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_moon_on_client_rows_of_a_cnn_equals_sequential():
+    """SmallCNN declares independent_rows: the batched forward runs the clients as rows of one batch."""
+    from tests.test_execution import _digits
+
+    kw = dict(model_fn=lambda: SmallCNN(channels=4, hidden=16), data_fn=_digits, batch_size=16)
+    seq, bat = _fit(MOON(mu=1.0), "sequential", **kw), _fit(MOON(mu=1.0), "batched", **kw)
+    assert bat.objective.rows is not None and not bat.executor.inner.fallbacks
+    for a, b in zip(seq.model.parameters(), bat.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+# ---- reductions to FedAvg (bitwise, sequential; to float tolerance, batched) ------------------------
+REDUCTIONS = {"moon_mu0": lambda: MOON(mu=0.0)}
+
+
+@pytest.fixture(scope="module")
+def fedavg():
+    return {execution: _params(_fit(FedAvg(), execution, batch_size=16)) for execution in ("sequential", "batched")}
+
+
+@pytest.mark.parametrize("name", sorted(REDUCTIONS))
+def test_reductions_are_fedavg(fedavg, name):
+    for execution in ("sequential", "batched"):
+        params = _params(_fit(REDUCTIONS[name](), execution, batch_size=16))
+        for k, v in params.items():
+            if execution == "sequential":
+                assert torch.equal(v, fedavg[execution][k]), (name, k)
+            else:
+                torch.testing.assert_close(v, fedavg[execution][k], rtol=1e-5, atol=1e-6)
+
+
+# ---- the contract ---------------------------------------------------------------------------------
+def test_loss_terms_are_logged_and_sum_to_the_loss(tmp_path):
+    from lightning.pytorch.loggers import CSVLogger
+
+    torch.manual_seed(0)
+    module = FederatedModule(MLP(8, 3, hidden=[16]), MOON(mu=1.0), LocalTraining(lr=LR, steps=STEPS, batch_size=8))
+    tiny_trainer(tmp_path, 3, logger=CSVLogger(tmp_path, name="m", version=0)).fit(module, datamodule=tiny_datamodule())
+    with open(tmp_path / "m" / "version_0" / "metrics.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r["train/loss"]]
+    assert len(rows) == 3
+    for row in rows:
+        ce, con = float(row["train/loss/ce"]), float(row["train/loss/contrastive"])
+        assert math.isclose(ce + con, float(row["train/loss"]), rel_tol=1e-6)
+    assert math.isclose(float(rows[0]["train/loss/contrastive"]), math.log(2), rel_tol=1e-6)  # first rounds: previous = global
+
+
+def test_a_loss_that_reads_features_needs_a_model_with_a_representation():
+    from models import SplitLogistic
+
+    with pytest.raises(ValueError, match="MOON reads the model's representation"):
+        FederatedModule(SplitLogistic(), MOON())
+
+
+@pytest.mark.parametrize(
+    "model", [MLP(8, 3, hidden=[16]), MLP(8, 3, hidden=[]), SmallCNN(channels=4, hidden=16)], ids=["mlp", "linear", "cnn"]
+)
+def test_models_forward_is_head_of_representation_bitwise(model):
+    x = torch.randn(5, 1, 8, 8) if isinstance(model, SmallCNN) else torch.randn(5, 8)
+    assert torch.equal(model(x), model.head(model.representation(x)))
+
+
+def test_resnet_forward_is_head_of_representation_bitwise():
+    from models import ResNet18
+
+    torch.manual_seed(0)
+    model, x = ResNet18(num_classes=3, in_channels=1), torch.randn(2, 1, 8, 8)
+    z = model.representation(x)
+    assert z.shape == (2, 512) and torch.equal(model(x), model.head(z))
+
+
+def test_moon_config_fits_through_the_cli(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = ["--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--trainer.enable_progress_bar", "false",
+            "--trainer.callbacks.init_args.every_n_train_steps", "2", "--model.local.steps", "2", "--model.execution", "batched"]  # fmt: skip
+    cli = build_cli(["fit", "--config", str(ROOT / "configs" / "moon_digits.yaml"), *args])
+    assert type(cli.model.algorithm).__name__ == "MOON" and cli.trainer.global_step == 2
+    with open(tmp_path / "runs" / "moon_digits" / "version_0" / "metrics.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r["train/loss"]]
+    assert len(rows) == 2
+    for row in rows:
+        assert math.isclose(float(row["train/loss/ce"]) + float(row["train/loss/contrastive"]), float(row["train/loss"]), rel_tol=1e-6)
