@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from datamodules import IID
+from datamodules import Shards
 from fl_lightning import FedAvg, FederatedModule, LocalTraining
-from fl_lightning.algorithms import MOON
+from fl_lightning.algorithms import MOON, FedDecorr, FedLC, FedNTD, FedRS
 from fl_lightning.cli import build_cli
 from fl_lightning.participation import derive_seed
 from models import MLP, SmallCNN
@@ -23,8 +23,9 @@ LR, STEPS, ROUNDS, BATCH = 0.1, 3, 2, 16
 
 
 def _data():
-    """Two clients of 150 samples each, both training every round (weights 1/2 either way)."""
-    return tiny_datamodule(num_clients=2, clients_per_round=2, partition=IID())
+    """Two clients of 150 samples each, both training every round (weights 1/2), each missing one
+    of the 3 classes (one shard of the label-sorted samples each)."""
+    return tiny_datamodule(num_clients=2, clients_per_round=2, partition=Shards(1))
 
 
 def _fit(algorithm, execution, rounds=ROUNDS, model_fn=lambda: MLP(8, 3, hidden=[16]), data_fn=_data, batch_size=BATCH):
@@ -45,15 +46,15 @@ def _mlp(p, x):
     return z, z @ p["net.3.weight"].T + p["net.3.bias"]
 
 
-def _reference(loss, finish, rounds=ROUNDS):
+def _reference(loss, finish=lambda p, state: None, rounds=ROUNDS):
     """``rounds`` rounds of 2 clients, K SGD steps on ``loss(p, x, y, global, state)`` over the client's
     round's minibatches (the samples the data module draws from its round seed); ``finish(p, state)``
-    updates a client's state; the server averages the two models."""
+    updates a client's state (``state["counts"]``: its samples per class); the server averages the two models."""
     torch.manual_seed(0)
     x_global = {k: v.detach().clone() for k, v in MLP(8, 3, hidden=[16]).named_parameters()}
     data = _data()
     data.setup()
-    states = [{} for _ in range(2)]
+    states = [{"counts": torch.bincount(data.client_full_batch(c)[1], minlength=3)} for c in range(2)]
     for round_idx in range(rounds):
         finals = []
         for cid in range(2):
@@ -70,6 +71,10 @@ def _reference(loss, finish, rounds=ROUNDS):
 
 def _max_difference(module, reference):
     return max(float((module.model.get_parameter(k).detach() - v).abs().max()) for k, v in reference.items())
+
+
+def fedavg_reference():
+    return _reference(lambda p, x, y, x_global, state: F.cross_entropy(_mlp(p, x)[1], y))
 
 
 # ---- MOON (section 19) ------------------------------------------------------------------------------
@@ -91,16 +96,74 @@ def moon_reference(mu, tau):
     return _reference(loss, finish)
 
 
+# ---- FedNTD (section 20), FedLC (21), FedRS (22), FedDecorr (23) ----------------------------------------
+def fedntd_reference(beta, tau):
+    def loss(p, x, y, x_global, state):
+        logits, teacher = _mlp(p, x)[1], _mlp(x_global, x)[1]
+        others = ~F.one_hot(y, 3).bool()  # the not-true classes, by a mask
+        log_q = F.log_softmax(logits[others].view(-1, 2) / tau, dim=1)
+        q_global = F.softmax(teacher[others].view(-1, 2) / tau, dim=1)
+        return F.cross_entropy(logits, y) + beta * tau**2 * F.kl_div(log_q, q_global, reduction="batchmean")
+
+    return _reference(loss)
+
+
+def fedlc_reference(tau):
+    def loss(p, x, y, x_global, state):  # the authors' form: -log of the calibrated probability of the true class
+        calibrated = torch.exp(_mlp(p, x)[1] - tau * state["counts"].double().clamp(min=1e-8).pow(-0.25).float())
+        return -torch.log(calibrated.gather(1, y[:, None]) / calibrated.sum(1, keepdim=True)).sum() / len(y)
+
+    return _reference(loss)
+
+
+def fedrs_reference(alpha):
+    def loss(p, x, y, x_global, state):
+        logits = _mlp(p, x)[1]
+        restricted = torch.stack([logits[:, c] * (1.0 if state["counts"][c] > 0 else alpha) for c in range(3)], dim=1)
+        return F.cross_entropy(restricted, y)
+
+    return _reference(loss)
+
+
+def feddecorr_reference(beta):
+    def loss(p, x, y, x_global, state):  # the authors' FedDecorrLoss, transliterated
+        z, logits = _mlp(p, x)
+        n, d = z.shape
+        z = z - z.mean(dim=0, keepdim=True)
+        z = z / torch.sqrt(1e-8 + z.var(dim=0, keepdim=True))
+        corr = z.t() @ z
+        off_diagonal = corr.flatten()[:-1].view(d - 1, d + 1)[:, 1:].flatten()
+        return F.cross_entropy(logits, y) + beta * off_diagonal.pow(2).mean() / n
+
+    return _reference(loss)
+
+
+ALGORITHMS = {  # name: (the algorithm, its reference), at the settings of their configs
+    "MOON": (lambda: MOON(mu=1.0, tau=0.5), lambda: moon_reference(1.0, 0.5)),
+    "FedNTD": (lambda: FedNTD(beta=1.0, tau=1.0), lambda: fedntd_reference(1.0, 1.0)),
+    "FedLC": (lambda: FedLC(tau=1.0), lambda: fedlc_reference(1.0)),
+    "FedRS": (lambda: FedRS(alpha=0.5), lambda: fedrs_reference(0.5)),
+    "FedDecorr": (lambda: FedDecorr(beta=0.1), lambda: feddecorr_reference(0.1)),
+}
+
+
+@pytest.fixture(scope="module")
+def fedavg_ref():
+    return fedavg_reference()
+
+
 @pytest.mark.parametrize("execution", ["sequential", "batched"])
-def test_moon_equals_an_independent_moon(execution):
-    module = _fit(MOON(mu=1.0, tau=0.5), execution)
+@pytest.mark.parametrize("name", list(ALGORITHMS))
+def test_algorithm_equals_an_independent_reference(name, execution, fedavg_ref):
+    algorithm, reference = ALGORITHMS[name]
+    module = _fit(algorithm(), execution)
     if execution == "batched":
         assert not module.executor.inner.fallbacks  # every round ran stacked
-    difference = _max_difference(module, moon_reference(1.0, 0.5))
-    print(f"MOON {execution}: {difference:.2e}")
+    expected = reference()
+    difference = _max_difference(module, expected)
+    print(f"{name} {execution}: {difference:.2e}")
     assert difference < 2e-6
-    # the client's previous model is its state: the model it ended its last round with
-    assert set(module.store.get(0, dict)) == {"previous"}
+    assert max(float((expected[k] - fedavg_ref[k]).abs().max()) for k in expected) > 1e-4  # the term matters here
 
 
 class VmappedMOON(MOON):
@@ -128,7 +191,13 @@ def test_moon_on_client_rows_of_a_cnn_equals_sequential():
 
 
 # ---- reductions to FedAvg (bitwise, sequential; to float tolerance, batched) ------------------------
-REDUCTIONS = {"moon_mu0": lambda: MOON(mu=0.0)}
+REDUCTIONS = {
+    "moon_mu0": lambda: MOON(mu=0.0),
+    "fedntd_beta0": lambda: FedNTD(beta=0.0),
+    "feddecorr_beta0": lambda: FedDecorr(beta=0.0),
+    "fedrs_alpha1": lambda: FedRS(alpha=1.0),
+    "fedlc_tau0": lambda: FedLC(tau=0.0),
+}
 
 
 @pytest.fixture(scope="module")
@@ -187,14 +256,22 @@ def test_resnet_forward_is_head_of_representation_bitwise():
     assert z.shape == (2, 512) and torch.equal(model(x), model.head(z))
 
 
-def test_moon_config_fits_through_the_cli(tmp_path, monkeypatch):
+CONFIGS = {"moon": ["ce", "contrastive"], "fedntd": ["ce", "ntd"], "fedlc": ["calibrated_ce"], "fedrs": ["restricted_ce"],
+           "feddecorr": ["ce", "decorrelation"]}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_config_fits_through_the_cli_and_logs_its_loss_terms(tmp_path, monkeypatch, name):
     monkeypatch.chdir(tmp_path)
     args = ["--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--trainer.enable_progress_bar", "false",
-            "--trainer.callbacks.init_args.every_n_train_steps", "2", "--model.local.steps", "2", "--model.execution", "batched"]  # fmt: skip
-    cli = build_cli(["fit", "--config", str(ROOT / "configs" / "moon_digits.yaml"), *args])
-    assert type(cli.model.algorithm).__name__ == "MOON" and cli.trainer.global_step == 2
-    with open(tmp_path / "runs" / "moon_digits" / "version_0" / "metrics.csv") as f:
+            "--trainer.callbacks.init_args.every_n_train_steps", "2", "--model.local.steps", "2"]  # fmt: skip
+    if name == "moon":
+        args += ["--model.execution", "batched"]
+    cli = build_cli(["fit", "--config", str(ROOT / "configs" / f"{name}_digits.yaml"), *args])
+    assert type(cli.model.algorithm).__name__.lower() == name and cli.trainer.global_step == 2
+    with open(tmp_path / "runs" / f"{name}_digits" / "version_0" / "metrics.csv") as f:
         rows = [r for r in csv.DictReader(f) if r["train/loss"]]
     assert len(rows) == 2
     for row in rows:
-        assert math.isclose(float(row["train/loss/ce"]) + float(row["train/loss/contrastive"]), float(row["train/loss"]), rel_tol=1e-6)
+        terms = [float(row[f"train/loss/{term}"]) for term in CONFIGS[name]]
+        assert math.isclose(sum(terms), float(row["train/loss"]), rel_tol=1e-6)

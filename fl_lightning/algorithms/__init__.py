@@ -6,7 +6,11 @@ from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.fedavg_svrg import FedAvgSVRG
 from fl_lightning.algorithms.fedavg_p import FedAlt, FedAvgP, FedSim
 from fl_lightning.algorithms.fedcm import FedCM
+from fl_lightning.algorithms.feddecorr import FedDecorr
 from fl_lightning.algorithms.feddyn import FedDyn
+from fl_lightning.algorithms.fedlc import FedLC
+from fl_lightning.algorithms.fedntd import FedNTD
+from fl_lightning.algorithms.fedrs import FedRS
 from fl_lightning.algorithms.fedlada import FedLADA
 from fl_lightning.algorithms.fedmim import FedMIM
 from fl_lightning.algorithms.fedopt import FedAdam, FedAvgM, FedYogi
@@ -32,10 +36,14 @@ __all__ = [
     "FedAvgSVRG",
     "FedAvgP",
     "FedCM",
+    "FedDecorr",
     "FedDyn",
     "FedLADA",
+    "FedLC",
     "FedMIM",
+    "FedNTD",
     "FedProx",
+    "FedRS",
     "FedSAM",
     "FedSim",
     "FedYogi",
