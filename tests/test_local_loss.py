@@ -275,3 +275,77 @@ def test_config_fits_through_the_cli_and_logs_its_loss_terms(tmp_path, monkeypat
     for row in rows:
         terms = [float(row[f"train/loss/{term}"]) for term in CONFIGS[name]]
         assert math.isclose(sum(terms), float(row["train/loss"]), rel_tol=1e-6)
+
+
+def test_ddp_two_processes_equal_one_process_loss_terms_included(tmp_path):
+    """MOON split over 2 DDP processes (gloo, CPU; partial sums): the one-process model, client
+    store (previous models) and round metrics, train/loss/<term> included."""
+    from tests.test_distributed import _assert_close, _train
+
+    single, ddp = _train(tmp_path, 1, "moon", True), _train(tmp_path, 2, "moon", True)
+    _assert_close(single, ddp, rtol=1e-5, atol=1e-6)
+    assert ddp["exchanges"]["summed"] == 3
+    for name in ("train/loss", "train/loss/ce", "train/loss/contrastive"):
+        assert ddp["metrics"][name] == pytest.approx(single["metrics"][name], rel=1e-5), name
+
+
+class InterleavingExecutor:
+    """Trains the round's clients step by step in turn (client 0's step k, client 1's step k, ...) in
+    one process on the one model: a loss with a side channel or shared state would mix them up."""
+
+    def run(self, tasks, info, runtime):
+        from fl_lightning.algorithms.base import ClientContext
+        from fl_lightning.local_loss import client_loss
+        from fl_lightning.tasks import ClientResult
+
+        algorithm, objective, data, local = runtime.algorithm, runtime.objective, runtime.data, runtime.local
+        clients = []
+        for task in tasks:
+            state = task.load_state().algorithm
+            ctx = ClientContext(task.client_id, task.broadcast, state, info, task.num_steps)
+            loss = client_loss(algorithm, task.client_id, task.broadcast, state, info, data, runtime.device)
+            params = dict(task.broadcast["x"])
+            batches = iter(data.client_batches(task.client_id, task.seed, local.batch_size, local.steps))
+            clients.append([ctx, loss, params, algorithm.client_init(params, ctx), batches])
+        for step in range(local.steps):
+            for client in clients:
+                ctx, loss, params, local_state, batches = client
+                ctx.step, ctx.grad = step, objective.grad_fn(next(batches), local.weight_decay, loss=loss)
+                client[2], client[3] = algorithm.client_step(params, local_state, ctx)
+        results = []
+        for task, (ctx, _, params, local_state, _) in zip(tasks, clients):
+            upload, state = algorithm.client_finish(params, local_state, ctx)
+            results.append(ClientResult(task.client_id, upload, state, task.num_steps, 0.0))
+        return results
+
+    def run_summed(self, tasks, info, runtime):
+        return None
+
+
+def test_clients_interleaving_in_one_process_train_as_one_after_another():
+    from fl_lightning.executors import Executor
+
+    class Interleaving(InterleavingExecutor, Executor):
+        pass
+
+    for algorithm in (lambda: MOON(mu=1.0), lambda: FedNTD(beta=1.0)):
+        sequential, interleaved = _fit(algorithm(), "sequential", rounds=3), _fit(algorithm(), Interleaving(), rounds=3)
+        for k, v in _params(sequential).items():
+            assert torch.equal(v, _params(interleaved)[k]), k
+
+
+def test_lora_representation_and_head_give_the_forward(tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from models import LoRAClassifier
+
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=50, n_positions=16, n_embd=16, n_layer=1, n_head=2, bos_token_id=0, eos_token_id=0,
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    GPT2LMHeadModel(config).save_pretrained(str(tmp_path))
+    model = LoRAClassifier(str(tmp_path), num_labels=3, rank=2, dropout=0.0)
+    ids, mask = torch.randint(1, 50, (4, 6)), torch.ones(4, 6, dtype=torch.long)
+    ids[1, 4:], mask[1, 4:] = 0, 0  # a padded sequence: its representation is its last real token's state
+    z = model.representation(ids, mask)
+    assert z.shape == (4, 16)
+    torch.testing.assert_close(model.head(z), model(ids, mask), rtol=1e-5, atol=1e-6)

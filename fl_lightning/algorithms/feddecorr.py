@@ -1,6 +1,6 @@
-"""FedDecorr, decorrelation of the representation's dimensions (Shi et al., ICLR 2023, Eq. 4).
+"""FedDecorr, decorrelation of the representation's dimensions (Shi et al., ICLR 2023).
 
-Rule: docs/algorithms.md, section 23, (23.1)-(23.2); beta = 0 is FedAvg.
+Rule: docs/algorithms.md, section 21.6, (21.7); beta = 0 is FedAvg.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""FedLC, logit calibration for label distribution skew (Zhang et al., ICML 2022, Eq. 9).
+"""FedLC, logit calibration for label distribution skew (Zhang et al., ICML 2022).
 
-Rule: docs/algorithms.md, section 21, (21.1); tau = 0 is FedAvg.
+Rule: docs/algorithms.md, section 21.4, (21.5); tau = 0 is FedAvg.
 """
 
 from __future__ import annotations

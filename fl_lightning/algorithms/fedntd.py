@@ -1,6 +1,6 @@
-"""FedNTD, federated not-true distillation (Lee et al., NeurIPS 2022, Eq. 5-6).
+"""FedNTD, federated not-true distillation (Lee et al., NeurIPS 2022).
 
-Rule: docs/algorithms.md, section 20, (20.1)-(20.2); beta = 0 is FedAvg.
+Rule: docs/algorithms.md, section 21.3, (21.4); beta = 0 is FedAvg.
 """
 
 from __future__ import annotations

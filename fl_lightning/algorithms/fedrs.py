@@ -1,6 +1,6 @@
-"""FedRS, restricted softmax (Li & Zhan, KDD 2021, Eq. 7).
+"""FedRS, restricted softmax (Li & Zhan, KDD 2021).
 
-Rule: docs/algorithms.md, section 22, (22.1); alpha = 1 is FedAvg.
+Rule: docs/algorithms.md, section 21.5, (21.6); alpha = 1 is FedAvg.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""MOON, model-contrastive federated learning (Li, He & Song, CVPR 2021, Eq. 3-4).
+"""MOON, model-contrastive federated learning (Li, He & Song, CVPR 2021).
 
-Rule: docs/algorithms.md, section 19, (19.1)-(19.2); mu = 0 is FedAvg.
+Rule: docs/algorithms.md, section 21.2, (21.2)-(21.3); mu = 0 is FedAvg.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from fl_lightning.algorithms.base import RoundInfo, declares_capability
+from fl_lightning.algorithms.base import RoundInfo, declares_capability, defines_local_loss
 from fl_lightning.errors import RankFailed, RunInterrupted, one_line
 from fl_lightning.executors.base import ClientRuntime, Executor
 from fl_lightning.faults import all_finite
@@ -129,6 +129,19 @@ def _unpack(buffer: Tensor, structure: Structure) -> tuple[Payload, Payload]:
     return upload, state
 
 
+def _share_loss_terms(everyone: list[ClientResult], mine: list[ClientResult], runtime: ClientRuntime) -> list[ClientResult]:
+    """Every rank's clients' named loss terms (an algorithm's ``local_loss``, logged as ``train/loss/<term>``),
+    which the header exchange does not carry: one ``all_gather_object`` a round, only for such algorithms."""
+    if not defines_local_loss(runtime.algorithm):
+        return everyone
+    parts: list[dict[int, dict[str, float]] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, {r.client_id: r.loss_terms for r in mine})
+    terms = {cid: t for part in parts for cid, t in part.items()}
+    for result in everyone:
+        result.loss_terms = terms.get(result.client_id, {})
+    return everyone
+
+
 class DistributedExecutor(Executor):
     """Wraps a one-process executor; runs it unchanged when torch.distributed is not initialised."""
 
@@ -142,7 +155,8 @@ class DistributedExecutor(Executor):
             return self.inner.run(tasks, info, runtime)
         assignment, mine, results, error = self._run_mine(tasks, info, runtime)
         self.rounds["gathered"] += 1
-        return self._exchange(tasks, assignment, mine, results, runtime.device, error=error, round_idx=info.round)[0]
+        everyone = self._exchange(tasks, assignment, mine, results, runtime.device, error=error, round_idx=info.round)[0]
+        return _share_loss_terms(everyone, results, runtime)
 
     def run_summed(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> SummedRound | None:
         """The round's uploads summed across the ranks (None: one process, no weights, or an algorithm
@@ -168,6 +182,7 @@ class DistributedExecutor(Executor):
         everyone, rows, carry = self._exchange(
             tasks, assignment, mine, stripped, runtime.device, facts, carry, error, info.round
         )
+        everyone = _share_loss_terms(everyone, results, runtime)
         if not everyone:  # no client of the round reported, on any rank
             return SummedRound([], {}, [], {}, 0.0, [])
         if len(everyone) < len(tasks):  # a client failed: the survivors' weights differ, sum again
