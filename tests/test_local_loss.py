@@ -349,3 +349,36 @@ def test_lora_representation_and_head_give_the_forward(tmp_path):
     z = model.representation(ids, mask)
     assert z.shape == (4, 16)
     torch.testing.assert_close(model.head(z), model(ids, mask), rtol=1e-5, atol=1e-6)
+
+
+def test_moon_on_gpt2_lora_runs_batched_as_client_rows_like_sequential(tmp_path_factory, tmp_path):
+    """The LoRA classifier's representation (the pooled hidden state) through client rows, the global
+    and previous models evaluated per client under vmap: the sequential result."""
+    from tests.test_lora_batched import assert_same, fit
+    from tests.text_fixtures import shared_assets
+
+    assets = shared_assets(tmp_path_factory)
+    seq = fit(assets, tmp_path, lambda: MOON(mu=1.0), "sequential", rounds=2)
+    bat = fit(assets, tmp_path, lambda: MOON(mu=1.0), "batched", rounds=2)
+    assert bat.objective.rows is not None and not bat.executor.inner.fallbacks
+    assert_same(seq, bat)
+
+
+def test_a_local_loss_falls_back_with_its_reason_when_the_model_cannot_run_under_vmap(tmp_path, caplog):
+    import logging
+
+    from tests.test_lora_batched import BranchingMLP
+
+    def run(execution):
+        torch.manual_seed(0)
+        module = FederatedModule(BranchingMLP(), FedNTD(), LocalTraining(lr=0.1, steps=2, batch_size=8), execution=execution)
+        tiny_trainer(tmp_path / execution, rounds=2).fit(module, datamodule=tiny_datamodule())
+        return module
+
+    with caplog.at_level(logging.WARNING, logger="fl_lightning.executors.batched"):
+        bat = run("batched")
+    assert "FedNTD's local_loss runs per client under vmap" in caplog.text
+    assert sum(bat.executor.inner.fallbacks.values()) == 2
+    seq = run("sequential")
+    for a, b in zip(seq.model.parameters(), bat.model.parameters()):
+        assert torch.equal(a, b)
