@@ -382,3 +382,24 @@ def test_a_local_loss_falls_back_with_its_reason_when_the_model_cannot_run_under
     seq = run("sequential")
     for a, b in zip(seq.model.parameters(), bat.model.parameters()):
         assert torch.equal(a, b)
+
+
+def test_a_loss_that_reads_label_counts_needs_data_that_gives_them(tmp_path):
+    from datamodules import FederatedDataModule
+
+    class NoCounts(FederatedDataModule):
+        client_label_counts = None
+
+    data = NoCounts(dataset="synthetic", dataset_args={"num_samples": 60, "num_features": 8, "num_classes": 3, "seed": 1}, num_clients=2)
+    module = FederatedModule(MLP(8, 3, hidden=[16]), FedRS(), LocalTraining(lr=0.1, steps=1, batch_size=8))
+    with pytest.raises(ValueError, match="FedRS reads the clients' label counts"):
+        tiny_trainer(tmp_path, 1).fit(module, datamodule=data)
+
+
+def test_client_label_counts_count_the_clients_training_targets():
+    data = _data()
+    data.setup()
+    for client in range(2):
+        counts = data.client_label_counts(client)
+        assert counts.dtype == torch.int64 and counts.sum() == data.client_sizes[client]
+        assert (counts == 0).sum() == 1  # one shard of the label-sorted samples: a class is missing
