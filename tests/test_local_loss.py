@@ -410,3 +410,24 @@ def test_client_label_counts_count_the_clients_training_targets():
         counts = data.client_label_counts(client)
         assert counts.dtype == torch.int64 and counts.sum() == data.client_sizes[client]
         assert (counts == 0).sum() == 1  # one shard of the label-sorted samples: a class is missing
+
+
+def test_moon_resumes_bitwise(tmp_path):
+    """The previous models are client state: checkpointed, and a resumed run continues bit for bit."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from tests.conftest import tiny_module
+
+    def run(directory, rounds, ckpt_path=None):
+        module = tiny_module(MOON(mu=1.0), LocalTraining(lr=0.1, steps=3, batch_size=8))
+        checkpoint = ModelCheckpoint(dirpath=directory / "ckpt", save_last=True, every_n_train_steps=1, save_top_k=0)
+        trainer = tiny_trainer(directory, rounds, enable_checkpointing=True, callbacks=[checkpoint])
+        trainer.fit(module, datamodule=tiny_datamodule(num_clients=4, clients_per_round=2), ckpt_path=ckpt_path)
+        return module
+
+    straight = run(tmp_path / "a", 4)
+    run(tmp_path / "b", 2)
+    resumed = run(tmp_path / "c", 4, str(tmp_path / "b" / "ckpt" / "last.ckpt"))
+    for a, b in zip(straight.model.parameters(), resumed.model.parameters()):
+        assert torch.equal(a, b)
+    assert len(straight.store) > 0 and straight.store.equal(resumed.store)
