@@ -121,7 +121,9 @@ def model_has_representation(model: Any) -> bool:
     return callable(getattr(model, "representation", None)) and callable(getattr(model, "head", None))
 
 
-def client_loss(algorithm: Algorithm, clients: int | Tensor, broadcast: Payload, client_state, info: RoundInfo, data: Any, device) -> ClientLoss | None:
+def client_loss(
+    algorithm: Algorithm, clients: int | Tensor, broadcast: Payload, client_state: Any, info: RoundInfo, data: Any, device: Any
+) -> ClientLoss | None:
     """The algorithm's local loss bound to ``clients`` (one id, or the stacked ids), or None where the
     algorithm keeps the model's loss. Label counts are read from the data only if the algorithm declares them."""
     from fl_lightning.algorithms.base import defines_local_loss
@@ -152,7 +154,8 @@ def check_label_counts(algorithm: Algorithm, data: Any) -> None:
     """Before training: a loss that reads the clients' label counts needs data that gives them."""
     from fl_lightning.algorithms.base import defines_local_loss
 
-    if defines_local_loss(algorithm) and getattr(algorithm, "needs_label_counts", False) and not callable(getattr(data, "client_label_counts", None)):
+    needs = defines_local_loss(algorithm) and getattr(algorithm, "needs_label_counts", False)
+    if needs and not callable(getattr(data, "client_label_counts", None)):
         raise ValueError(
             f"algorithm {type(algorithm).__name__} reads the clients' label counts, but the data {type(data).__name__} defines no "
             "client_label_counts(client_id) (fl_lightning/client_data.py); use a FederatedDataModule"
