@@ -4,7 +4,7 @@ The loss is next-token cross-entropy on the **response tokens only**: the batch'
 (built by ``datamodules.InstructionDataModule``) hold, at position t, the token that follows
 position t when it belongs to the response (or the end-of-text token closing it), and
 ``IGNORE_INDEX`` elsewhere (prompt tokens, padding), as in FedIT and Alpaca. The loss of a batch
-is the mean over its response tokens (eq. (IT1) of docs/algorithms.md).
+is the mean over its response tokens ((16.3) of docs/algorithms.md).
 
 Only the LoRA adapters are trainable, so they are the federated tensors; one frozen base model
 serves every simulated client. Every sample's logits depend on that sample alone and the adapters
