@@ -6,6 +6,8 @@ At every evaluation of ``fit`` (and at ``test``) the callback logs, for the glob
 - ``eval/loss`` and ``eval/ppl``: mean next-token cross-entropy over all response tokens of the
   held-out set, and its exponential (perplexity);
 - ``eval/loss/<category>`` and ``eval/ppl/<category>``: the same over each category's examples;
+- with ``data.holdout_fraction > 0``, per client on its own held-out examples: ``eval/clients/loss_mean``,
+  ``eval/clients/ppl_mean`` and ``eval/clients/ppl_worst10`` (mean perplexity of the worst 10% of clients);
 - ``eval/rougeL``: mean ROUGE-L F1 (``rouge-score``, stemming on) of greedy continuations of the first
   ``num_samples`` held-out prompts (a fixed sample, the same every evaluation), with
   ``eval/gen_samples`` and ``eval/max_new_tokens`` stating the settings;
@@ -35,9 +37,14 @@ class InstructionData(Protocol):
     categories: list[str]
     test_examples: list[dict[str, Any]]
 
+    num_clients: int
+    holdout_fraction: float
+
     def held_out(self) -> Any: ...
 
     def tokenizer(self) -> Any: ...
+
+    def client_holdout_batch(self, client_id: int) -> dict[str, Any]: ...
 
 
 class InstructionEvaluation(L.Callback):
@@ -80,6 +87,27 @@ class InstructionEvaluation(L.Callback):
 
     # ---- the measurements ---------------------------------------------------------------
     @torch.no_grad()
+    def _token_sums(self, pl_module: L.LightningModule, batch: dict[str, Any]) -> tuple[Any, Any]:
+        """Per sequence: the summed response-token cross-entropy and the number of response tokens."""
+        batch = {k: v.to(pl_module.device) for k, v in batch.items()}
+        logits = pl_module.model(batch["input_ids"], batch["attention_mask"]).float()
+        target = batch["labels"]
+        nll = torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=IGNORE_INDEX, reduction="none")
+        return nll.view(target.shape).sum(1), (target != IGNORE_INDEX).sum(1)
+
+    @torch.no_grad()
+    def client_losses(self, pl_module: L.LightningModule, data: InstructionData) -> list[float]:
+        """Every client's token-weighted response loss on its own held-out examples (``holdout_fraction``)."""
+        losses = []
+        for cid in range(data.num_clients):
+            batch = data.client_holdout_batch(cid)
+            if batch["input_ids"].shape[0] == 0:
+                continue
+            total, tokens = (t.sum().item() for t in self._token_sums(pl_module, batch))
+            losses.append(total / max(tokens, 1))
+        return losses
+
+    @torch.no_grad()
     def category_losses(self, pl_module: L.LightningModule, data: InstructionData) -> dict[str, float]:
         """Token-weighted mean response loss, overall and per category (``{"": overall, name: ...}``)."""
         held_out = data.held_out()
@@ -90,11 +118,7 @@ class InstructionEvaluation(L.Callback):
         try:
             for start in range(0, len(held_out), self.batch_size):
                 index = torch.arange(start, min(start + self.batch_size, len(held_out)))
-                batch = {k: v.to(pl_module.device) for k, v in held_out.gather(index).items()}
-                logits = pl_module.model(batch["input_ids"], batch["attention_mask"]).float()
-                target = batch["labels"]
-                nll = torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=IGNORE_INDEX, reduction="none")
-                per_example, tokens = nll.view(target.shape).sum(1), (target != IGNORE_INDEX).sum(1)
+                per_example, tokens = self._token_sums(pl_module, held_out.gather(index))
                 for code, s, n in zip(codes[index].tolist(), per_example.tolist(), tokens.tolist()):
                     entry = totals.setdefault(code, [0.0, 0])
                     entry[0], entry[1] = entry[0] + s, entry[1] + n
@@ -126,6 +150,18 @@ class InstructionEvaluation(L.Callback):
             suffix = f"/{name}" if name else ""
             metrics[f"eval/loss{suffix}"] = loss
             metrics[f"eval/ppl{suffix}"] = math.exp(min(loss, 50.0))
+        if getattr(data, "holdout_fraction", 0.0) > 0:
+            was_training = pl_module.model.training
+            pl_module.model.eval()
+            try:
+                per_client = sorted(self.client_losses(pl_module, data), reverse=True)
+            finally:
+                pl_module.model.train(was_training)
+            if per_client:
+                ppl = [math.exp(min(v, 50.0)) for v in per_client]
+                worst = ppl[: max(1, len(ppl) // 10)]
+                metrics.update({"eval/clients/loss_mean": sum(per_client) / len(per_client),
+                                "eval/clients/ppl_mean": sum(ppl) / len(ppl), "eval/clients/ppl_worst10": sum(worst) / len(worst)})  # fmt: skip
         rows = self.generations(pl_module, data)
         if rows:
             metrics["eval/rougeL"] = sum(r["rougeL"] for r in rows) / len(rows)

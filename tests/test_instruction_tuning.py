@@ -205,6 +205,7 @@ def _local(assets) -> list[str]:
         "--data.init_args.max_length", "128", "--data.init_args.num_clients", "6", "--data.init_args.cache_dir", str(assets.root / "hf_cache"),
         "--data.init_args.participation.init_args.clients_per_round", "3", "--data.init_args.test_fraction", "0.1",
         "--data.init_args.partition.init_args.min_size", "4", "--model.local.steps", "2", "--model.local.batch_size", "4",
+        "--data.init_args.holdout_fraction", "0.2", "--data.init_args.val_fraction", "0.1",
     ]  # fmt: skip
 
 
@@ -223,7 +224,7 @@ def test_fedit_dolly_config_trains_and_evaluates_by_category_and_generation_from
     [metrics] = list((tmp_path / "runs").rglob("metrics.csv"))
     rows = list(csv.DictReader(open(metrics)))
     columns = set(rows[0])
-    assert {"eval/rougeL", "eval/ppl", "eval/gen_samples"} <= columns
+    assert {"eval/rougeL", "eval/ppl", "eval/gen_samples", "eval/clients/ppl_mean", "eval/clients/ppl_worst10"} <= columns
     assert any(f"eval/loss/{c}" in columns for c in DOLLY_CATEGORIES)
     values = [float(r["eval/rougeL"]) for r in rows if r.get("eval/rougeL")]
     assert values and 0.0 <= values[0] <= 1.0
