@@ -10,6 +10,7 @@ Any further ``--<dotted key> value`` is a fit setting (e.g. ``--seed_everything 
 from __future__ import annotations
 
 import argparse
+import textwrap
 import csv
 from pathlib import Path
 
@@ -56,7 +57,7 @@ def draw(counts: np.ndarray, path: Path, title: str = "", names: list[str] | Non
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if classes <= 20:
         ax.legend(fontsize=7, ncols=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    ax.set_title(title, fontsize=9)
+    ax.set_title("\n".join(textwrap.wrap(title, 60)), fontsize=9)  # a long title would be cut at the figure's edge
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
