@@ -2,9 +2,10 @@
 
 from datamodules.augment import ColorPerturbation
 from datamodules.federated import FederatedDataModule, RoundPlans
-from datamodules.partition import IID, Contiguous, Dirichlet, Partitioner, QuantitySkew, Shards
+from datamodules.partition import IID, Contiguous, Dirichlet, NaturalPartition, Partitioner, QuantitySkew, Shards
 from datamodules.sources import SOURCES, DataSource, load_source, register
 from datamodules.text import TASKS, TextDataModule
+from datamodules.instruction import InstructionDataModule
 from datamodules.vision import SPECS, VisionDataModule
 from datamodules import binary  # noqa: F401,E402  (registers binary_digits, binary_mnist)
 
@@ -17,6 +18,8 @@ __all__ = [
     "DataSource",
     "Dirichlet",
     "FederatedDataModule",
+    "InstructionDataModule",
+    "NaturalPartition",
     "Partitioner",
     "QuantitySkew",
     "RoundPlans",

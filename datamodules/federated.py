@@ -113,7 +113,9 @@ class FederatedDataModule(L.LightningDataModule):
         if self.source is not None:
             return
         source = self.build_source()
-        parts = self.partition(source.train_labels, self.num_clients, self.seed)
+        column = getattr(self.partition, "column", None)
+        keys = source.train_labels if column is None else source.column(column)
+        parts = self.partition(keys, self.num_clients, self.seed)
         empty = [i for i, p in enumerate(parts) if len(p) == 0]
         if empty:
             raise ValueError(

@@ -14,7 +14,13 @@ from torch import Tensor
 
 
 class Partitioner(ABC):
-    """Maps labels and a client count to one index tensor per client."""
+    """Maps labels and a client count to one index tensor per client.
+
+    ``column``: the per-sample column the partitioner reads instead of the labels (``None``: the
+    labels); the datamodule passes that column of its data source (``DataSource.column``).
+    """
+
+    column: str | None = None
 
     @abstractmethod
     def __call__(self, labels: Tensor, num_clients: int, seed: int) -> list[Tensor]: ...
@@ -173,3 +179,36 @@ class Contiguous(Partitioner):
         if num_clients > len(labels):
             raise ValueError(f"Contiguous: num_clients={num_clients} exceeds the {len(labels)} training samples")
         return self._as_tensors(np.array_split(np.arange(len(labels)), num_clients))
+
+
+class NaturalPartition(Partitioner):
+    """Natural clients: the samples that share a value of a column (a user, a language, a task) stay
+    together on one client.
+
+    With as many distinct values as clients, client c holds exactly the c-th value's samples (values in
+    sorted order of their codes); with more values than clients, the values are dealt to the clients in a
+    seeded random order (each client gets ``ceil`` or ``floor`` of values / clients whole groups).
+
+    Args:
+        column: the data source's column (``DataSource.columns``; ``InstructionDataModule``'s
+            ``natural_columns`` or its ``label_column``); ``"label"`` uses the labels themselves.
+    """
+
+    def __init__(self, column: str = "label") -> None:
+        if not column:
+            raise ValueError("NaturalPartition column must be a column name")
+        self.column = None if column == "label" else column
+
+    def __call__(self, labels: Tensor, num_clients: int, seed: int) -> list[Tensor]:
+        values = np.asarray(labels)
+        groups = np.unique(values)
+        if len(groups) < num_clients:
+            name = self.column or "label"
+            raise ValueError(
+                f"NaturalPartition(column={name!r}) has {len(groups)} distinct values, fewer than num_clients={num_clients}; "
+                f"set num_clients <= {len(groups)}"
+            )
+        order = groups if len(groups) == num_clients else np.random.default_rng(seed).permutation(groups)
+        owner = {int(g): i % num_clients for i, g in enumerate(order)}
+        client_of = np.vectorize(owner.__getitem__, otypes=[np.int64])(values) if len(values) else values
+        return self._as_tensors([np.flatnonzero(client_of == c) for c in range(num_clients)])

@@ -7,7 +7,7 @@ setting picks it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -21,6 +21,8 @@ class DataSource:
 
     ``train_labels`` drive label-skew partitions. A ``TensorDataset`` train set
     takes the in-memory fast path (batches by tensor indexing, no DataLoader).
+    ``columns`` holds further integer-coded per-sample columns of the train set (e.g. a user id)
+    that a partitioner may name (``NaturalPartition(column=...)``).
     """
 
     train: Dataset
@@ -28,6 +30,16 @@ class DataSource:
     train_labels: Tensor
     num_classes: int
     collate_fn: Callable | None = None
+    columns: dict[str, Tensor] = field(default_factory=dict)
+
+    def column(self, name: str) -> Tensor:
+        """The per-sample codes of column ``name`` of the train set (one line naming the offered ones otherwise)."""
+        if name not in self.columns:
+            raise ValueError(
+                f"the partition names column {name!r}, which this data source does not offer; offered: {sorted(self.columns)} "
+                "(InstructionDataModule: list it in data.init_args.natural_columns)"
+            )
+        return self.columns[name]
 
 
 SOURCES: dict[str, Callable[..., DataSource]] = {}

@@ -407,8 +407,13 @@ class FederatedModule(L.LightningModule):
     # ---- evaluation of the global model ---------------------------------------------------------
     def _evaluate(self, batch: Any, loss_metric: MeanMetric, acc_metric: MeanMetric, prefix: str) -> None:
         loss, logits, target = self.objective(batch)
-        loss_metric.update(loss, weight=len(target))
-        acc_metric.update((logits.argmax(-1) == target).float())
+        if self.objective.token_level:  # a language model: loss and accuracy over the scored tokens
+            scored = target != -100
+            loss_metric.update(loss, weight=scored.sum())
+            acc_metric.update((logits.argmax(-1) == target)[scored].float())
+        else:
+            loss_metric.update(loss, weight=len(target))
+            acc_metric.update((logits.argmax(-1) == target).float())
         kw = dict(on_step=False, on_epoch=True, add_dataloader_idx=False)
         self.log(f"{prefix}/loss", loss_metric, prog_bar=prefix == "val", **kw)
         self.log(f"{prefix}/acc", acc_metric, prog_bar=True, **kw)

@@ -110,8 +110,10 @@ class Objective:
         has_loss = hasattr(type(model), "loss") or "loss" in model.__dict__ or "loss" in model._modules
         self.custom_loss: Callable[[Tensor, Tensor], Tensor] | None = model.loss if has_loss else None
         self._plain_outputs = self.custom_loss is None  # logits + cross-entropy, until a forward says otherwise
+        #: Per-token outputs (a language model): training records keep no per-sample accuracy.
+        self.token_level = bool(getattr(model, "token_level", False))
         self.rows: ClientRows | None = None  # stacked clients as rows of one batch (see the module docstring)
-        if self._plain_outputs and model_declares(model, "independent_rows"):
+        if model_declares(model, "independent_rows"):
             try:
                 self.rows = ClientRows(model, names)
             except UnsupportedLayer:
@@ -163,7 +165,7 @@ class Objective:
                 grads = P.add(grads, params, weight_decay)
             value = value.detach()
             if record is not None and not grad.recorded:  # the step's first evaluation is its reported one
-                record.add(value, out, target, terms)
+                record.add(value, None if self.token_level else out, target, terms)
                 grad.recorded = True
             return value, grads
 
@@ -218,11 +220,11 @@ class Objective:
         Plain logits are computed by one ``vmap`` of the forward and cross-entropy runs
         outside it (one kernel for all clients); other models' whole objective runs under vmap.
         """
-        if self.rows is not None and self._plain_outputs:
+        if self.rows is not None and (self._plain_outputs or self.custom_loss is not None):
             try:
                 return self._as_rows(params, batch)
             except _NotPlainOutputs:
-                self._plain_outputs = False
+                self.rows, self._plain_outputs = None, False
         if self._plain_outputs and not isinstance(batch, dict):
             *inputs, target = batch
 
@@ -258,6 +260,11 @@ class Objective:
         out = raw if type(raw) is Tensor else getattr(raw, "logits", None)
         if out is None or getattr(raw, "penalty", None) is not None:
             raise _NotPlainOutputs
+        if self.custom_loss is not None:  # the model's own loss, per client on its rows
+            # A loop over the S clients, not vmap: vmap's backward of a language model's gather over the
+            # vocabulary cost 1.7x the whole step (tiny GPT-2, S = 5).
+            out = out.view(*target.shape[:2], *out.shape[1:])
+            return torch.stack([self.custom_loss(o, t) for o, t in zip(out, target)]), out, target
         per_sample = F.cross_entropy(out, target.flatten(), reduction="none")
         return per_sample.view(target.shape).mean(1), out.view(*target.shape, *out.shape[1:]), target
 

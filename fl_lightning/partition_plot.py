@@ -10,6 +10,7 @@ Any further ``--<dotted key> value`` is a fit setting (e.g. ``--seed_everything 
 from __future__ import annotations
 
 import argparse
+import textwrap
 import csv
 from pathlib import Path
 
@@ -28,7 +29,13 @@ def label_counts(datamodule) -> np.ndarray:
     return counts
 
 
-def draw(counts: np.ndarray, path: Path, title: str = "") -> None:
+def class_names(datamodule, classes: int) -> list[str]:
+    """The classes' names where the data names them (``categories``, e.g. Dolly's tasks), else ``class c``."""
+    names = list(getattr(datamodule, "categories", None) or [])
+    return names if len(names) == classes else [f"class {c}" for c in range(classes)]
+
+
+def draw(counts: np.ndarray, path: Path, title: str = "", names: list[str] | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -42,7 +49,7 @@ def draw(counts: np.ndarray, path: Path, title: str = "") -> None:
     bottom = np.zeros(clients)
     for c in range(classes):
         ax.bar(np.arange(clients), counts[:, c], bottom=bottom, color=colors[c], width=0.85,
-               label=f"class {c}" if classes <= 20 else None)  # fmt: skip
+               label=(names[c] if names else f"class {c}") if classes <= 20 else None)  # fmt: skip
         bottom += counts[:, c]
     ax.set_xlabel("client")
     ax.set_ylabel("samples")
@@ -50,7 +57,7 @@ def draw(counts: np.ndarray, path: Path, title: str = "") -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if classes <= 20:
         ax.legend(fontsize=7, ncols=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    ax.set_title(title, fontsize=9)
+    ax.set_title("\n".join(textwrap.wrap(title, 60)), fontsize=9)  # a long title would be cut at the figure's edge
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -77,10 +84,11 @@ def main(argv: list[str]) -> None:
     partition = type(data.partition).__name__
     args = ", ".join(f"{k}={v}" for k, v in vars(data.partition).items() if not k.startswith("_"))
     title = f"{Path(ns.config).stem}: {partition}({args}), {data.num_clients} clients, seed {data.seed}"
-    draw(counts, out, title)
+    names = class_names(data, counts.shape[1])
+    draw(counts, out, title, names)
     with open(out.with_suffix(".csv"), "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["client", *(f"class {c}" for c in range(counts.shape[1])), "total"])
+        writer.writerow(["client", *names, "total"])
         for cid, row in enumerate(counts):
             writer.writerow([cid, *row.tolist(), int(row.sum())])
     print(f"wrote {out} and {out.with_suffix('.csv')} ({counts.shape[0]} clients, {counts.shape[1]} classes)")

@@ -2,6 +2,7 @@
 
 from models.cnn import SmallCNN
 from models.fedavg_cnn import FedAvgCNN
+from models.causal_lm_lora import LoRACausalLM
 from models.gpt2_lora import LoRAClassifier
 from models.least_squares import LinearLeastSquares
 from models.linear import LinearRegression
@@ -14,6 +15,7 @@ __all__ = [
     "FedAvgCNN",
     "LinearLeastSquares",
     "LinearRegression",
+    "LoRACausalLM",
     "LoRAClassifier",
     "ResNet18",
     "ResNet18x64",

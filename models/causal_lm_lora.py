@@ -1,0 +1,156 @@
+"""A causal language model with LoRA adapters (peft), for federated instruction tuning.
+
+The loss is next-token cross-entropy on the **response tokens only**: the batch's ``labels``
+(built by ``datamodules.InstructionDataModule``) hold, at position t, the token that follows
+position t when it belongs to the response (or the end-of-text token closing it), and
+``IGNORE_INDEX`` elsewhere (prompt tokens, padding), as in FedIT and Alpaca. The loss of a batch
+is the mean over its response tokens ((16.3) of docs/algorithms.md).
+
+Only the LoRA adapters are trainable, so they are the federated tensors; one frozen base model
+serves every simulated client. Every sample's logits depend on that sample alone and the adapters
+are ``nn.Linear`` layers fed batch-first, so batched execution runs the stacked clients' sequences
+as rows of one forward of the shared base (``independent_rows``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from models.gpt2_lora import _CONV1D_MODEL_TYPES, causal_padding_mask
+
+IGNORE_INDEX = -100
+
+
+def response_loss(logits: Tensor, labels: Tensor) -> Tensor:
+    """Mean next-token cross-entropy over the positions whose label is not ``IGNORE_INDEX``.
+
+    Written with elementwise ops and full reductions (no boolean indexing), so that it runs under
+    ``vmap`` for stacked clients and never reads a value on the host.
+    """
+    valid = labels != IGNORE_INDEX
+    log_probs = torch.log_softmax(logits.float(), dim=-1)
+    picked = log_probs.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    count = valid.sum().clamp(min=1)
+    return -(picked * valid).sum() / count
+
+
+class LoRACausalLM(nn.Module):
+    """A pretrained ``AutoModelForCausalLM`` with LoRA adapters, trained on response tokens.
+
+    Args:
+        model_name_or_path: hub id or local directory of the base model (``"gpt2"``; any causal LM).
+        rank: LoRA rank r >= 1.
+        alpha: LoRA scaling numerator (the update is ``alpha / r * B A``), > 0.
+        dropout: dropout on the LoRA input, in [0, 1).
+        target_modules: names of the adapted modules; ``None`` uses peft's default for the
+            architecture (GPT-2: ``c_attn``).
+        fan_in_fan_out: whether the targets store weights as ``[in, out]``; ``None`` decides from
+            the architecture (true for GPT-2's ``Conv1D``).
+        freeze_a: train only B (A stays at its shared initialisation): FedAvg of the adapters is
+            then the average of the clients' low-rank updates exactly.
+        trust_remote_code: passed to transformers; leave off unless you trust the repository.
+    """
+
+    independent_rows = True
+    #: The outputs are per token: the training records keep no per-sample accuracy, and evaluation
+    #: reports token accuracy and loss over the response tokens only.
+    token_level = True
+
+    def __init__(
+        self,
+        model_name_or_path: str = "gpt2",
+        rank: int = 8,
+        alpha: float = 16.0,
+        dropout: float = 0.05,
+        target_modules: list[str] | None = None,
+        fan_in_fan_out: bool | None = None,
+        freeze_a: bool = False,
+        trust_remote_code: bool = False,
+    ) -> None:
+        super().__init__()
+        if rank < 1:
+            raise ValueError(f"LoRACausalLM rank must be >= 1, got {rank}")
+        if not alpha > 0:
+            raise ValueError(f"LoRACausalLM alpha must be > 0, got {alpha}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"LoRACausalLM dropout must be in [0, 1), got {dropout}")
+        from peft import LoraConfig, get_peft_model
+        from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
+
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # no load report of the (expected) untied/missing heads
+        try:
+            base = AutoModelForCausalLM.from_pretrained(model_name_or_path, trust_remote_code=trust_remote_code)
+        except OSError as error:  # not downloadable (offline, no such repo) and not a local model directory
+            from fl_lightning.hub import hub_error
+
+            raise hub_error(
+                "model.model.init_args.model_name_or_path", model_name_or_path, "base model", error,
+                "a local directory with config.json and the weights (save_pretrained)",
+            ) from error
+        finally:
+            hf_logging.set_verbosity(verbosity)
+        if base.config.pad_token_id is None:
+            eos = base.config.eos_token_id
+            base.config.pad_token_id = eos[0] if isinstance(eos, list) else eos
+        if fan_in_fan_out is None:
+            fan_in_fan_out = base.config.model_type in _CONV1D_MODEL_TYPES
+        config = LoraConfig(
+            task_type="CAUSAL_LM", r=rank, lora_alpha=alpha, lora_dropout=dropout,
+            target_modules=target_modules, fan_in_fan_out=fan_in_fan_out,
+        )  # fmt: skip
+        self.net = get_peft_model(base, config)
+        if freeze_a:
+            for name, p in self.net.named_parameters():
+                if ".lora_A." in name:
+                    p.requires_grad_(False)
+        self.net.train()
+        self.model_name_or_path = model_name_or_path
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """Logits of the next token at positions ``0 .. T-2`` (``[B, T-1, V]``), aligned with ``labels``."""
+        if attention_mask is not None and attention_mask.dim() == 2 and self.net.config._attn_implementation == "sdpa":
+            attention_mask = causal_padding_mask(attention_mask)
+        return self.net(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
+
+    def representation(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """The last hidden state at positions ``0 .. T-2`` (``[B, T-1, H]``): what the LM head reads."""
+        if attention_mask is not None and attention_mask.dim() == 2 and self.net.config._attn_implementation == "sdpa":
+            attention_mask = causal_padding_mask(attention_mask)
+        lm = self.net.get_base_model()
+        body = getattr(lm, lm.base_model_prefix)
+        return body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, :-1]
+
+    def head(self, z: Tensor) -> Tensor:
+        return self.net.get_base_model().get_output_embeddings()(z)
+
+    def loss(self, logits: Tensor, labels: Tensor) -> Tensor:
+        return response_loss(logits, labels)
+
+    @torch.no_grad()
+    def generate(self, tokenizer, prompts: list[str], max_new_tokens: int = 64) -> list[str]:
+        """Greedy continuations of ``prompts`` (one at a time: no padding effects), decoded."""
+        was_training = self.net.training
+        self.net.eval()
+        outputs = []
+        try:
+            for prompt in prompts:
+                ids = tokenizer(prompt, return_tensors="pt")["input_ids"].to(next(self.parameters()).device)
+                out = self.net.generate(
+                    input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
+                    pad_token_id=self.net.config.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                )  # fmt: skip
+                outputs.append(tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True))
+        finally:
+            self.net.train(was_training)
+        return outputs
+
+    def save_pretrained(self, path: str | Path) -> None:
+        """Write the current adapter in peft's format (``AutoPeftModelForCausalLM.from_pretrained``)
+        and the base model's config beside it."""
+        self.net.save_pretrained(str(path))
+        self.net.get_base_model().config.save_pretrained(str(path))
