@@ -7,8 +7,10 @@ from fl_lightning.algorithms.fedavg_svrg import FedAvgSVRG
 from fl_lightning.algorithms.fedavg_p import FedAlt, FedAvgP, FedSim
 from fl_lightning.algorithms.fedcm import FedCM
 from fl_lightning.algorithms.feddyn import FedDyn
+from fl_lightning.algorithms.fedexp import FedExP
 from fl_lightning.algorithms.fedlada import FedLADA
 from fl_lightning.algorithms.fedmim import FedMIM
+from fl_lightning.algorithms.fednova import FedNova
 from fl_lightning.algorithms.fedopt import FedAdam, FedAvgM, FedYogi
 from fl_lightning.algorithms.fedprox import FedProx
 from fl_lightning.algorithms.fedsam import FedSAM
@@ -31,8 +33,10 @@ __all__ = [
     "FedAvgP",
     "FedCM",
     "FedDyn",
+    "FedExP",
     "FedLADA",
     "FedMIM",
+    "FedNova",
     "FedProx",
     "FedSAM",
     "FedSim",
