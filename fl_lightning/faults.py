@@ -109,7 +109,7 @@ class ClientFaults:
 
     def draw(self, client_seed: int, num_steps: int) -> tuple[bool, int]:
         """``(dropped, steps to run)`` for one client in one round."""
-        u = torch.rand(3, generator=torch.Generator().manual_seed(derive_seed(client_seed, _FAULT_STREAM))).tolist()
+        u = torch.rand(3, generator=torch.Generator().manual_seed(derive_seed(client_seed, _FAULT_STREAM)), dtype=torch.float64).tolist()
         if u[0] < self.dropout:
             return True, 0
         if u[1] < self.straggler:
