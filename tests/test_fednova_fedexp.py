@@ -21,7 +21,7 @@ ROUNDS, LR, D = 4, 0.05, 5
 def _data():
     return FederatedDataModule(
         dataset="least_squares",
-        dataset_args={"num_agents": 6, "samples_per_agent": 20, "num_features": D, "theta_spread": 0.5, "seed": 3},
+        dataset_args={"num_agents": 6, "samples_per_agent": 20, "num_features": D, "theta_spread": 2.0, "feature_shift": 2.0, "seed": 3},
         num_clients=6,
         partition=Dirichlet(0.5, min_size=6),
         participation=UniformSampling(4),
@@ -49,7 +49,7 @@ def _reference(data, local, faults, rule, momentum=0.0, eps=1e-3):
     Data access (plans, the clients' minibatches, stragglers' budgets) is the framework's; the
     local steps, the normalization and the extrapolated step are this function's own."""
     theta = np.full(D + 1, 0.5)
-    steps_seen = []
+    steps_seen, _reference.etas = [], []
     for t in range(ROUNDS):
         plan = data.participation.plan(t, data.client_sizes, data.seed)
         deltas, ks, ws = [], [], []
@@ -76,6 +76,7 @@ def _reference(data, local, faults, rule, momentum=0.0, eps=1e-3):
         else:
             mean = sum(wi * d for wi, d in zip(ws, deltas))
             eta = max(1.0, sum(wi * (d @ d) for wi, d in zip(ws, deltas)) / (2 * (mean @ mean + eps)))
+            _reference.etas.append(eta)
             theta = theta + eta * mean
     return theta, steps_seen
 
@@ -100,6 +101,8 @@ def test_matches_the_numpy_reference_with_unequal_local_steps(tmp_path, rule, mo
     diff = float(np.abs(ours - ref).max())
     assert diff < 1e-13, diff
     assert float(np.abs(ref - 0.5).max()) > 1e-2  # the rounds moved the model
+    if rule == "fedexp":
+        assert max(_reference.etas) > 1.05  # the server extrapolated
     if execution == "batched" and mode == "steps":  # rounds without stragglers ran stacked
         assert module.executor.inner.fallbacks["stragglers run fewer local steps than the others"] < ROUNDS
 
