@@ -98,7 +98,10 @@ class FederatedDataModule(L.LightningDataModule):
             raise ValueError(f"data.seed must be an integer >= 0, got {seed}")
         if type(self).build_source is FederatedDataModule.build_source:
             if dataset not in SOURCES:
-                raise ValueError(f"unknown dataset {dataset!r}; allowed: {sorted(SOURCES)}")
+                raise ValueError(
+                f"unknown dataset {dataset!r}; allowed: {sorted(SOURCES)} (a source registered in your own module: "
+                "fl-lightning --import your_module ...)"
+            )
             _check_dataset_args(dataset, dict(dataset_args or {}))
         self.dataset = dataset
         self.dataset_args = dict(dataset_args or {})

@@ -46,7 +46,10 @@ def load_source(dataset: str, /, **kwargs) -> DataSource:
     """The source registered as ``dataset``, loaded with ``kwargs`` (any names, ``name`` and
     ``dataset`` included: the registry's own parameter is positional-only)."""
     if dataset not in SOURCES:
-        raise ValueError(f"unknown dataset {dataset!r}; allowed: {sorted(SOURCES)}")
+        raise ValueError(
+            f"unknown dataset {dataset!r}; allowed: {sorted(SOURCES)} (a source registered in your own module: "
+            "fl-lightning --import your_module ...)"
+        )
     return SOURCES[dataset](**kwargs)
 
 

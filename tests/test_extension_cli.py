@@ -149,3 +149,20 @@ def test_run_task_applies_the_client_failure_policy(tmp_path, caplog):
     fail_fast = _module(BrokenClient(), ClientFaults(fail_fast=True), execution=PerTaskExecutor())
     with pytest.raises(ClientError, match=f"round 0: client {BROKEN} failed: ClientFailure"):
         tiny_trainer(tmp_path, rounds=1).fit(fail_fast, datamodule=tiny_datamodule(num_clients=6, clients_per_round=6))
+
+
+def test_data_dtype_casts_floating_tensors_only():
+    from datamodules import FederatedDataModule
+
+    data = FederatedDataModule(dataset="digits", num_clients=4, dtype="float64")
+    data.setup()
+    x, y = data.source.train.tensors
+    assert x.dtype == torch.float64 and y.dtype == torch.int64
+    assert data.source.test.tensors[0].dtype == torch.float64
+    plain = FederatedDataModule(dataset="digits", num_clients=4)
+    plain.setup()
+    assert torch.equal(plain.source.train.tensors[0].double(), x)  # the same values, cast
+    with pytest.raises(ValueError, match=r"data.dtype must be one of \['float32', 'float64'\] or null, got 'float16'"):
+        FederatedDataModule(dataset="digits", dtype="float16")
+    with pytest.raises(ValueError, match="unknown dataset 'my_blobs'.*fl-lightning --import your_module"):
+        FederatedDataModule(dataset="my_blobs")

@@ -183,3 +183,25 @@ def test_bad_settings(make, message):
     with pytest.raises(ValueError, match=message):
         make()
 
+
+
+@pytest.mark.parametrize("config, name", [("fednova_digits.yaml", "FedNova"), ("fedexp_digits.yaml", "FedExP")])
+def test_the_digits_configs_run(tmp_path, config, name):
+    """The shipped configs, 2 rounds (FedNova's: one local epoch, so clients run different step counts)."""
+    from pathlib import Path
+
+    from fl_lightning.cli import build_cli
+
+    root = Path(__file__).resolve().parents[1]
+    cli = build_cli(
+        ["--config", str(root / "configs" / config), "--trainer.max_steps", "2", "--trainer.logger", "false",
+         "--trainer.enable_checkpointing", "false", "--trainer.callbacks", "[]", "--trainer.enable_progress_bar", "false",
+         "--trainer.val_check_interval", "2", "--trainer.default_root_dir", str(tmp_path)],
+        run=False,
+    )  # fmt: skip
+    assert type(cli.model.algorithm).__name__ == name
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert cli.trainer.global_step == 2
+    if name == "FedNova":
+        data = cli.datamodule
+        assert len({data.num_local_steps(c, 20, None, 1) for c in range(data.num_clients)}) > 1
