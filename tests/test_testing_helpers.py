@@ -28,7 +28,8 @@ class WronglyElementwise(ClippedFedAvg):
 
 
 def test_check_batched_catches_a_wrongly_declared_elementwise():
-    with pytest.raises(BatchedMismatch, match=r"WronglyElementwise: batched execution differs from sequential by .* declares elementwise = True"):
+    message = r"WronglyElementwise: batched execution differs from sequential by .* declares elementwise = True"
+    with pytest.raises(BatchedMismatch, match=message):
         check_batched(WronglyElementwise())
 
 
@@ -65,7 +66,8 @@ def _fit_batched(tmp_path, algorithm):
 
 
 def test_batched_executor_verifies_a_user_declared_elementwise_rule(tmp_path):
-    with pytest.raises(BatchedExecutionError, match=r"round 0: WronglyElementwise declares elementwise = True, but its batched upload delta/"):
+    message = r"round 0: WronglyElementwise declares elementwise = True, but its batched upload delta/"
+    with pytest.raises(BatchedExecutionError, match=message):
         _fit_batched(tmp_path, WronglyElementwise())
     _fit_batched(tmp_path, ClippedFedAvg())  # honest: runs per client under vmap, nothing to verify
 

@@ -88,7 +88,9 @@ def _user_declared_elementwise(algorithm: Any) -> bool:
     return "elementwise" in vars(algorithm) or not declarer.__module__.startswith("fl_lightning.")
 
 
-def _verify_against_sequential(batched: list[ClientResult], sequential: list[ClientResult], runtime: ClientRuntime, info: RoundInfo) -> None:
+def _verify_against_sequential(
+    batched: list[ClientResult], sequential: list[ClientResult], runtime: ClientRuntime, info: RoundInfo
+) -> None:
     """``verify_first_round``: the batched round's uploads and client states against sequential execution's."""
     name = type(runtime.algorithm).__name__
     by_id = {r.client_id: r for r in sequential}
@@ -96,7 +98,8 @@ def _verify_against_sequential(batched: list[ClientResult], sequential: list[Cli
         other = by_id.get(result.client_id)
         if other is None:
             continue  # it failed sequentially: a client fault, not the check's concern
-        for part, ours, theirs in (("upload", result.upload, other.upload), ("client state", result.client_state, other.client_state)):
+        pairs = (("upload", result.upload, other.upload), ("client state", result.client_state, other.client_state))
+        for part, ours, theirs in pairs:
             for key, a, b in _leaves(ours, theirs):
                 if a.shape != b.shape or not torch.allclose(a, b, rtol=1e-4, atol=1e-6):
                     gap = float((a.double() - b.double()).abs().max()) if a.shape == b.shape else float("inf")
@@ -111,9 +114,10 @@ def _verify_against_sequential(batched: list[ClientResult], sequential: list[Cli
 def _leaves(a: Any, b: Any, prefix: str = "") -> list[tuple[str, Tensor, Tensor]]:
     """Matching tensors of two nested dicts (a key missing on one side compares as a mismatch)."""
     if isinstance(a, dict):
+        b = b if isinstance(b, dict) else {}
         keys = list(a) + [k for k in b if k not in a]
         missing = torch.full((1,), float("nan"))
-        return [leaf for k in keys for leaf in _leaves(a.get(k, missing), b.get(k, missing) if isinstance(b, dict) else missing, f"{prefix}{k}/")]
+        return [leaf for k in keys for leaf in _leaves(a.get(k, missing), b.get(k, missing), f"{prefix}{k}/")]
     return [(prefix.rstrip("/"), a, b)]
 
 
@@ -151,8 +155,9 @@ class BatchedExecutor(Executor):
         if reason is None:
             try:
                 results = self._run_groups(tasks, info, runtime)
-                if self.verify_first_round and type(runtime.algorithm) not in self._verified and _user_declared_elementwise(runtime.algorithm):
-                    self._verified.add(type(runtime.algorithm))
+                algorithm = runtime.algorithm
+                if self.verify_first_round and type(algorithm) not in self._verified and _user_declared_elementwise(algorithm):
+                    self._verified.add(type(algorithm))
                     _verify_against_sequential(results, self.sequential.run(tasks, info, runtime), runtime, info)
                 return results
             except FLError:  # divergence, SIGTERM: known errors, not bugs of the batched path
