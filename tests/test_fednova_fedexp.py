@@ -205,3 +205,11 @@ def test_the_digits_configs_run(tmp_path, config, name):
     if name == "FedNova":
         data = cli.datamodule
         assert len({data.num_local_steps(c, 20, None, 1) for c in range(data.num_clients)}) > 1
+
+
+def test_neither_declares_a_linear_aggregate():
+    """Both aggregates read per-client quantities (K_i, ||Delta_i||^2) beside the uploads' sum: DDP gathers."""
+    from fl_lightning.algorithms.base import declares_capability
+
+    assert not declares_capability(FedNova(), "linear_aggregate") and not declares_capability(FedExP(), "linear_aggregate")
+    assert declares_capability(FedNova(), "elementwise") and declares_capability(FedExP(), "elementwise")
