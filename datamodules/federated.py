@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -20,6 +22,9 @@ _HOLDOUT_STREAM = 0x401D
 _AUGMENT_STREAM = 0xA06
 GATHER_STEPS = 1024
 """Local steps whose in-memory batches are gathered in one indexing op (bounds the memory of long rounds)."""
+
+
+_DTYPES = {None: None, "float32": torch.float32, "float64": torch.float64}
 
 
 def _identity(x: Any) -> Any:
@@ -62,6 +67,9 @@ class FederatedDataModule(L.LightningDataModule):
         val_fraction: share of each client's data held out, pooled over clients, as the
             validation set, in [0, 1). With it, every evaluation logs ``val/*`` on that split
             and ``test/*`` on the test set; without it (0), ``val/*`` is the test set.
+        dtype: ``float32`` or ``float64``: cast the floating tensors of the training and test sets
+            to it when the data is loaded (integer labels and token ids stay as they are); for float64
+            training with ``trainer.precision: 64-true``. ``None`` (the default): the source's own dtype.
     """
 
     def __init__(
@@ -75,6 +83,7 @@ class FederatedDataModule(L.LightningDataModule):
         eval_batch_size: int = 512,
         seed: int | None = None,
         val_fraction: float = 0.0,
+        dtype: str | None = None,
     ) -> None:
         super().__init__()
         if num_clients < 1:
@@ -85,11 +94,16 @@ class FederatedDataModule(L.LightningDataModule):
             raise ValueError(f"val_fraction must be in [0, 1 - holdout_fraction) = [0, {1.0 - holdout_fraction:g}), got {val_fraction}")
         if eval_batch_size < 1:
             raise ValueError(f"eval_batch_size must be >= 1, got {eval_batch_size}")
+        if dtype not in _DTYPES:
+            raise ValueError(f"data.dtype must be one of {sorted(k for k in _DTYPES if k)} or null, got {dtype!r}")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise ValueError(f"data.seed must be an integer >= 0, got {seed}")
         if type(self).build_source is FederatedDataModule.build_source:
             if dataset not in SOURCES:
-                raise ValueError(f"unknown dataset {dataset!r}; allowed: {sorted(SOURCES)}")
+                raise ValueError(
+                f"unknown dataset {dataset!r}; allowed: {sorted(SOURCES)} (a source registered in your own module: "
+                "fl-lightning --import your_module ...)"
+            )
             _check_dataset_args(dataset, dict(dataset_args or {}))
         self.dataset = dataset
         self.dataset_args = dict(dataset_args or {})
@@ -101,6 +115,7 @@ class FederatedDataModule(L.LightningDataModule):
         self.val_fraction = val_fraction
         self.eval_batch_size = eval_batch_size
         self.seed = 0 if seed is None else seed
+        self.dtype = dtype
         self.source: DataSource | None = None
         self._resident: Any = None  # the training set on the training device (``place``)
 
@@ -112,7 +127,7 @@ class FederatedDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.source is not None:
             return
-        source = self.build_source()
+        source = cast_source(self.build_source(), _DTYPES[self.dtype])
         column = getattr(self.partition, "column", None)
         keys = source.train_labels if column is None else source.column(column)
         parts = self.partition(keys, self.num_clients, self.seed)
@@ -189,7 +204,7 @@ class FederatedDataModule(L.LightningDataModule):
         if isinstance(train, TensorDataset):  # fast path: one indexing op per tensor
             return tuple(t[indices.to(t.device, non_blocking=True)] for t in train.tensors)
         if callable(getattr(train, "gather", None)):
-            return train.gather(indices)
+            return cast_batch(train.gather(indices), _DTYPES[self.dtype])
         collate = self.source.collate_fn or default_collate
         return collate([train[int(i)] for i in indices])
 
@@ -197,7 +212,7 @@ class FederatedDataModule(L.LightningDataModule):
         """``_gather(index.select(step_dim, k))`` for every step k (a dataset's ``gather_steps`` when it has one)."""
         gather_steps = getattr(self._train, "gather_steps", None)
         if callable(gather_steps):
-            yield from gather_steps(index, step_dim)
+            yield from (cast_batch(b, _DTYPES[self.dtype]) for b in gather_steps(index, step_dim))
             return
         for step in range(index.shape[step_dim]):
             yield self._gather(index.select(step_dim, step))
@@ -409,3 +424,33 @@ def _check_dataset_args(dataset: str, args: dict[str, Any]) -> None:
     for key in args:
         if key not in allowed:
             raise ValueError(f"data.dataset_args: unknown key {key!r} for dataset {dataset!r}; allowed: {allowed}")
+
+
+def cast_source(source: DataSource, dtype: torch.dtype | None) -> DataSource:
+    """``source`` with the floating tensors of its training and test sets in ``dtype`` (None: unchanged).
+
+    ``TensorDataset``s are cast once; any other dataset casts each batch through the collate
+    function (the evaluation loaders, sample-by-sample client batches); a training set with its
+    own ``gather`` is cast by the datamodule's ``_gather`` (``cast_batch``)."""
+    if dtype is None:
+        return source
+
+    def cast_set(data: Any) -> Any:
+        return TensorDataset(*(cast_batch(t, dtype) for t in data.tensors)) if isinstance(data, TensorDataset) else data
+
+    train, test = cast_set(source.train), cast_set(source.test)
+    collate = source.collate_fn
+    if not (isinstance(train, TensorDataset) and isinstance(test, TensorDataset)):
+        def collate(samples: list, inner=source.collate_fn or default_collate) -> Any:
+            return cast_batch(inner(samples), dtype)
+
+    return dataclasses.replace(source, train=train, test=test, collate_fn=collate)  # columns and the rest kept
+
+
+def cast_batch(batch: Any, dtype: torch.dtype | None) -> Any:
+    """The batch with every floating tensor in ``dtype`` (None: unchanged)."""
+    if dtype is None:
+        return batch
+    from lightning.fabric.utilities.apply_func import apply_to_collection
+
+    return apply_to_collection(batch, Tensor, lambda t: t.to(dtype) if t.is_floating_point() else t)

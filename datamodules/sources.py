@@ -1,7 +1,8 @@
 """Datasets by name: each loader returns a ``DataSource`` (train set, test set, labels).
 
 Register a new dataset with ``@register("name")``; the datamodule's ``dataset``
-setting picks it.
+setting picks it, and ``dataset_args`` are its loader's keyword arguments (any names). A
+module of your own that registers one is imported by ``fl-lightning --import my_data ...``.
 """
 
 from __future__ import annotations
@@ -53,10 +54,15 @@ def register(name: str):
     return wrap
 
 
-def load_source(name: str, **kwargs) -> DataSource:
-    if name not in SOURCES:
-        raise ValueError(f"unknown dataset {name!r}; allowed: {sorted(SOURCES)}")
-    return SOURCES[name](**kwargs)
+def load_source(dataset: str, /, **kwargs) -> DataSource:
+    """The source registered as ``dataset``, loaded with ``kwargs`` (any names, ``name`` and
+    ``dataset`` included: the registry's own parameter is positional-only)."""
+    if dataset not in SOURCES:
+        raise ValueError(
+            f"unknown dataset {dataset!r}; allowed: {sorted(SOURCES)} (a source registered in your own module: "
+            "fl-lightning --import your_module ...)"
+        )
+    return SOURCES[dataset](**kwargs)
 
 
 def _split(x: Tensor, y: Tensor, test_fraction: float, seed: int, num_classes: int) -> DataSource:

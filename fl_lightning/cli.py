@@ -20,7 +20,7 @@ LIGHTNING_SUBCOMMANDS = ("fit", "validate", "test", "predict")
 OTHER_SUBCOMMANDS = ("compare", "montecarlo", "partition", "fixture")
 
 HELP = """\
-usage: fl-lightning [-h] [--version] {fit,validate,test,predict,compare,montecarlo,partition,fixture} ...
+usage: fl-lightning [-h] [--version] [--import MODULES] {fit,validate,test,predict,compare,montecarlo,partition,fixture} ...
 
 Federated learning on PyTorch Lightning: one training step = one federated round.
 
@@ -40,6 +40,10 @@ subcommands:
 options:
   -h, --help  show this help message and exit
   --version   show the version and exit
+  --import MODULES
+              import your own modules (comma-separated) before the config is parsed, so that the
+              data sources, algorithms and models they register or define can be named in it;
+              found on PYTHONPATH or in the current directory (also accepted after the subcommand)
 
 Each subcommand has its own help, e.g. `fl-lightning fit --help`, `fl-lightning compare --help`;
 the arguments of one class: `fl-lightning fit --model.algorithm.help FedProx`.
@@ -84,6 +88,16 @@ def main(args: list[str] | None = None) -> None:
     argv = sys.argv[1:] if args is None else list(args)
     debug = "--debug" in argv or bool(os.environ.get("FL_LIGHTNING_TRACEBACK"))
     argv = [a for a in argv if a != "--debug"]
+    try:
+        from fl_lightning.user_modules import import_user_modules, take_import_option
+
+        argv, user_modules = take_import_option(argv)  # before any config is parsed (fl_lightning/user_modules.py)
+        import_user_modules(user_modules)
+    except ValueError as error:
+        if debug:
+            raise
+        print(f"fl-lightning: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
     if not argv or argv[0] in ("-h", "--help"):
         print(HELP, end="")
         return

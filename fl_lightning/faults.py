@@ -108,8 +108,9 @@ class ClientFaults:
         return self.dropout > 0 or self.straggler > 0
 
     def draw(self, client_seed: int, num_steps: int) -> tuple[bool, int]:
-        """``(dropped, steps to run)`` for one client in one round."""
-        u = torch.rand(3, generator=torch.Generator().manual_seed(derive_seed(client_seed, _FAULT_STREAM))).tolist()
+        """``(dropped, steps to run)`` for one client in one round (drawn in float64 whatever the default
+        dtype: the same seed gives the same faults in a float32 and a float64 run)."""
+        u = torch.rand(3, generator=torch.Generator().manual_seed(derive_seed(client_seed, _FAULT_STREAM)), dtype=torch.float64).tolist()
         if u[0] < self.dropout:
             return True, 0
         if u[1] < self.straggler:

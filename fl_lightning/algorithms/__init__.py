@@ -11,8 +11,10 @@ from fl_lightning.algorithms.feddyn import FedDyn
 from fl_lightning.algorithms.fedlc import FedLC
 from fl_lightning.algorithms.fedntd import FedNTD
 from fl_lightning.algorithms.fedrs import FedRS
+from fl_lightning.algorithms.fedexp import FedExP
 from fl_lightning.algorithms.fedlada import FedLADA
 from fl_lightning.algorithms.fedmim import FedMIM
+from fl_lightning.algorithms.fednova import FedNova
 from fl_lightning.algorithms.fedopt import FedAdam, FedAvgM, FedYogi
 from fl_lightning.algorithms.fedprox import FedProx
 from fl_lightning.algorithms.fedsam import FedSAM
@@ -38,10 +40,12 @@ __all__ = [
     "FedCM",
     "FedDecorr",
     "FedDyn",
+    "FedExP",
     "FedLADA",
     "FedLC",
     "FedMIM",
     "FedNTD",
+    "FedNova",
     "FedProx",
     "FedRS",
     "FedSAM",

@@ -86,6 +86,47 @@ def _model_not_vmappable(error: Exception, runtime: ClientRuntime) -> str | None
     )
 
 
+def _user_declared_elementwise(algorithm: Any) -> bool:
+    """Whether ``elementwise`` holds for ``algorithm`` by a declaration outside fl-lightning's own classes."""
+    if not declares_capability(algorithm, "elementwise"):
+        return False
+    declarer = next((c for c in type(algorithm).__mro__ if "elementwise" in vars(c)), type(algorithm))
+    return "elementwise" in vars(algorithm) or not declarer.__module__.startswith("fl_lightning.")
+
+
+def _verify_against_sequential(
+    batched: list[ClientResult], sequential: list[ClientResult], runtime: ClientRuntime, info: RoundInfo
+) -> None:
+    """``verify_first_round``: the batched round's uploads and client states against sequential execution's."""
+    name = type(runtime.algorithm).__name__
+    by_id = {r.client_id: r for r in sequential}
+    for result in batched:
+        other = by_id.get(result.client_id)
+        if other is None:
+            continue  # it failed sequentially: a client fault, not the check's concern
+        pairs = (("upload", result.upload, other.upload), ("client state", result.client_state, other.client_state))
+        for part, ours, theirs in pairs:
+            for key, a, b in _leaves(ours, theirs):
+                if a.shape != b.shape or not torch.allclose(a, b, rtol=1e-4, atol=1e-6):
+                    gap = float((a.double() - b.double()).abs().max()) if a.shape == b.shape else float("inf")
+                    raise BatchedExecutionError(
+                        f"round {info.round}: {name} declares elementwise = True, but its batched {part} {key} of client "
+                        f"{result.client_id} differs from sequential execution's by {gap:.3g} (verify_first_round); a norm, sum or "
+                        "other reduction in a rule applied to all clients' stacked tensors mixes the clients: remove the "
+                        "declaration (the rule then runs per client under vmap) or make the rule elementwise"
+                    )
+
+
+def _leaves(a: Any, b: Any, prefix: str = "") -> list[tuple[str, Tensor, Tensor]]:
+    """Matching tensors of two nested dicts (a key missing on one side compares as a mismatch)."""
+    if isinstance(a, dict):
+        b = b if isinstance(b, dict) else {}
+        keys = list(a) + [k for k in b if k not in a]
+        missing = torch.full((1,), float("nan"))
+        return [leaf for k in keys for leaf in _leaves(a.get(k, missing), b.get(k, missing), f"{prefix}{k}/")]
+    return [(prefix.rstrip("/"), a, b)]
+
+
 class BatchedExecutor(Executor):
     """Run all tasks' local steps together; sequential execution only for declared reasons.
 
@@ -95,12 +136,18 @@ class BatchedExecutor(Executor):
             stacked activations (they grow with every stacked client's batch) and, where one
             batch of every client's rows no longer fits the caches, can be faster. ``None``: the
             whole round at once. Results are the same to float tolerance for every value.
+        verify_first_round: where the algorithm's ``elementwise = True`` is declared by a class
+            outside fl-lightning (a user's), run its first batched round sequentially too and stop
+            with ``BatchedExecutionError`` if the uploads or client states differ (a reduction in a
+            rule declared elementwise mixes the stacked clients). Costs one sequential round per run.
     """
 
-    def __init__(self, max_stacked_clients: int | None = None) -> None:
+    def __init__(self, max_stacked_clients: int | None = None, verify_first_round: bool = False) -> None:
         if max_stacked_clients is not None and (type(max_stacked_clients) is not int or max_stacked_clients < 1):
             raise ValueError(f"execution.max_stacked_clients must be an integer >= 1 or null, got {max_stacked_clients!r}")
         self.max_stacked_clients = max_stacked_clients
+        self.verify_first_round = verify_first_round
+        self._verified: set[type] = set()
         self.sequential = SequentialExecutor()
         self.fallbacks: Counter[str] = Counter()  # rounds run sequentially, by reason
         self._finish_per_client: set[type] = set()  # rules whose client_finish reads ctx.client_id
@@ -113,7 +160,12 @@ class BatchedExecutor(Executor):
         reason = self.unsupported_reason(tasks, runtime)
         if reason is None:
             try:
-                return self._run_groups(tasks, info, runtime)
+                results = self._run_groups(tasks, info, runtime)
+                algorithm = runtime.algorithm
+                if self.verify_first_round and type(algorithm) not in self._verified and _user_declared_elementwise(algorithm):
+                    self._verified.add(type(algorithm))
+                    _verify_against_sequential(results, self.sequential.run(tasks, info, runtime), runtime, info)
+                return results
             except FLError:  # divergence, SIGTERM: known errors, not bugs of the batched path
                 raise
             except (Unbatchable, Unstackable) as error:

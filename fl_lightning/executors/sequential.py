@@ -27,33 +27,48 @@ class SequentialExecutor(Executor):
     """Train the tasks' clients one after another."""
 
     def run(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> list[ClientResult]:
-        """A client that fails (``ClientFailure`` or a transient error, see ``fl_lightning.faults``)
-        is left out; a ``ValueError`` (a bad setting) and any error of the warm-up pass propagate;
-        any other error stops the run as ``FatalClientError`` (it is not a client fault)."""
+        """Every task trained in turn under the client-failure policy (``run_task``)."""
         results, records = [], []
         for task in tasks:
-            try:
-                results.append(_run(task, info, runtime, records))
-            except (ValueError, FLError):
-                raise
-            except TRANSIENT_ERRORS as error:
-                if task.warmup:
-                    raise ClientError(f"warm-up: client {task.client_id} failed: {error!r}; the warm-up pass needs every client") from error
-                if runtime.fail_fast:
-                    raise ClientError(
-                        f"round {info.round}: client {task.client_id} failed: {error!r}; faults.fail_fast stops the run at the first "
-                        "client failure (unset it to leave failed clients out of their round)"
-                    ) from error
-                log.warning("round %d: client %d failed and is left out of the aggregate: %r", info.round, task.client_id, error)
-            except Exception as error:
-                raise fatal_client_error(info.round, task.client_id, error) from error
+            result = _run_with_policy(task, info, runtime, records)
+            if result is not None:
+                results.append(result)
         return _with_means(results, records, info)
 
 
-def run_task(task: ClientTask, info: RoundInfo, runtime: ClientRuntime) -> ClientResult:
-    """One client's task, trained the reference way (its loss and accuracy read at once)."""
+def run_task(task: ClientTask, info: RoundInfo, runtime: ClientRuntime) -> ClientResult | None:
+    """One client's task, trained the reference way (its loss and accuracy read at once), under the
+    documented client-failure policy: None where the client failed and is left out of the round.
+
+    A client that fails (``ClientFailure`` or a transient error, see ``fl_lightning.faults``) is left
+    out, with a warning, unless ``runtime.fail_fast`` (then ``ClientError`` stops the run); a
+    ``ValueError`` (a bad setting), an ``FLError`` and any error of the warm-up pass propagate; any
+    other error stops the run as ``FatalClientError`` (it is not a client fault). Custom executors
+    call it per task; it is not thread-safe: clients share ``runtime.objective``'s model (see
+    docs/architecture.md, "An executor").
+    """
     records = []
-    return _with_means([_run(task, info, runtime, records)], records, info)[0]
+    result = _run_with_policy(task, info, runtime, records)
+    return None if result is None else _with_means([result], records, info)[0]
+
+
+def _run_with_policy(task: ClientTask, info: RoundInfo, runtime: ClientRuntime, records: list) -> ClientResult | None:
+    try:
+        return _run(task, info, runtime, records)
+    except (ValueError, FLError):
+        raise
+    except TRANSIENT_ERRORS as error:
+        if task.warmup:
+            raise ClientError(f"warm-up: client {task.client_id} failed: {error!r}; the warm-up pass needs every client") from error
+        if runtime.fail_fast:
+            raise ClientError(
+                f"round {info.round}: client {task.client_id} failed: {error!r}; faults.fail_fast stops the run at the first "
+                "client failure (unset it to leave failed clients out of their round)"
+            ) from error
+        log.warning("round %d: client %d failed and is left out of the aggregate: %r", info.round, task.client_id, error)
+        return None
+    except Exception as error:
+        raise fatal_client_error(info.round, task.client_id, error) from error
 
 
 def _run(task: ClientTask, info: RoundInfo, runtime: ClientRuntime, records: list) -> ClientResult:
