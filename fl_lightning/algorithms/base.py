@@ -144,6 +144,11 @@ class Algorithm:
     #: declares it. True here: the base ``aggregate`` (FedAvg's) is ``-sum_i w_i delta_i``.
     linear_aggregate = True
 
+    #: The names of the upload's entries, each a tensor dict shaped like the federated tensors x
+    #: (message stages that add to the uploads' sum, e.g. privacy's noise, need their structure).
+    #: Honoured only where the class declaring it wrote ``client_finish`` (``declares_capability``).
+    upload_entries: tuple[str, ...] = ("delta",)
+
     def __init__(self, global_lr: float = 1.0) -> None:
         if not global_lr > 0:
             raise ValueError(f"algorithm global_lr must be > 0, got {global_lr}")
