@@ -291,3 +291,17 @@ def test_client_stage_state_lives_in_the_store_and_bytes_reach_the_metrics(tmp_p
     assert "msg:halving:count" not in module.client_state(0, module.global_params()).algorithm  # the algorithm never sees it
     coordinates = sum(p.numel() for p in module.model.parameters())
     assert float(trainer.callback_metrics["comm/round_bytes_up"]) == N * coordinates
+
+
+# ---- DDP ----------------------------------------------------------------------------------------------------------
+def test_ddp_equals_one_process_under_dp(tmp_path):
+    """Two DDP processes (gloo): each clips its own clients, the partial sums are all-reduced, every rank
+    adds the same noise from (seed, round): the one-process model to float tolerance, the same epsilon."""
+    from tests.test_distributed import _assert_close, _train
+
+    single = _train(tmp_path, 1, "scaffold", False, "--privacy", "0.05", "1.0")
+    ddp = _train(tmp_path, 2, "scaffold", False, "--privacy", "0.05", "1.0")
+    _assert_close(single, ddp, rtol=1e-5, atol=1e-6)
+    assert ddp["exchanges"] == {"gathered": 0, "summed": 3}
+    assert single["metrics"]["privacy/epsilon"] == ddp["metrics"]["privacy/epsilon"] > 0
+    assert single["metrics"]["comm/round_bytes_up"] == ddp["metrics"]["comm/round_bytes_up"]
