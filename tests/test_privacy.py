@@ -305,3 +305,27 @@ def test_ddp_equals_one_process_under_dp(tmp_path):
     assert ddp["exchanges"] == {"gathered": 0, "summed": 3}
     assert single["metrics"]["privacy/epsilon"] == ddp["metrics"]["privacy/epsilon"] > 0
     assert single["metrics"]["comm/round_bytes_up"] == ddp["metrics"]["comm/round_bytes_up"]
+
+
+def _halving_run(tmp_path, rounds, ckpt_path=None, store_dir="store"):
+    from fl_lightning.state import DiskClientStore
+
+    torch.manual_seed(0)
+    module = FederatedModule(MLP(8, 3, hidden=[16]), A.SCAFFOLD(), LOCAL, uplink=[Halving()], store=DiskClientStore(str(tmp_path / store_dir)))
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True, every_n_train_steps=1, save_top_k=0)
+    trainer = tiny_trainer(tmp_path, rounds, enable_checkpointing=True, callbacks=[checkpoint])
+    trainer.fit(module, datamodule=tiny_datamodule(num_clients=N, clients_per_round=S), ckpt_path=ckpt_path)
+    module.store_state = module.store.state_dict()
+    module.store.close()  # the next run in this process takes the folder over
+    return module
+
+
+def test_client_stage_state_survives_disk_store_and_resume_bitwise(tmp_path):
+    straight = _halving_run(tmp_path / "a", 4)
+    _halving_run(tmp_path / "b", 2)
+    resumed = _halving_run(tmp_path / "b", 4, ckpt_path=str(tmp_path / "b" / "ckpt" / "last.ckpt"))
+    for a, b in zip(straight.model.parameters(), resumed.model.parameters()):
+        assert torch.equal(a, b)
+    a, b = straight.store_state, resumed.store_state
+    assert a.keys() == b.keys() and any(":halving:" in k for k in a)
+    assert all(torch.equal(a[k], b[k]) for k in a)
