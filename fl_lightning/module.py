@@ -202,7 +202,7 @@ class FederatedModule(L.LightningModule):
             self.messages.check(self.algorithm, self.datamodule.num_clients)
         if self.privacy is not None:  # the sampling scheme, sigma (calibrated if asked), the accountant
             participation = getattr(self.datamodule, "participation", None)
-            self.privacy.prepare(participation, self.datamodule.num_clients, self.trainer.max_steps)
+            self.privacy.prepare(participation, self.datamodule.num_clients, self.trainer.max_steps, self.datamodule.seed)
         if self.global_rank == 0:  # temporary files of killed checkpoint writes
             from fl_lightning.checkpoint_io import remove_stale_temporaries
 

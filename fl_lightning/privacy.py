@@ -28,8 +28,14 @@ from fl_lightning.privacy_accounting import ClientAccountant, SamplingScheme, ca
 from fl_lightning.tasks import Payload
 
 log = logging.getLogger(__name__)
-NOISE_STREAM = 0xD9
-"""Seed stream of the Gaussian noise (within the server's round seed)."""
+NOISE_STREAM, COUNT_STREAM = 0xD9, 0xDA
+"""Seed streams of the Gaussian noise on the sum and on adaptive clipping's count (within the server's round seed)."""
+
+
+def upload_norm(upload: Payload) -> float:
+    """||u||: the L2 norm over every tensor of every entry (float64)."""
+    tensors = [t for td in upload.values() for t in td.values()]
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t.double()) for t in tensors])))
 
 
 def clip(upload: Payload, clip_norm: float, per_entry: bool = False) -> Payload:
@@ -51,9 +57,16 @@ class ClipStage(ClientStage):
 
     def __init__(self, privacy: ClientPrivacy) -> None:
         self.privacy = privacy
+        self.unclipped = 0  # this round's clients whose update was within C (adaptive clipping's count, one process)
+
+    def begin_round(self, info: RoundInfo) -> None:
+        self.unclipped = 0
 
     def apply(self, upload: Payload, state, key: StageKey) -> Sent:
-        return Sent(clip(upload, self.privacy.clip_norm, self.privacy.clipping == "per_entry"))
+        clip_norm = self.privacy.current_clip
+        if self.privacy.adaptive_clipping:
+            self.unclipped += upload_norm(upload) <= clip_norm
+        return Sent(clip(upload, clip_norm, self.privacy.clipping == "per_entry"))
 
 
 class GaussianSumNoise(AggregateStage):
@@ -84,7 +97,7 @@ class GaussianSumNoise(AggregateStage):
 
     def extra_upload(self, like: Payload, key: StageKey) -> Payload:
         """z ~ N(0, sigma^2 C^2) per coordinate, drawn on the CPU from (seed, round)."""
-        std, generator = self.privacy.noise_multiplier * self.privacy.clip_norm, key.generator(NOISE_STREAM)
+        std, generator = self.privacy.update_noise * self.privacy.current_clip, key.generator(NOISE_STREAM)
         out = {}
         for name, td in like.items():
             out[name] = {}
@@ -94,7 +107,7 @@ class GaussianSumNoise(AggregateStage):
         return out
 
     def end_round(self, info: RoundInfo, reporting: int) -> dict[str, float]:
-        return self.privacy.account()
+        return self.privacy.account(info)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return self.privacy.state_dict()
@@ -117,7 +130,16 @@ class ClientPrivacy:
             ``"stop"`` (train at ``noise_multiplier`` and stop before the round that would exceed it).
         clipping: ``"flat"`` (one norm over the whole upload) or ``"per_entry"`` (each upload entry,
             e.g. ``delta`` and ``delta_c``, to C / sqrt(entries)).
-        accountant: ``"rdp"`` (Renyi DP, integer orders 2..256) or ``"pld"`` (privacy loss distributions).
+        accountant: ``"rdp"`` (Renyi DP, integer orders) or ``"pld"`` (privacy loss distributions).
+        adaptive_clipping: adapt C each round towards the ``target_quantile`` of the clients' update norms
+            (Andrew et al., NeurIPS 2021): C <- C exp(-clip_lr (b~ - target_quantile)), b~ the noised fraction
+            of unclipped clients; ``clip_norm`` is the initial C. One process only.
+        target_quantile: gamma in (0, 1).
+        clip_lr: eta_C > 0.
+        count_noise: sigma_b, the std of the noise on the unclipped count (default: expected cohort / 20,
+            the paper's); must exceed 1 / (2 noise_multiplier). The update's noise multiplier becomes
+            (sigma^-2 - (2 sigma_b)^-2)^-1/2 so that the round's two queries together spend what sigma
+            alone would (Andrew et al., Thm 1); the accountant composes both.
     """
 
     def __init__(
@@ -129,6 +151,10 @@ class ClientPrivacy:
         budget: Literal["calibrate", "stop"] = "calibrate",
         clipping: Literal["flat", "per_entry"] = "flat",
         accountant: Literal["rdp", "pld"] = "rdp",
+        adaptive_clipping: bool = False,
+        target_quantile: float = 0.5,
+        clip_lr: float = 0.2,
+        count_noise: float | None = None,
     ) -> None:
         if not (isinstance(clip_norm, (int, float)) and clip_norm > 0 and math.isfinite(clip_norm)):
             raise ValueError(f"privacy.clip_norm must be > 0 (finite), got {clip_norm}")
@@ -144,7 +170,17 @@ class ClientPrivacy:
             raise ValueError(f"privacy.clipping must be 'flat' or 'per_entry', got {clipping!r}")
         if accountant not in ("rdp", "pld"):
             raise ValueError(f"privacy.accountant must be 'rdp' or 'pld', got {accountant!r}")
+        if not 0 < target_quantile < 1:
+            raise ValueError(f"privacy.target_quantile must be in (0, 1), got {target_quantile}")
+        if not clip_lr > 0:
+            raise ValueError(f"privacy.clip_lr must be > 0, got {clip_lr}")
+        if count_noise is not None and not count_noise > 0:
+            raise ValueError(f"privacy.count_noise must be > 0 (or null), got {count_noise}")
+        if adaptive_clipping and noise_multiplier == 0 and target_epsilon is None:
+            raise ValueError("privacy.adaptive_clipping needs noise_multiplier > 0 (the count's noise is part of the budget)")
+        self.adaptive_clipping, self.target_quantile, self.clip_lr, self.count_noise = adaptive_clipping, target_quantile, clip_lr, count_noise
         self.clip_norm, self.noise_multiplier, self.delta = float(clip_norm), float(noise_multiplier), float(delta)
+        self.current_clip = self.clip_norm  # C_t (adaptive clipping changes it every round)
         self.target_epsilon, self.budget, self.clipping, self.method = target_epsilon, budget, clipping, accountant
         self.scheme: SamplingScheme | None = None
         self.accountant: ClientAccountant | None = None
@@ -155,7 +191,20 @@ class ClientPrivacy:
         """The uplink stages this setting contributes: clip (client) and Gaussian noise (server)."""
         return list(self._stages)
 
-    def prepare(self, participation: Any, num_clients: int, rounds: int) -> None:
+    @property
+    def update_noise(self) -> float:
+        """The noise multiplier of the clipped sum: sigma, or under adaptive clipping
+        (sigma^-2 - (2 sigma_b)^-2)^-1/2 (Andrew et al., Thm 1)."""
+        if not self.adaptive_clipping:
+            return self.noise_multiplier
+        return (self.noise_multiplier**-2 - (2 * self.sigma_b) ** -2) ** -0.5
+
+    @property
+    def queries(self) -> float | tuple[float, float]:
+        """What the accountant composes each round: sigma, or (update sigma, count sigma)."""
+        return (self.update_noise, self.sigma_b) if self.adaptive_clipping else self.noise_multiplier
+
+    def prepare(self, participation: Any, num_clients: int, rounds: int, seed: int = 0) -> None:
         """Before training: the sampling scheme, sigma (calibrated to ``target_epsilon`` if asked, or
         restored from a checkpoint) and the accountant (replayed to the checkpoint's round)."""
         self.scheme = SamplingScheme.of(participation, num_clients)
@@ -178,7 +227,21 @@ class ClientPrivacy:
                 "privacy: training at noise_multiplier=%g until epsilon would exceed target_epsilon=%g (delta=%g), then stopping",
                 self.noise_multiplier, self.target_epsilon, self.delta,
             )  # fmt: skip
-        self.accountant = ClientAccountant(self.scheme, self.noise_multiplier, self.delta, self.method)
+        self.seed = seed
+        if self.adaptive_clipping:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+                raise ValueError("privacy.adaptive_clipping runs in one process: the unclipped count is not summed across DDP processes")
+            self.sigma_b = self.count_noise if self.count_noise is not None else self.scheme.expected_cohort(0) / 20
+            if not 2 * self.sigma_b * self.noise_multiplier > 1:
+                raise ValueError(
+                    f"privacy.count_noise={self.sigma_b:g} must exceed 1 / (2 noise_multiplier) = {1 / (2 * self.noise_multiplier):g} "
+                    "(the count would spend the whole budget); raise count_noise or noise_multiplier"
+                )
+        if restored is not None and "current_clip" in restored:
+            self.current_clip = float(restored["current_clip"])
+        self.accountant = ClientAccountant(self.scheme, self.queries, self.delta, self.method)
         if restored is not None:
             self.accountant.replay(int(restored.get("rounds", torch.tensor(0))))
 
@@ -188,23 +251,41 @@ class ClientPrivacy:
             return False
         return epsilon_after(self.scheme, self.noise_multiplier, self.delta, self.accountant.rounds + 1, self.method) > self.target_epsilon
 
-    def account(self) -> dict[str, float]:
-        """One more round accounted; the metrics logged with it."""
+    def account(self, info: RoundInfo) -> dict[str, float]:
+        """One more round accounted (and, with adaptive clipping, C updated); the metrics logged with it."""
         self.accountant.step()
         epsilons = self.accountant.epsilons()
         metrics = {"privacy/epsilon": float(epsilons.max()), "privacy/noise_multiplier": self.noise_multiplier}
+        if self.adaptive_clipping:
+            metrics["privacy/clip_norm"] = self.current_clip  # the C this round clipped with
+            self.current_clip = self.next_clip(self._stages[0].unclipped, info)
         if self.scheme.kind == "poisson":  # clients differ when their probabilities do
             metrics["privacy/epsilon_median"] = float(torch.tensor(epsilons).median())
             metrics["privacy/epsilon_min"] = float(epsilons.min())
         return metrics
 
+    def next_clip(self, unclipped: int, info: RoundInfo) -> float:
+        """C_{t+1} = C_t exp(-eta_C (b~ - gamma)), b~ = (unclipped + N(0, sigma_b^2)) / D (Andrew et al., Alg. 1),
+        the noise drawn on the server from (seed, round)."""
+        from fl_lightning.messages import SERVER_STREAM
+        from fl_lightning.participation import derive_seed
+
+        generator = StageKey(derive_seed(self.seed, info.round, SERVER_STREAM), info.round).generator(COUNT_STREAM)
+        noisy = (unclipped + float(torch.randn((), generator=generator, dtype=torch.float64)) * self.sigma_b) / self.scheme.expected_cohort(info.round)
+        return self.current_clip * math.exp(-self.clip_lr * (noisy - self.target_quantile))
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         rounds = self.accountant.rounds if self.accountant is not None else 0
-        return {"rounds": torch.tensor(rounds), "noise_multiplier": torch.tensor(self.noise_multiplier, dtype=torch.float64)}
+        return {
+            "rounds": torch.tensor(rounds), "noise_multiplier": torch.tensor(self.noise_multiplier, dtype=torch.float64),
+            "current_clip": torch.tensor(self.current_clip, dtype=torch.float64),
+        }  # fmt: skip
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         self._restored = dict(state)
         if self.accountant is not None:  # already prepared: replay now
             self.noise_multiplier = float(state["noise_multiplier"])
-            self.accountant = ClientAccountant(self.scheme, self.noise_multiplier, self.delta, self.method)
+            if "current_clip" in state:
+                self.current_clip = float(state["current_clip"])
+            self.accountant = ClientAccountant(self.scheme, self.queries, self.delta, self.method)
             self.accountant.replay(int(state["rounds"]))

@@ -68,26 +68,39 @@ class SamplingScheme:
 
 
 
-def _rdp_round(scheme: SamplingScheme, p: float, sigma: float) -> np.ndarray:
+def _rdp_round(scheme: SamplingScheme, p: float, sigma: float | tuple[float, ...]) -> np.ndarray:
     return _rdp_event(scheme.kind, scheme.num_clients, scheme.sample_size, p, sigma)
 
 
+def _queries(kind: str, sigma: float | tuple[float, ...]):
+    """The round's Gaussian queries as a ``DpEvent``: sigma, or (update sigma, count sigma) for adaptive
+    clipping (Andrew et al. 2021: the clipped count b_i - 1/2 has sensitivity 1/2 under add/remove, 1 under
+    replace; the clipped sum C, resp. 2C)."""
+    import dp_accounting
+
+    if not isinstance(sigma, tuple):
+        return dp_accounting.GaussianDpEvent(sigma if kind == "poisson" else sigma / 2)
+    update, count = sigma
+    if kind == "poisson":
+        return dp_accounting.ComposedDpEvent([dp_accounting.GaussianDpEvent(update), dp_accounting.GaussianDpEvent(2 * count)])
+    return dp_accounting.ComposedDpEvent([dp_accounting.GaussianDpEvent(update / 2), dp_accounting.GaussianDpEvent(count)])
+
+
 @functools.lru_cache(maxsize=4096)
-def _rdp_event(kind: str, num_clients: int, sample_size: int, p: float, sigma: float) -> np.ndarray:
+def _rdp_event(kind: str, num_clients: int, sample_size: int, p: float, sigma: float | tuple[float, ...]) -> np.ndarray:
     """One round's RDP curve at ``ORDERS`` (cached: calibration and replays ask for the same events)."""
     import dp_accounting
     from dp_accounting.rdp import RdpAccountant
     from dp_accounting.rdp.rdp_privacy_accountant import NeighborRel
 
-    if sigma == 0:
+    if sigma == 0 or (isinstance(sigma, tuple) and 0 in sigma):
         return np.full(len(ORDERS), np.inf)
     if kind == "poisson":
         accountant = RdpAccountant(list(ORDERS))
-        accountant.compose(dp_accounting.PoissonSampledDpEvent(p, dp_accounting.GaussianDpEvent(sigma)))
+        accountant.compose(dp_accounting.PoissonSampledDpEvent(p, _queries(kind, sigma)))
     else:
         accountant = RdpAccountant(list(ORDERS), NeighborRel.REPLACE_ONE)
-        event = dp_accounting.GaussianDpEvent(sigma / 2)
-        accountant.compose(dp_accounting.SampledWithoutReplacementDpEvent(num_clients, sample_size, event))
+        accountant.compose(dp_accounting.SampledWithoutReplacementDpEvent(num_clients, sample_size, _queries(kind, sigma)))
     rdp = np.asarray(accountant._rdp, dtype=np.float64)  # the RDP curve of one round at ORDERS
     rdp.flags.writeable = False
     return rdp
@@ -106,7 +119,7 @@ class ClientAccountant:
 
     Args:
         scheme: the sampling scheme.
-        noise_multiplier: sigma (noise std / C).
+        noise_multiplier: sigma (noise std / C), or (update sigma, count sigma) under adaptive clipping.
         delta: the delta at which epsilon is reported.
         method: ``"rdp"`` or ``"pld"``.
     """
@@ -167,15 +180,15 @@ class ClientAccountant:
         import dp_accounting
         from dp_accounting.pld import PLDAccountant
 
-        if self.sigma == 0:
+        if self.sigma == 0 or (isinstance(self.sigma, tuple) and 0 in self.sigma):
             return math.inf
         if self.scheme.kind == "poisson":
             accountant = PLDAccountant()
-            event = dp_accounting.PoissonSampledDpEvent(p, dp_accounting.GaussianDpEvent(self.sigma))
+            event = dp_accounting.PoissonSampledDpEvent(p, _queries("poisson", self.sigma))
         else:
             accountant = PLDAccountant(dp_accounting.NeighboringRelation.REPLACE_ONE)
             event = dp_accounting.SampledWithoutReplacementDpEvent(
-                self.scheme.num_clients, self.scheme.sample_size, dp_accounting.GaussianDpEvent(self.sigma / 2)
+                self.scheme.num_clients, self.scheme.sample_size, _queries("without_replacement", self.sigma)
             )
         accountant.compose(dp_accounting.SelfComposedDpEvent(event, rounds))
         return float(accountant.get_epsilon(self.delta))

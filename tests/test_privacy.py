@@ -189,8 +189,9 @@ def test_batched_equals_sequential_under_dp(tmp_path, make):
 
 
 # ---- resume --------------------------------------------------------------------------------------------------
-def _resumable(tmp_path, rounds, ckpt_path=None):
-    module = _module(A.SCAFFOLD(), ClientPrivacy(clip_norm=0.05, noise_multiplier=1.1, delta=1e-4))
+def _resumable(tmp_path, rounds, ckpt_path=None, adaptive=False):
+    privacy = ClientPrivacy(clip_norm=0.05, noise_multiplier=1.1, delta=1e-4, adaptive_clipping=adaptive, count_noise=1.0)
+    module = _module(A.SCAFFOLD(), privacy)
     checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True, every_n_train_steps=1, save_top_k=0)
     data = _bernoulli_data([0.3, 0.6] * (N // 2))
     trainer = tiny_trainer(tmp_path, rounds, enable_checkpointing=True, callbacks=[checkpoint])
@@ -198,16 +199,20 @@ def _resumable(tmp_path, rounds, ckpt_path=None):
     return module, trainer
 
 
-def test_resume_gives_the_same_model_and_epsilon_bitwise(tmp_path):
-    straight, t1 = _resumable(tmp_path / "a", 4)
-    _resumable(tmp_path / "b", 2)
-    resumed, t2 = _resumable(tmp_path / "c", 4, ckpt_path=str(tmp_path / "b" / "ckpt" / "last.ckpt"))
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_resume_gives_the_same_model_and_epsilon_bitwise(tmp_path, adaptive):
+    straight, t1 = _resumable(tmp_path / "a", 4, adaptive=adaptive)
+    _resumable(tmp_path / "b", 2, adaptive=adaptive)
+    resumed, t2 = _resumable(tmp_path / "c", 4, ckpt_path=str(tmp_path / "b" / "ckpt" / "last.ckpt"), adaptive=adaptive)
+    if adaptive:
+        assert resumed.privacy.current_clip == straight.privacy.current_clip != 0.05
     for a, b in zip(straight.model.parameters(), resumed.model.parameters()):
         assert torch.equal(a, b)
     assert straight.store.equal(resumed.store)
     assert resumed.privacy.accountant.rounds == 4
     assert float(t1.callback_metrics["privacy/epsilon"]) == float(t2.callback_metrics["privacy/epsilon"]) > 0
     scheme = SamplingScheme.of(BernoulliParticipation([0.3, 0.6] * (N // 2)), N)
+    # adaptive clipping's two queries (update, count) spend together what sigma = 1.1 alone would (Andrew et al., Thm 1)
     assert float(t1.callback_metrics["privacy/epsilon"]) == pytest.approx(epsilon_after(scheme, 1.1, 1e-4, 4), rel=1e-6)
     assert float(t1.callback_metrics["privacy/epsilon_min"]) < float(t1.callback_metrics["privacy/epsilon"])  # p = 0.3 vs 0.6
 
@@ -329,3 +334,26 @@ def test_client_stage_state_survives_disk_store_and_resume_bitwise(tmp_path):
     a, b = straight.store_state, resumed.store_state
     assert a.keys() == b.keys() and any(":halving:" in k for k in a)
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+# ---- adaptive clipping (Andrew et al. 2021) ------------------------------------------------------------------
+def test_adaptive_clip_follows_the_geometric_rule_on_a_hand_worked_round():
+    """30 of D = 50 clients unclipped, gamma = 0.5, eta_C = 0.2, count noise ~0: C_1 = C_0 exp(-0.2 (0.6 - 0.5))."""
+    privacy = ClientPrivacy(clip_norm=2.0, noise_multiplier=1e9, adaptive_clipping=True, target_quantile=0.5, clip_lr=0.2, count_noise=1e-8)
+    privacy.prepare(UniformSampling(50), 200, rounds=1)
+    assert privacy.next_clip(30, RoundInfo(0, 0.1, 200)) == pytest.approx(2.0 * math.exp(-0.02), rel=1e-9)
+    assert privacy.next_clip(50, RoundInfo(0, 0.1, 200)) < 2.0 < privacy.next_clip(0, RoundInfo(0, 0.1, 200))
+
+
+def test_adaptive_clipping_moves_c_towards_the_quantile_and_splits_the_noise(tmp_path):
+    privacy = ClientPrivacy(clip_norm=10.0, noise_multiplier=1.0, adaptive_clipping=True, target_quantile=0.5, clip_lr=0.5, count_noise=2.0)
+    trainer = _fit(tmp_path, _module(privacy=privacy), rounds=4, data=tiny_datamodule(num_clients=N, clients_per_round=N))
+    assert privacy.current_clip < 10.0 * math.exp(-0.5 * 0.5 * 3)  # every update is far below C = 10: C shrinks each round
+    assert privacy.update_noise == pytest.approx((1.0 - (2 * 2.0) ** -2) ** -0.5)
+    assert float(trainer.callback_metrics["privacy/epsilon"]) == pytest.approx(epsilon_after(SamplingScheme.of(UniformSampling(N), N), 1.0, 1e-5, 4), rel=1e-6)
+
+
+def test_adaptive_clipping_refuses_a_count_noise_that_spends_the_budget(tmp_path):
+    module = _module(privacy=ClientPrivacy(clip_norm=1.0, noise_multiplier=0.5, adaptive_clipping=True, count_noise=0.5))
+    with pytest.raises(ValueError, match="privacy.count_noise=0.5 must exceed 1 / \\(2 noise_multiplier\\) = 1"):
+        _fit(tmp_path, module, rounds=1)
