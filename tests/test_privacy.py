@@ -357,3 +357,14 @@ def test_adaptive_clipping_refuses_a_count_noise_that_spends_the_budget(tmp_path
     module = _module(privacy=ClientPrivacy(clip_norm=1.0, noise_multiplier=0.5, adaptive_clipping=True, count_noise=0.5))
     with pytest.raises(ValueError, match="privacy.count_noise=0.5 must exceed 1 / \\(2 noise_multiplier\\) = 1"):
         _fit(tmp_path, module, rounds=1)
+
+
+def test_compare_plots_accuracy_against_epsilon():
+    from fl_lightning.history import History
+    from fl_lightning.plots import curves, figures_for
+
+    records = [{"round": float(r), "privacy/epsilon": 0.5 * (r + 1), "val/acc": 0.1 * r} for r in range(4)]
+    histories = {"DP": [History(records)]}
+    figure = next(f for f in figures_for(histories) if f.name == "acc_vs_epsilon")
+    assert figure.x == "privacy/epsilon" and figure.metric == "val/acc"
+    assert list(curves(histories, figure)["DP"]["x"]) == [0.5, 1.0, 1.5, 2.0]
