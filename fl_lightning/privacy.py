@@ -210,7 +210,13 @@ class ClientPrivacy:
         self.scheme = SamplingScheme.of(participation, num_clients)
         restored = self._restored
         if restored is not None and "noise_multiplier" in restored:
-            self.noise_multiplier = float(restored["noise_multiplier"])
+            saved = float(restored["noise_multiplier"])
+            if self.target_epsilon is None and saved != self.noise_multiplier:  # (a calibrated sigma is the checkpoint's)
+                raise ValueError(
+                    f"privacy.noise_multiplier={self.noise_multiplier:g} differs from the checkpoint's {saved:g}: the accountant "
+                    "would compose rounds that did not happen; resume with the settings the run was started with"
+                )
+            self.noise_multiplier = saved
         elif self.target_epsilon is not None and self.budget == "calibrate":
             self.noise_multiplier = calibrate_noise(self.scheme, self.target_epsilon, self.delta, rounds, self.method)
             log.warning(
@@ -240,6 +246,11 @@ class ClientPrivacy:
                     "(the count would spend the whole budget); raise count_noise or noise_multiplier"
                 )
         if restored is not None and "current_clip" in restored:
+            if not self.adaptive_clipping and float(restored["current_clip"]) != self.clip_norm:
+                raise ValueError(
+                    f"privacy.clip_norm={self.clip_norm:g} differs from the checkpoint's {float(restored['current_clip']):g}; "
+                    "resume with the settings the run was started with"
+                )
             self.current_clip = float(restored["current_clip"])
         self.accountant = ClientAccountant(self.scheme, self.queries, self.delta, self.method)
         if restored is not None:

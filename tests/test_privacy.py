@@ -368,3 +368,11 @@ def test_compare_plots_accuracy_against_epsilon():
     figure = next(f for f in figures_for(histories) if f.name == "acc_vs_epsilon")
     assert figure.x == "privacy/epsilon" and figure.metric == "val/acc"
     assert list(curves(histories, figure)["DP"]["x"]) == [0.5, 1.0, 1.5, 2.0]
+
+
+def test_resuming_with_a_different_noise_multiplier_is_refused(tmp_path):
+    _resumable(tmp_path / "b", 2)
+    module = _module(A.SCAFFOLD(), ClientPrivacy(clip_norm=0.05, noise_multiplier=2.0, delta=1e-4))
+    trainer = tiny_trainer(tmp_path / "c", 4, enable_checkpointing=True)
+    with pytest.raises(ValueError, match="privacy.noise_multiplier=2 differs from the checkpoint's 1.1"):
+        trainer.fit(module, datamodule=_bernoulli_data([0.3, 0.6] * (N // 2)), ckpt_path=str(tmp_path / "b" / "ckpt" / "last.ckpt"))
