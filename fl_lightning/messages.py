@@ -180,7 +180,9 @@ class MessagePipeline:
         other = [s for s in uplink if not isinstance(s, (ClientStage, AggregateStage))]
         other += [s for s in downlink if not isinstance(s, BroadcastStage)]
         if other:
-            raise ValueError(f"message stage {type(other[0]).__name__} is not a ClientStage/AggregateStage (uplink) or BroadcastStage (downlink)")
+            raise ValueError(
+                f"message stage {type(other[0]).__name__} is not a ClientStage/AggregateStage (uplink) or BroadcastStage (downlink)"
+            )
         if len(self.aggregate_stages) > 1:
             raise ValueError("at most one AggregateStage (e.g. privacy's noise) may act on the uplink's sum")
         if any(s.order < c.order for s in self.aggregate_stages for c in self.client_stages):

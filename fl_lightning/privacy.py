@@ -178,7 +178,8 @@ class ClientPrivacy:
             raise ValueError(f"privacy.count_noise must be > 0 (or null), got {count_noise}")
         if adaptive_clipping and noise_multiplier == 0 and target_epsilon is None:
             raise ValueError("privacy.adaptive_clipping needs noise_multiplier > 0 (the count's noise is part of the budget)")
-        self.adaptive_clipping, self.target_quantile, self.clip_lr, self.count_noise = adaptive_clipping, target_quantile, clip_lr, count_noise
+        self.adaptive_clipping, self.target_quantile = adaptive_clipping, target_quantile
+        self.clip_lr, self.count_noise = clip_lr, count_noise
         self.clip_norm, self.noise_multiplier, self.delta = float(clip_norm), float(noise_multiplier), float(delta)
         self.current_clip = self.clip_norm  # C_t (adaptive clipping changes it every round)
         self.target_epsilon, self.budget, self.clipping, self.method = target_epsilon, budget, clipping, accountant
@@ -282,7 +283,8 @@ class ClientPrivacy:
         from fl_lightning.participation import derive_seed
 
         generator = StageKey(derive_seed(self.seed, info.round, SERVER_STREAM), info.round).generator(COUNT_STREAM)
-        noisy = (unclipped + float(torch.randn((), generator=generator, dtype=torch.float64)) * self.sigma_b) / self.scheme.expected_cohort(info.round)
+        noise = float(torch.randn((), generator=generator, dtype=torch.float64)) * self.sigma_b
+        noisy = (unclipped + noise) / self.scheme.expected_cohort(info.round)
         return self.current_clip * math.exp(-self.clip_lr * (noisy - self.target_quantile))
 
     def state_dict(self) -> dict[str, torch.Tensor]:

@@ -34,7 +34,12 @@ class SamplingScheme:
     """How clients are sampled per round, as the accountant sees it."""
 
     def __init__(
-        self, kind: Literal["poisson", "without_replacement"], num_clients: int, probabilities=None, sample_size: int = 0, fixed: bool = True
+        self,
+        kind: Literal["poisson", "without_replacement"],
+        num_clients: int,
+        probabilities=None,
+        sample_size: int = 0,
+        fixed: bool = True,
     ):
         self.kind, self.num_clients, self._probabilities, self.sample_size = kind, num_clients, probabilities, sample_size
         self.fixed = fixed  # the per-client probabilities are the same every round

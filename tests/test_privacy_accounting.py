@@ -59,7 +59,8 @@ def test_poisson_pld_epsilon_matches_prv_accountant():
     from prv_accountant import PoissonSubsampledGaussianMechanism, PRVAccountant
 
     q, sigma, rounds, delta = 0.1, 1.0, 100, 1e-5
-    prv = PRVAccountant(PoissonSubsampledGaussianMechanism(noise_multiplier=sigma, sampling_probability=q), eps_error=0.01, delta_error=1e-9, max_self_compositions=rounds)
+    mechanism = PoissonSubsampledGaussianMechanism(noise_multiplier=sigma, sampling_probability=q)
+    prv = PRVAccountant(mechanism, eps_error=0.01, delta_error=1e-9, max_self_compositions=rounds)
     reference = prv.compute_epsilon(delta=delta, num_self_compositions=rounds)[1]
     ours = epsilon_after(SamplingScheme.of(BernoulliParticipation(q), 20), sigma, delta, rounds, "pld")
     assert ours == pytest.approx(reference, rel=0.01)
