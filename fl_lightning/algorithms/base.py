@@ -159,6 +159,10 @@ class Algorithm:
     #: Whether ``local_loss`` reads ``ctx.label_counts``, the client's training samples per class
     #: (the data must define ``client_label_counts``).
     needs_label_counts = False
+    #: The names of the upload's entries, each a tensor dict shaped like the federated tensors x
+    #: (message stages that add to the uploads' sum, e.g. privacy's noise, need their structure).
+    #: Honoured only where the class declaring it wrote ``client_finish`` (``declares_capability``).
+    upload_entries: tuple[str, ...] = ("delta",)
 
     def __init__(self, global_lr: float = 1.0) -> None:
         if not global_lr > 0:
