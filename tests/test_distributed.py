@@ -179,3 +179,35 @@ def test_a_stop_signal_seen_by_one_rank_stops_every_rank_as_a_stop(tmp_path):
     assert proc.returncode != 0
     rank0 = "\n".join(line for line in proc.stderr.splitlines() if line.startswith("[rank0]"))
     assert "RunInterrupted: round 1: stopped by SIGTERM on rank 1 (the round is not aggregated); no stop checkpoint under DDP" in rank0, proc.stderr[-3000:]
+
+
+# ---- DDP from the command line (fl_lightning/launch.py) -------------------------------------------
+FL_LIGHTNING = str(Path(sys.executable).with_name("fl-lightning"))
+TINY_FIT = ["fit", "--config", str(ROOT / "configs" / "quickstart.yaml"), "--trainer.max_steps", "2",
+            "--trainer.val_check_interval", "2", "--trainer.enable_progress_bar", "false",
+            "--trainer.callbacks.init_args.every_n_train_steps", "2"]  # fmt: skip
+DDP = ["--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu"]
+
+
+def _cli(cwd: Path, *args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run([FL_LIGHTNING, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def test_ddp_from_the_cli_equals_one_process(tmp_path):
+    """The README's DDP line, shortened to 2 rounds: rank 1 is relaunched as `fl-lightning fit <the same arguments>`
+    (it got no subcommand and rank 0 waited forever); its global model is the one-process model to float tolerance
+    (FedAvg sums its uploads per rank, then all-reduces)."""
+    (tmp_path / "one").mkdir(), (tmp_path / "two").mkdir()
+    single = _cli(tmp_path / "one", *TINY_FIT)
+    ddp = _cli(tmp_path / "two", *TINY_FIT, *DDP, timeout=240)
+    assert single.returncode == 0, single.stderr[-3000:]
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    assert "GLOBAL_RANK: 1, MEMBER: 2/2" in ddp.stdout + ddp.stderr
+    assert "FedAvg: 2 rounds" in ddp.stdout and "usage: fl-lightning" not in ddp.stdout
+    ckpt = "runs/quickstart/version_0/checkpoints/last.ckpt"
+    one, two = (torch.load(tmp_path / d / ckpt, weights_only=True) for d in ("one", "two"))
+    assert one["global_step"] == two["global_step"] == 2
+    assert one["state_dict"].keys() == two["state_dict"].keys()
+    for name, value in one["state_dict"].items():
+        torch.testing.assert_close(two["state_dict"][name], value, rtol=1e-5, atol=1e-6)
