@@ -3,6 +3,7 @@ server state and client store: bitwise where uploads are gathered, to float tole
 where an algorithm's linear aggregate is computed from all-reduced partial sums."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -211,3 +212,39 @@ def test_ddp_from_the_cli_equals_one_process(tmp_path):
     assert one["state_dict"].keys() == two["state_dict"].keys()
     for name, value in one["state_dict"].items():
         torch.testing.assert_close(two["state_dict"][name], value, rtol=1e-5, atol=1e-6)
+
+
+def test_a_rank_that_dies_before_the_rendezvous_stops_every_rank_in_one_line(tmp_path):
+    """Rank 1 exits (code 3) at interpreter start-up, before it joins: rank 0 waited in the rendezvous for the
+    process-group timeout (30 min); now it ends within seconds naming the rank and the cause, exit 2."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text('import os\nif os.environ.get("LOCAL_RANK") == "1":\n    os._exit(3)\n')
+    proc = _cli(tmp_path, *TINY_FIT, *DDP, "--trainer.logger", "false", timeout=120,
+                env={"PYTHONPATH": f"{site}{os.pathsep}{ROOT}"})  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("fl-lightning: error:")]
+    assert len(lines) == 1, proc.stderr
+    assert re.fullmatch(r"fl-lightning: error: rank 1 \(pid \d+\) exited with code 3 before the process group formed; "
+                        r"every rank stops \(its own error, if any, is above\)", lines[0]), lines[0]  # fmt: skip
+    assert "Traceback" not in proc.stderr
+
+
+def test_the_rendezvous_timeout_setting_is_checked_and_an_address_in_use_is_named(monkeypatch):
+    from fl_lightning.launch import TIMEOUT_ENV, RankWatch, RelaunchCommand, exit_cause, rendezvous_timeout
+
+    monkeypatch.delenv(TIMEOUT_ENV, raising=False)
+    assert rendezvous_timeout() == 300.0
+    monkeypatch.setenv(TIMEOUT_ENV, "7.5")
+    assert rendezvous_timeout() == 7.5
+    for bad in ("0", "-1", "soon", "inf", "nan"):
+        monkeypatch.setenv(TIMEOUT_ENV, bad)
+        with pytest.raises(ValueError, match=f"{TIMEOUT_ENV}='{bad}': seconds the ranks wait to form the process group, a number > 0"):
+            rendezvous_timeout()
+    assert exit_cause(-9) == "was killed by SIGKILL" and exit_cause(3) == "exited with code 3"
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1"), monkeypatch.setenv("MASTER_PORT", "29500")
+    raised = RuntimeError("The server socket has failed to listen on any local network address. port: 29500, code: -98, name: EADDRINUSE")
+    error = RelaunchCommand.explained(raised, 0, RankWatch(0, 2, [], 1.0))
+    assert isinstance(error, ValueError) and str(error).startswith("rank 0: MASTER_PORT 29500 is in use on 127.0.0.1 (EADDRINUSE)")
+    lost = RelaunchCommand.explained(RuntimeError("[gloo] Connection closed by peer [127.0.0.1]:1234"), 1, RankWatch(1, 2, [], 1.0))
+    assert str(lost).startswith("rank 1 lost its connection to another rank (RuntimeError: [gloo] Connection closed by peer")
