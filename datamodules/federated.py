@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset, Subset, TensorDataset, default_collate
 
+from datamodules.client_indices import NoIndices
 from datamodules.partition import Dirichlet, Partitioner
 from datamodules.sources import SOURCES, DataSource, load_source
 from fl_lightning.client_data import Unstackable
@@ -113,13 +114,21 @@ class FederatedDataModule(L.LightningDataModule):
         if self.source is not None:
             return
         source = self.build_source()
-        parts = self.partition(source.train_labels, self.num_clients, self.seed)
-        empty = [i for i, p in enumerate(parts) if len(p) == 0]
-        if empty:
+        parts = self.partition.flat(source.train_labels, self.num_clients, self.seed)
+        sizes = parts.sizes()
+        empty = (sizes == 0).nonzero().flatten()
+        if len(empty):
             raise ValueError(
                 f"partition {type(self.partition).__name__} left {len(empty)} of num_clients={self.num_clients} "
-                f"clients empty (e.g. client {empty[0]}); use fewer clients or a partition with min_size >= 1"
+                f"clients empty (e.g. client {int(empty[0])}); use fewer clients or a partition with min_size >= 1"
             )
+        if not (self.holdout_fraction or self.val_fraction):
+            # Every sample trains: the partition itself, no tensor per client (10^6 clients build in a second).
+            self.client_train, self.client_holdout = parts, NoIndices(self.num_clients)
+            self.validation_indices = torch.empty(0, dtype=torch.int64)
+            self.client_sizes = sizes
+            self.source = source
+            return
         self.client_train, self.client_holdout, validation = [], [], []
         for cid, idx in enumerate(parts):
             perm = idx[torch.randperm(len(idx), generator=torch.Generator().manual_seed(derive_seed(self.seed, cid, _HOLDOUT_STREAM)))]
