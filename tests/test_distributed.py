@@ -195,23 +195,52 @@ def _cli(cwd: Path, *args: str, timeout: float = 300, env: dict | None = None) -
     return subprocess.run([FL_LIGHTNING, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
-def test_ddp_from_the_cli_equals_one_process(tmp_path):
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _two_nodes(cwd: Path, timeout: float = 240) -> list[tuple[int, str]]:
+    """Two `fl-lightning fit --trainer.num_nodes 2` processes, node ranks 0 and 1, rendezvous on 127.0.0.1 (the
+    environment a cluster scheduler sets, docs/cluster.md): (exit code, stderr) of each."""
+    port, env = _free_port(), {**os.environ, "PYTHONPATH": str(ROOT), "MASTER_ADDR": "127.0.0.1"}
+    nodes = [subprocess.Popen([FL_LIGHTNING, *TINY_FIT, "--trainer.strategy", "ddp", "--trainer.accelerator", "cpu",
+                               "--trainer.num_nodes", "2", "--trainer.devices", "1"],
+                              env={**env, "MASTER_PORT": str(port), "NODE_RANK": str(rank)}, cwd=cwd,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]  # fmt: skip
+    try:
+        return [(node.wait(timeout=timeout), node.communicate()[1]) for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+
+
+def test_ddp_from_the_cli_and_two_nodes_equal_one_process(tmp_path):
     """The README's DDP line, shortened to 2 rounds: rank 1 is relaunched as `fl-lightning fit <the same arguments>`
-    (it got no subcommand and rank 0 waited forever); its global model is the one-process model to float tolerance
-    (FedAvg sums its uploads per rank, then all-reduces)."""
-    (tmp_path / "one").mkdir(), (tmp_path / "two").mkdir()
+    (it got no subcommand and rank 0 waited forever). Its global model, and that of two single-process nodes
+    (num_nodes 2, NODE_RANK 0 and 1), is the one-process model to float tolerance (FedAvg sums its uploads per
+    rank, then all-reduces)."""
+    for name in ("one", "two", "nodes"):
+        (tmp_path / name).mkdir()
     single = _cli(tmp_path / "one", *TINY_FIT)
-    ddp = _cli(tmp_path / "two", *TINY_FIT, *DDP, timeout=240)
     assert single.returncode == 0, single.stderr[-3000:]
+    ddp = _cli(tmp_path / "two", *TINY_FIT, *DDP, timeout=240)
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     assert "GLOBAL_RANK: 1, MEMBER: 2/2" in ddp.stdout + ddp.stderr
     assert "FedAvg: 2 rounds" in ddp.stdout and "usage: fl-lightning" not in ddp.stdout
+    nodes = _two_nodes(tmp_path / "nodes")
+    assert [code for code, _ in nodes] == [0, 0], nodes[0][1][-2000:] + nodes[1][1][-2000:]
     ckpt = "runs/quickstart/version_0/checkpoints/last.ckpt"
-    one, two = (torch.load(tmp_path / d / ckpt, weights_only=True) for d in ("one", "two"))
-    assert one["global_step"] == two["global_step"] == 2
-    assert one["state_dict"].keys() == two["state_dict"].keys()
-    for name, value in one["state_dict"].items():
-        torch.testing.assert_close(two["state_dict"][name], value, rtol=1e-5, atol=1e-6)
+    one = torch.load(tmp_path / "one" / ckpt, weights_only=True)
+    for other in ("two", "nodes"):
+        other = torch.load(tmp_path / other / ckpt, weights_only=True)
+        assert one["global_step"] == other["global_step"] == 2
+        assert one["state_dict"].keys() == other["state_dict"].keys()
+        for name, value in one["state_dict"].items():
+            torch.testing.assert_close(other["state_dict"][name], value, rtol=1e-5, atol=1e-6)
 
 
 def test_a_rank_that_dies_before_the_rendezvous_stops_every_rank_in_one_line(tmp_path):
