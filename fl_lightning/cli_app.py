@@ -36,6 +36,16 @@ OPTIMIZER_ERROR = (
     "and schedule the server lr per round with --lr_scheduler"
 )
 
+SEVERAL_PROCESSES_ERROR = (
+    "--trainer.devices x --trainer.num_nodes = {processes} processes: compare and montecarlo run their fits one "
+    "after another inside their own process, one process per fit; run a multi-process (DDP) fit with "
+    "`fl-lightning fit --config FILE --trainer.strategy ddp ...` (docs/cluster.md)"
+)
+
+
+class SeveralProcesses(ValueError):
+    """A multi-process trainer built without a subcommand (by compare or montecarlo): refused for the whole sweep."""
+
 
 def _is_optimizer_flag(arg: Any) -> bool:
     return isinstance(arg, str) and (arg == "--optimizer" or arg.startswith(("--optimizer.", "--optimizer=")))
@@ -297,8 +307,10 @@ class FLCli(LightningCLI):
     def after_instantiate_classes(self) -> None:
         from fl_lightning.launch import install
 
-        if self.launch_args is not None:  # without a subcommand (run=False, as compare builds): a fit
-            install(self.trainer, self.launch_args if self.subcommand else ["fit", *self.launch_args])
+        if self.subcommand is None and self.trainer.world_size > 1:
+            raise SeveralProcesses(SEVERAL_PROCESSES_ERROR.format(processes=self.trainer.world_size))
+        if self.launch_args is not None:
+            install(self.trainer, self.launch_args)
         for logger in self.trainer.loggers:
             init = getattr(logger, "_wandb_init", None)
             if isinstance(init, dict) and init.get("anonymous") is None:

@@ -277,3 +277,21 @@ def test_the_rendezvous_timeout_setting_is_checked_and_an_address_in_use_is_name
     assert isinstance(error, ValueError) and str(error).startswith("rank 0: MASTER_PORT 29500 is in use on 127.0.0.1 (EADDRINUSE)")
     lost = RelaunchCommand.explained(RuntimeError("[gloo] Connection closed by peer [127.0.0.1]:1234"), 1, RankWatch(1, 2, [], 1.0))
     assert str(lost).startswith("rank 1 lost its connection to another rank (RuntimeError: [gloo] Connection closed by peer")
+
+
+def test_compare_and_montecarlo_refuse_a_multi_process_fit_in_one_line(tmp_path, monkeypatch):
+    """They run fits one after another inside their own process (build without a subcommand); a DDP fit there
+    would relaunch ranks that outlive it and reuse its process group. Refused, for the whole sweep."""
+    from fl_lightning.cli import build_cli
+    from fl_lightning.cli_app import SeveralProcesses
+    from fl_lightning.compare import compare
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SeveralProcesses, match=r"--trainer.devices x --trainer.num_nodes = 2 processes: compare and montecarlo"):
+        build_cli(["--config", str(ROOT / "configs" / "quickstart.yaml"), *DDP], run=False, exit_on_error=False)
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(f"base: {ROOT / 'configs' / 'quickstart.yaml'}\nseeds: [0]\noverrides:\n  trainer.strategy: ddp\n"
+                     "  trainer.devices: 2\n  trainer.accelerator: cpu\nruns:\n  FedAvg: {}\n")  # fmt: skip
+    with pytest.raises(SeveralProcesses):
+        compare(sweep, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
