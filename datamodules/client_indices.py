@@ -24,9 +24,10 @@ class ClientIndices(Sequence):
 
     @classmethod
     def from_parts(cls, parts: Sequence[Tensor]) -> ClientIndices:
-        sizes = torch.tensor([len(p) for p in parts], dtype=torch.int64)
-        flat = torch.cat([torch.as_tensor(p, dtype=torch.int64) for p in parts]) if len(parts) else torch.empty(0, dtype=torch.int64)
-        return cls(flat, torch.cat([torch.zeros(1, dtype=torch.int64), sizes.cumsum(0)]))
+        """Per-client index tensors, each sorted (a client's training indices are kept in order)."""
+        sizes = np.array([len(p) for p in parts], dtype=np.int64)
+        flat = np.concatenate([np.asarray(p, dtype=np.int64).reshape(-1) for p in parts]) if len(parts) else np.empty(0, np.int64)
+        return cls.from_segments(flat, sizes)
 
     @classmethod
     def from_segments(cls, values: np.ndarray, sizes: np.ndarray) -> ClientIndices:
@@ -86,3 +87,56 @@ class NoIndices(Sequence):
         if not -self.num_clients <= int(client) < self.num_clients:
             raise IndexError(f"client {client} out of range for {self.num_clients} clients")
         return self._empty
+
+
+class HeldOutSplit:
+    """Each client's samples split into held-out, validation and training parts, a client's split made
+    when it is asked for (``FederatedDataModule.setup``: a permutation of the client's indices seeded by
+    ``derive_seed(seed, client, stream)``; the first ``floor(holdout * n)`` are held out, the next
+    ``floor(validation * n)`` validate, the rest train, each part sorted)."""
+
+    def __init__(self, parts: ClientIndices, seed: int, stream: int, holdout: float, validation: float) -> None:
+        self.parts, self.seed, self.stream = parts, seed, stream
+        sizes = parts.sizes().double()
+        # float64 products floored: the same counts as math.floor(fraction * n) in Python
+        self.n_hold = (holdout * sizes).floor().to(torch.int64)
+        self.n_val = (validation * sizes).floor().to(torch.int64)
+        self.train_sizes = parts.sizes() - self.n_hold - self.n_val
+        self.train, self.holdout = _Part(self, "train"), _Part(self, "holdout")
+
+    def split(self, client: int) -> tuple[Tensor, Tensor, Tensor]:
+        """(train, holdout, validation) indices of ``client``; train and holdout sorted."""
+        from fl_lightning.participation import derive_seed
+
+        idx = self.parts[client]
+        generator = torch.Generator().manual_seed(derive_seed(self.seed, client, self.stream))
+        perm = idx[torch.randperm(len(idx), generator=generator)]
+        n_hold, n_val = int(self.n_hold[client]), int(self.n_val[client])
+        return perm[n_hold + n_val :].sort().values, perm[:n_hold].sort().values, perm[n_hold : n_hold + n_val]
+
+
+class _Part(Sequence):
+    """One part (train or holdout) of every client of a ``HeldOutSplit``; the last clients asked for are kept."""
+
+    CACHED = 4096
+
+    def __init__(self, split: HeldOutSplit, part: str) -> None:
+        self.split, self.position = split, ("train", "holdout").index(part)
+        self._cache: dict[int, Tensor] = {}
+
+    def __len__(self) -> int:
+        return len(self.split.parts)
+
+    def __getitem__(self, client: int) -> Tensor:  # type: ignore[override]
+        if isinstance(client, slice):
+            return [self[i] for i in range(*client.indices(len(self)))]  # type: ignore[return-value]
+        client = int(client)
+        if client < 0:
+            client += len(self)
+        if not 0 <= client < len(self):
+            raise IndexError(f"client {client} out of range for {len(self)} clients")
+        if client not in self._cache:
+            if len(self._cache) >= self.CACHED:
+                self._cache.pop(next(iter(self._cache)))
+            self._cache[client] = self.split.split(client)[self.position]
+        return self._cache[client]

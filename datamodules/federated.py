@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset, Subset, TensorDataset, default_collate
 
-from datamodules.client_indices import NoIndices
+from datamodules.client_indices import HeldOutSplit, NoIndices
 from datamodules.partition import Dirichlet, Partitioner
 from datamodules.sources import SOURCES, DataSource, load_source
 from fl_lightning.client_data import Unstackable
@@ -129,20 +129,20 @@ class FederatedDataModule(L.LightningDataModule):
             self.client_sizes = sizes
             self.source = source
             return
-        self.client_train, self.client_holdout, validation = [], [], []
-        for cid, idx in enumerate(parts):
-            perm = idx[torch.randperm(len(idx), generator=torch.Generator().manual_seed(derive_seed(self.seed, cid, _HOLDOUT_STREAM)))]
-            n_hold = int(math.floor(self.holdout_fraction * len(idx)))
-            n_val = int(math.floor(self.val_fraction * len(idx)))
-            if len(idx) - n_hold - n_val < 1:
-                raise ValueError(
-                    f"holdout_fraction={self.holdout_fraction} and val_fraction={self.val_fraction} leave client {cid} no training data"
-                )
-            self.client_train.append(perm[n_hold + n_val :].sort().values)
-            self.client_holdout.append(perm[:n_hold].sort().values)
-            validation.append(perm[n_hold : n_hold + n_val])
-        self.validation_indices = torch.cat(validation).sort().values  # pooled over clients
-        self.client_sizes = torch.tensor([len(i) for i in self.client_train], dtype=torch.int64)
+        # Each client's split is made when the client is first asked for; only a validation split, pooled
+        # over the clients, is a pass over all of them.
+        split = HeldOutSplit(parts, self.seed, _HOLDOUT_STREAM, self.holdout_fraction, self.val_fraction)
+        starved = (split.train_sizes < 1).nonzero().flatten()
+        if len(starved):
+            raise ValueError(
+                f"holdout_fraction={self.holdout_fraction} and val_fraction={self.val_fraction} leave client {int(starved[0])} no training data"
+            )
+        self.client_train, self.client_holdout = split.train, split.holdout
+        if self.val_fraction:
+            self.validation_indices = torch.cat([split.split(c)[2] for c in range(self.num_clients)]).sort().values
+        else:
+            self.validation_indices = torch.empty(0, dtype=torch.int64)
+        self.client_sizes = split.train_sizes
         self.source = source
 
     @property

@@ -65,3 +65,23 @@ def test_a_million_clients_reach_round_one_without_a_tensor_per_client(tmp_path,
     assert cli.trainer.global_step == 1
     metrics = cli.trainer.callback_metrics
     assert float(metrics["train/clients"]) == 10 and torch.isfinite(metrics["train/loss"])
+
+
+def test_a_holdout_split_of_many_clients_is_made_per_client_when_asked_for():
+    """holdout_fraction with 10^5 clients: no pass over the clients at setup; a client's parts are the rule's
+    (a permutation seeded by (seed, client, 0x401D): the first floor(h n) held out, the rest train, each sorted)."""
+    from datamodules import FederatedDataModule
+    from fl_lightning.participation import UniformSampling, derive_seed
+
+    data = FederatedDataModule("synthetic", {"num_samples": 400_000, "num_features": 4, "test_fraction": 0.25}, num_clients=100_000,
+                               partition=IID(), participation=UniformSampling(10), holdout_fraction=0.5, seed=2)  # fmt: skip
+    data.setup()
+    assert int(data.client_sizes.sum()) == 200_000 and int(data.client_sizes.max()) == 2  # 3 samples: 1 held out, 2 train
+    assert len(data.client_train._cache) == 0, "no client's split is made before it is asked for"
+    client = 76_543
+    indices = IID().flat(data.source.train_labels, 100_000, 2)[client]
+    perm = indices[torch.randperm(len(indices), generator=torch.Generator().manual_seed(derive_seed(2, client, 0x401D)))]
+    held = len(indices) // 2
+    assert data.client_holdout[client].tolist() == sorted(perm[:held].tolist())
+    assert data.client_train[client].tolist() == sorted(perm[held:].tolist())
+    assert len(data.client_train[client]) == int(data.client_sizes[client])
