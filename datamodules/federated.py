@@ -155,14 +155,16 @@ class FederatedDataModule(L.LightningDataModule):
         return DataLoader(RoundPlans(self), batch_size=None, collate_fn=_identity)
 
     def _eval_loader(self) -> DataLoader:
-        return DataLoader(self.source.test, batch_size=self.eval_batch_size, collate_fn=self.source.collate_fn)
+        test = self.source.test
+        return DataLoader(test, batch_size=self.eval_batch_size, collate_fn=self.source.collate_fn, sampler=_eval_sampler(test))
 
     def val_dataloader(self) -> DataLoader | list[DataLoader]:
         """The validation split, then the test set (``val_fraction > 0``); else the test set alone."""
         if not self.val_fraction:
             return self._eval_loader()
         split = Subset(self.source.train, self.validation_indices.tolist())
-        return [DataLoader(split, batch_size=self.eval_batch_size, collate_fn=self.source.collate_fn), self._eval_loader()]
+        loader = DataLoader(split, batch_size=self.eval_batch_size, collate_fn=self.source.collate_fn, sampler=_eval_sampler(split))
+        return [loader, self._eval_loader()]
 
     def test_dataloader(self) -> DataLoader:
         return self._eval_loader()
@@ -392,6 +394,19 @@ class FederatedDataModule(L.LightningDataModule):
 
     def client_holdout_batch(self, client_id: int) -> Any:
         return self.client_view(self._gather(self.client_holdout[client_id]), client_id)
+
+
+def _eval_sampler(dataset: Any) -> Any:
+    """Under DDP each rank evaluates its own share of ``dataset``, no sample twice, and the metrics are
+    summed over the ranks: the one-process numbers. (Lightning's default DistributedSampler pads the set
+    with repeated samples to a multiple of the ranks.) One process: None, the loader's own order."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return None
+    from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+
+    return UnrepeatedDistributedSampler(dataset, shuffle=False)
 
 
 def _check_dataset_args(dataset: str, args: dict[str, Any]) -> None:

@@ -93,21 +93,24 @@ class RankWatch(threading.Thread):
         self.active = True  # False once the fit returned: ranks then end in their own time
         self.formed = False
 
-    def failure(self) -> str | None:
-        """Why this rank cannot go on, or None."""
+    def failure(self, raised: bool = False) -> str | None:
+        """Why this rank cannot go on, or None. A launching rank that ended counts before the process group
+        formed, or when this rank's own collective ``raised`` (after a finished run it may end first)."""
         for rank, proc in self.children:
             code = proc.poll()
             if code is not None and (code != 0 or not self.formed):
                 when = "" if self.formed else " before the process group formed"
                 return f"rank {rank} (pid {proc.pid}) {exit_cause(code)}{when}; every rank stops (its own error, if any, is above)"
-        if self.launcher is not None and os.getppid() != self.launcher[0]:
+        if self.launcher is not None and (raised or not self.formed) and os.getppid() != self.launcher[0]:
             return f"rank {self.rank}: rank {self.launcher[1]} (pid {self.launcher[0]}), which started it, ended; this rank stops"
         return None
 
     def run(self) -> None:
         start = time.monotonic()
-        while self.active:
+        while True:
             time.sleep(POLL_S)
+            if not self.active:  # between two launches of one run (fit, then test), or after the last
+                continue
             self.formed = self.formed or _process_group_formed()
             reason = self.failure()
             if reason is None and not self.formed and time.monotonic() - start > self.timeout:
@@ -175,12 +178,15 @@ class RelaunchCommand(_SubprocessScriptLauncher):
             self.watch = RankWatch(first, self.num_processes * self.num_nodes, children, timeout)
             self.watch.start()
         _set_num_threads_if_needed(num_processes=self.num_processes)
+        self.watch.active = True
         try:
             return function(*args, **kwargs)
         except BaseException as error:
             self.watch.active = False
             end_children(children, wait_s=GRACE_S)
             raise self.explained(error, first, self.watch) from error
+        finally:
+            self.watch.active = False
 
     @staticmethod
     def explained(error: BaseException, rank: int, watch: RankWatch) -> BaseException:
@@ -193,7 +199,7 @@ class RelaunchCommand(_SubprocessScriptLauncher):
                 f"rank {rank}: MASTER_PORT {os.environ.get('MASTER_PORT')} is in use on {os.environ.get('MASTER_ADDR')} "
                 "(EADDRINUSE): export MASTER_PORT=<a free port>, or leave it unset on one machine for a free one"
             )
-        reason = watch.failure()
+        reason = watch.failure(raised=True)
         if reason is not None:
             return RankFailed(reason)
         if any(marker in text for marker in LOST_PEER):
