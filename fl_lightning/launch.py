@@ -90,7 +90,7 @@ class RankWatch(threading.Thread):
         self.rank, self.world, self.children, self.timeout = rank, world, list(children), timeout
         launcher = os.environ.get(LAUNCHER_ENV, "").split()
         self.launcher = (int(launcher[0]), int(launcher[1])) if len(launcher) == 2 else None
-        self.active = True  # False once the fit returned: ranks then end in their own time
+        self.active = True  # while a launch runs its function; after it, the ranks end in their own time
         self.formed = False
 
     def failure(self, raised: bool = False) -> str | None:
