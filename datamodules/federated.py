@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset, Subset, TensorDataset, default_collate
 
+from datamodules.client_indices import HeldOutSplit, NoIndices
 from datamodules.partition import Dirichlet, Partitioner
 from datamodules.sources import SOURCES, DataSource, load_source
 from fl_lightning.client_data import Unstackable
@@ -130,27 +131,35 @@ class FederatedDataModule(L.LightningDataModule):
         source = cast_source(self.build_source(), _DTYPES[self.dtype])
         column = getattr(self.partition, "column", None)
         keys = source.train_labels if column is None else source.column(column)
-        parts = self.partition(keys, self.num_clients, self.seed)
-        empty = [i for i, p in enumerate(parts) if len(p) == 0]
-        if empty:
+        parts = self.partition.flat(keys, self.num_clients, self.seed)
+        sizes = parts.sizes()
+        empty = (sizes == 0).nonzero().flatten()
+        if len(empty):
             raise ValueError(
                 f"partition {type(self.partition).__name__} left {len(empty)} of num_clients={self.num_clients} "
-                f"clients empty (e.g. client {empty[0]}); use fewer clients or a partition with min_size >= 1"
+                f"clients empty (e.g. client {int(empty[0])}); use fewer clients or a partition with min_size >= 1"
             )
-        self.client_train, self.client_holdout, validation = [], [], []
-        for cid, idx in enumerate(parts):
-            perm = idx[torch.randperm(len(idx), generator=torch.Generator().manual_seed(derive_seed(self.seed, cid, _HOLDOUT_STREAM)))]
-            n_hold = int(math.floor(self.holdout_fraction * len(idx)))
-            n_val = int(math.floor(self.val_fraction * len(idx)))
-            if len(idx) - n_hold - n_val < 1:
-                raise ValueError(
-                    f"holdout_fraction={self.holdout_fraction} and val_fraction={self.val_fraction} leave client {cid} no training data"
-                )
-            self.client_train.append(perm[n_hold + n_val :].sort().values)
-            self.client_holdout.append(perm[:n_hold].sort().values)
-            validation.append(perm[n_hold : n_hold + n_val])
-        self.validation_indices = torch.cat(validation).sort().values  # pooled over clients
-        self.client_sizes = torch.tensor([len(i) for i in self.client_train], dtype=torch.int64)
+        if not (self.holdout_fraction or self.val_fraction):
+            # Every sample trains: the partition itself, no tensor per client (10^6 clients build in a second).
+            self.client_train, self.client_holdout = parts, NoIndices(self.num_clients)
+            self.validation_indices = torch.empty(0, dtype=torch.int64)
+            self.client_sizes = sizes
+            self.source = source
+            return
+        # Each client's split is made when the client is first asked for; only a validation split, pooled
+        # over the clients, is a pass over all of them.
+        split = HeldOutSplit(parts, self.seed, _HOLDOUT_STREAM, self.holdout_fraction, self.val_fraction)
+        starved = (split.train_sizes < 1).nonzero().flatten()
+        if len(starved):
+            raise ValueError(
+                f"holdout_fraction={self.holdout_fraction} and val_fraction={self.val_fraction} leave client {int(starved[0])} no training data"
+            )
+        self.client_train, self.client_holdout = split.train, split.holdout
+        if self.val_fraction:
+            self.validation_indices = torch.cat([split.split(c)[2] for c in range(self.num_clients)]).sort().values
+        else:
+            self.validation_indices = torch.empty(0, dtype=torch.int64)
+        self.client_sizes = split.train_sizes
         self.source = source
 
     @property
@@ -163,14 +172,16 @@ class FederatedDataModule(L.LightningDataModule):
         return DataLoader(RoundPlans(self), batch_size=None, collate_fn=_identity)
 
     def _eval_loader(self) -> DataLoader:
-        return DataLoader(self.source.test, batch_size=self.eval_batch_size, collate_fn=self.source.collate_fn)
+        test = self.source.test
+        return DataLoader(test, batch_size=self.eval_batch_size, collate_fn=self.source.collate_fn, sampler=_eval_sampler(test))
 
     def val_dataloader(self) -> DataLoader | list[DataLoader]:
         """The validation split, then the test set (``val_fraction > 0``); else the test set alone."""
         if not self.val_fraction:
             return self._eval_loader()
         split = Subset(self.source.train, self.validation_indices.tolist())
-        return [DataLoader(split, batch_size=self.eval_batch_size, collate_fn=self.source.collate_fn), self._eval_loader()]
+        loader = DataLoader(split, batch_size=self.eval_batch_size, collate_fn=self.source.collate_fn, sampler=_eval_sampler(split))
+        return [loader, self._eval_loader()]
 
     def test_dataloader(self) -> DataLoader:
         return self._eval_loader()
@@ -411,6 +422,19 @@ class FederatedDataModule(L.LightningDataModule):
 
     def client_holdout_batch(self, client_id: int) -> Any:
         return self.client_view(self._gather(self.client_holdout[client_id]), client_id)
+
+
+def _eval_sampler(dataset: Any) -> Any:
+    """Under DDP each rank evaluates its own share of ``dataset``, no sample twice, and the metrics are
+    summed over the ranks: the one-process numbers. (Lightning's default DistributedSampler pads the set
+    with repeated samples to a multiple of the ranks.) One process: None, the loader's own order."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return None
+    from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+
+    return UnrepeatedDistributedSampler(dataset, shuffle=False)
 
 
 def _check_dataset_args(dataset: str, args: dict[str, Any]) -> None:

@@ -12,6 +12,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from datamodules.client_indices import ClientIndices
+
 
 class Partitioner(ABC):
     """Maps labels and a client count to one index tensor per client.
@@ -25,6 +27,11 @@ class Partitioner(ABC):
     @abstractmethod
     def __call__(self, labels: Tensor, num_clients: int, seed: int) -> list[Tensor]: ...
 
+    def flat(self, labels: Tensor, num_clients: int, seed: int) -> ClientIndices:
+        """The same partition as one flat tensor with offsets (``datamodules/client_indices.py``);
+        partitioners that can, build it without a tensor per client."""
+        return ClientIndices.from_parts(self(labels, num_clients, seed))
+
     @staticmethod
     def _as_tensors(parts: list[np.ndarray]) -> list[Tensor]:
         return [torch.as_tensor(np.sort(p), dtype=torch.int64) for p in parts]
@@ -34,8 +41,11 @@ class IID(Partitioner):
     """Shuffle and deal the indices into N near-equal parts."""
 
     def __call__(self, labels: Tensor, num_clients: int, seed: int) -> list[Tensor]:
+        return list(self.flat(labels, num_clients, seed))
+
+    def flat(self, labels: Tensor, num_clients: int, seed: int) -> ClientIndices:
         perm = np.random.default_rng(seed).permutation(len(labels))
-        return self._as_tensors(np.array_split(perm, num_clients))
+        return ClientIndices.from_segments(perm, _split_sizes(len(labels), num_clients))
 
 
 class Dirichlet(Partitioner):
@@ -160,11 +170,13 @@ class QuantitySkew(Partitioner):
         return sizes + self.min_size
 
     def __call__(self, labels: Tensor, num_clients: int, seed: int) -> list[Tensor]:
+        return list(self.flat(labels, num_clients, seed))
+
+    def flat(self, labels: Tensor, num_clients: int, seed: int) -> ClientIndices:
         n = len(labels)
         rng = np.random.default_rng(seed)
         sizes = self.sizes(n, num_clients, rng)
-        perm = rng.permutation(n)
-        return self._as_tensors(np.split(perm, np.cumsum(sizes)[:-1]))
+        return ClientIndices.from_segments(rng.permutation(n), sizes)
 
 
 class Contiguous(Partitioner):
@@ -176,9 +188,20 @@ class Contiguous(Partitioner):
     """
 
     def __call__(self, labels: Tensor, num_clients: int, seed: int) -> list[Tensor]:
+        return list(self.flat(labels, num_clients, seed))
+
+    def flat(self, labels: Tensor, num_clients: int, seed: int) -> ClientIndices:
         if num_clients > len(labels):
             raise ValueError(f"Contiguous: num_clients={num_clients} exceeds the {len(labels)} training samples")
-        return self._as_tensors(np.array_split(np.arange(len(labels)), num_clients))
+        return ClientIndices.from_segments(np.arange(len(labels)), _split_sizes(len(labels), num_clients))
+
+
+def _split_sizes(n: int, parts: int) -> np.ndarray:
+    """The part sizes of ``np.array_split(range(n), parts)``: the first ``n % parts`` one larger."""
+    base, extra = divmod(n, parts)
+    sizes = np.full(parts, base, dtype=np.int64)
+    sizes[:extra] += 1
+    return sizes
 
 
 class NaturalPartition(Partitioner):

@@ -36,6 +36,16 @@ OPTIMIZER_ERROR = (
     "and schedule the server lr per round with --lr_scheduler"
 )
 
+SEVERAL_PROCESSES_ERROR = (
+    "--trainer.devices x --trainer.num_nodes = {processes} processes: compare and montecarlo run their fits one "
+    "after another inside their own process, one process per fit; run a multi-process (DDP) fit with "
+    "`fl-lightning fit --config FILE --trainer.strategy ddp ...` (docs/cluster.md)"
+)
+
+
+class SeveralProcesses(ValueError):
+    """A multi-process trainer built without a subcommand (by compare or montecarlo): refused for the whole sweep."""
+
 
 def _is_optimizer_flag(arg: Any) -> bool:
     return isinstance(arg, str) and (arg == "--optimizer" or arg.startswith(("--optimizer.", "--optimizer=")))
@@ -182,8 +192,9 @@ def _class_name(entry: Any) -> str:
 class FLCli(LightningCLI):
     """LightningCLI over FederatedModule with the server lr schedule, config logging and round terminal."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, launch_args: list[Any] | None = None, **kwargs: Any) -> None:
         self.summary = RunSummary()
+        self.launch_args = launch_args  # the command line other DDP ranks run (fl_lightning/launch.py)
         super().__init__(*args, auto_configure_optimizers=False, **kwargs)
 
     def add_arguments_to_parser(self, parser) -> None:
@@ -294,6 +305,12 @@ class FLCli(LightningCLI):
 
     # ---- after instantiation: the server lr scheduler --------------------------------------
     def after_instantiate_classes(self) -> None:
+        from fl_lightning.launch import install
+
+        if self.subcommand is None and self.trainer.world_size > 1:
+            raise SeveralProcesses(SEVERAL_PROCESSES_ERROR.format(processes=self.trainer.world_size))
+        if self.launch_args is not None:
+            install(self.trainer, self.launch_args)
         for logger in self.trainer.loggers:
             init = getattr(logger, "_wandb_init", None)
             if isinstance(init, dict) and init.get("anonymous") is None:
@@ -350,6 +367,7 @@ def build(args: list[str] | None = None, run: bool = True, exit_on_error: bool =
 
     quiet_known_warnings()
     quiet_lightning()
+    launch_args = list(args) if isinstance(args, list) else sys.argv[1:]
     args = expand_bases(args) if isinstance(args, list) else args
     parser_kwargs = {} if exit_on_error else {"exit_on_error": False}
     return FLCli(
@@ -361,4 +379,5 @@ def build(args: list[str] | None = None, run: bool = True, exit_on_error: bool =
         parser_kwargs=parser_kwargs,
         args=args,
         run=run,
+        launch_args=launch_args,
     )

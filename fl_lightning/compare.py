@@ -201,10 +201,14 @@ def print_summary(sweep: Sweep, out: Path) -> None:
 
 def _config_errors(sweep: Sweep, out: Path) -> dict[str, str]:
     """Every run's config parsed before anything trains: run name -> its config error."""
+    from fl_lightning.cli_app import SeveralProcesses
+
     errors = {}
     for name in sweep.runs:
         try:
             _build(run_args(sweep, name, sweep.seeds[0], out))
+        except SeveralProcesses:  # DDP: no run of the sweep can train (docs/cluster.md)
+            raise
         except (Exception, SystemExit) as error:  # noqa: BLE001
             errors[name] = describe_failure(error)
     return errors

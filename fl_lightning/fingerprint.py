@@ -32,6 +32,9 @@ def partition_digest(data: Any) -> str:
     """A digest of every client's training sample indices (their sizes where indices are not kept)."""
     digest = hashlib.sha256()
     parts = getattr(data, "client_train", None)
+    if callable(getattr(parts, "digest_bytes", None)):  # every client's indices in one buffer (the same bytes)
+        digest.update(parts.digest_bytes())
+        return digest.hexdigest()
     for part in parts if parts is not None else [data.client_sizes]:
         part = torch.as_tensor(part).to(torch.int64).reshape(-1)
         digest.update(len(part).to_bytes(8, "little") + part.numpy().tobytes())

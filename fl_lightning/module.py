@@ -50,6 +50,8 @@ def quiet_known_warnings() -> None:
     warnings.filterwarnings("ignore", message=".*no pre-optimization state was saved.*")
     warnings.filterwarnings("ignore", message=".*overridden `transfer_batch_to_device` in `LightningModule`.*")
     warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\)` is deprecated.*")
+    # Under DDP every rank aggregates the same uploads and logs the same round metrics: nothing to sync.
+    warnings.filterwarnings("ignore", message=".*when logging on epoch level in distributed setting.*")
 
 
 class FederatedModule(L.LightningModule):

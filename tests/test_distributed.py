@@ -3,6 +3,7 @@ server state and client store: bitwise where uploads are gathered, to float tole
 where an algorithm's linear aggregate is computed from all-reduced partial sums."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -179,3 +180,135 @@ def test_a_stop_signal_seen_by_one_rank_stops_every_rank_as_a_stop(tmp_path):
     assert proc.returncode != 0
     rank0 = "\n".join(line for line in proc.stderr.splitlines() if line.startswith("[rank0]"))
     assert "RunInterrupted: round 1: stopped by SIGTERM on rank 1 (the round is not aggregated); no stop checkpoint under DDP" in rank0, proc.stderr[-3000:]
+
+
+# ---- DDP from the command line (fl_lightning/launch.py) -------------------------------------------
+FL_LIGHTNING = str(Path(sys.executable).with_name("fl-lightning"))
+TINY_FIT = ["fit", "--config", str(ROOT / "configs" / "quickstart.yaml"), "--trainer.max_steps", "2",
+            "--trainer.val_check_interval", "2", "--trainer.enable_progress_bar", "false",
+            "--trainer.callbacks.init_args.every_n_train_steps", "2"]  # fmt: skip
+DDP = ["--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu"]
+
+
+def _cli(cwd: Path, *args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run([FL_LIGHTNING, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _two_nodes(cwd: Path, timeout: float = 240) -> list[tuple[int, str]]:
+    """Two `fl-lightning fit --trainer.num_nodes 2` processes, node ranks 0 and 1, rendezvous on 127.0.0.1 (the
+    environment a cluster scheduler sets, docs/cluster.md): (exit code, stderr) of each."""
+    port, env = _free_port(), {**os.environ, "PYTHONPATH": str(ROOT), "MASTER_ADDR": "127.0.0.1"}
+    nodes = [subprocess.Popen([FL_LIGHTNING, *TINY_FIT, "--trainer.strategy", "ddp", "--trainer.accelerator", "cpu",
+                               "--trainer.num_nodes", "2", "--trainer.devices", "1"],
+                              env={**env, "MASTER_PORT": str(port), "NODE_RANK": str(rank)}, cwd=cwd,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]  # fmt: skip
+    try:
+        return [(node.wait(timeout=timeout), node.communicate()[1]) for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+
+
+def test_ddp_from_the_cli_and_two_nodes_equal_one_process(tmp_path):
+    """The README's DDP line, shortened to 2 rounds: rank 1 is relaunched as `fl-lightning fit <the same arguments>`
+    (it got no subcommand and rank 0 waited forever). Its global model, and that of two single-process nodes
+    (num_nodes 2, NODE_RANK 0 and 1), is the one-process model to float tolerance (FedAvg sums its uploads per
+    rank, then all-reduces)."""
+    for name in ("one", "two", "nodes"):
+        (tmp_path / name).mkdir()
+    single = _cli(tmp_path / "one", *TINY_FIT)
+    assert single.returncode == 0, single.stderr[-3000:]
+    ddp = _cli(tmp_path / "two", *TINY_FIT, *DDP, timeout=240)
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    assert "GLOBAL_RANK: 1, MEMBER: 2/2" in ddp.stdout + ddp.stderr
+    assert "FedAvg: 2 rounds" in ddp.stdout and "usage: fl-lightning" not in ddp.stdout
+    nodes = _two_nodes(tmp_path / "nodes")
+    assert [code for code, _ in nodes] == [0, 0], nodes[0][1][-2000:] + nodes[1][1][-2000:]
+    ckpt = "runs/quickstart/version_0/checkpoints/last.ckpt"
+    one = torch.load(tmp_path / "one" / ckpt, weights_only=True)
+    for other in ("two", "nodes"):
+        other = torch.load(tmp_path / other / ckpt, weights_only=True)
+        assert one["global_step"] == other["global_step"] == 2
+        assert one["state_dict"].keys() == other["state_dict"].keys()
+        for name, value in one["state_dict"].items():
+            torch.testing.assert_close(other["state_dict"][name], value, rtol=1e-5, atol=1e-6)
+    # The round and evaluation metrics too: each rank evaluates its own share of the test set, no sample twice
+    # (Lightning's DistributedSampler padded 359 samples to 360 with a repeat: val/acc 31/360, not 31/359).
+    logged = {name: _metrics(tmp_path / name / "runs/quickstart/version_0/metrics.csv") for name in ("one", "two", "nodes")}
+    assert logged["one"]["val/acc"] and logged["one"]["train/loss"]
+    for other in ("two", "nodes"):
+        assert logged[other].keys() == logged["one"].keys()
+        for column, values in logged["one"].items():
+            assert logged[other][column] == pytest.approx(values, rel=1e-5, abs=1e-6), (other, column)
+
+
+def _metrics(path: Path) -> dict[str, list[float]]:
+    import csv
+
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    columns = ("train/loss", "train/acc", "train/consistency", "val/acc", "val/loss", "comm/cumulative_bytes")
+    return {c: [float(r[c]) for r in rows if r.get(c)] for c in columns}
+
+
+def test_a_rank_that_dies_before_the_rendezvous_stops_every_rank_in_one_line(tmp_path):
+    """Rank 1 exits (code 3) at interpreter start-up, before it joins: rank 0 waited in the rendezvous for the
+    process-group timeout (30 min); now it ends within seconds naming the rank and the cause, exit 2."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text('import os\nif os.environ.get("LOCAL_RANK") == "1":\n    os._exit(3)\n')
+    proc = _cli(tmp_path, *TINY_FIT, *DDP, "--trainer.logger", "false", timeout=120,
+                env={"PYTHONPATH": f"{site}{os.pathsep}{ROOT}"})  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("fl-lightning: error:")]
+    assert len(lines) == 1, proc.stderr
+    assert re.fullmatch(r"fl-lightning: error: rank 1 \(pid \d+\) exited with code 3 before the process group formed; "
+                        r"every rank stops \(its own error, if any, is above\)", lines[0]), lines[0]  # fmt: skip
+    assert "Traceback" not in proc.stderr
+
+
+def test_the_rendezvous_timeout_setting_is_checked_and_an_address_in_use_is_named(monkeypatch):
+    from fl_lightning.launch import TIMEOUT_ENV, RankWatch, RelaunchCommand, exit_cause, rendezvous_timeout
+
+    monkeypatch.delenv(TIMEOUT_ENV, raising=False)
+    assert rendezvous_timeout() == 300.0
+    monkeypatch.setenv(TIMEOUT_ENV, "7.5")
+    assert rendezvous_timeout() == 7.5
+    for bad in ("0", "-1", "soon", "inf", "nan"):
+        monkeypatch.setenv(TIMEOUT_ENV, bad)
+        with pytest.raises(ValueError, match=f"{TIMEOUT_ENV}='{bad}': seconds the ranks wait to form the process group, a number > 0"):
+            rendezvous_timeout()
+    assert exit_cause(-9) == "was killed by SIGKILL" and exit_cause(3) == "exited with code 3"
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1"), monkeypatch.setenv("MASTER_PORT", "29500")
+    raised = RuntimeError("The server socket has failed to listen on any local network address. port: 29500, code: -98, name: EADDRINUSE")
+    error = RelaunchCommand.explained(raised, 0, RankWatch(0, 2, [], 1.0))
+    assert isinstance(error, ValueError) and str(error).startswith("rank 0: MASTER_PORT 29500 is in use on 127.0.0.1 (EADDRINUSE)")
+    lost = RelaunchCommand.explained(RuntimeError("[gloo] Connection closed by peer [127.0.0.1]:1234"), 1, RankWatch(1, 2, [], 1.0))
+    assert str(lost).startswith("rank 1 lost its connection to another rank (RuntimeError: [gloo] Connection closed by peer")
+
+
+def test_compare_and_montecarlo_refuse_a_multi_process_fit_in_one_line(tmp_path, monkeypatch):
+    """They run fits one after another inside their own process (build without a subcommand); a DDP fit there
+    would relaunch ranks that outlive it and reuse its process group. Refused, for the whole sweep."""
+    from fl_lightning.cli import build_cli
+    from fl_lightning.cli_app import SeveralProcesses
+    from fl_lightning.compare import compare
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SeveralProcesses, match=r"--trainer.devices x --trainer.num_nodes = 2 processes: compare and montecarlo"):
+        build_cli(["--config", str(ROOT / "configs" / "quickstart.yaml"), *DDP], run=False, exit_on_error=False)
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(f"base: {ROOT / 'configs' / 'quickstart.yaml'}\nseeds: [0]\noverrides:\n  trainer.strategy: ddp\n"
+                     "  trainer.devices: 2\n  trainer.accelerator: cpu\nruns:\n  FedAvg: {}\n")  # fmt: skip
+    with pytest.raises(SeveralProcesses):
+        compare(sweep, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

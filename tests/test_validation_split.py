@@ -21,7 +21,7 @@ def test_the_validation_split_comes_out_of_each_clients_training_data():
         before, after = set(plain.client_train[cid].tolist()), set(split.client_train[cid].tolist())
         held = before - after
         assert after < before and held <= validation and len(held) == int(0.25 * len(before))
-    assert not validation & set(torch.cat(split.client_train).tolist())
+    assert not validation & set(torch.cat(list(split.client_train)).tolist())
     validation_loader, test_loader = split.val_dataloader()  # the split, then the test set
     assert len(validation_loader.dataset) == len(validation) and test_loader.dataset is split.source.test
     assert not isinstance(plain.val_dataloader(), list)  # without a split, val is the test set (as before)
