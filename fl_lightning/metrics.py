@@ -54,9 +54,13 @@ def count_messages(totals: dict[str, int], broadcast: Payload, uploads: Sequence
     return count_message_bytes(totals, broadcast, [payload_bytes(u) for u in uploads])
 
 
-def count_message_bytes(totals: dict[str, int], broadcast: Payload, upload_bytes: Sequence[int]) -> tuple[int, int]:
-    """``count_messages`` from each upload's size in bytes."""
-    bytes_down, bytes_up = payload_bytes(broadcast) * len(upload_bytes), sum(upload_bytes)
+def count_message_bytes(
+    totals: dict[str, int], broadcast: Payload, upload_bytes: Sequence[int], broadcast_bytes: int | None = None
+) -> tuple[int, int]:
+    """``count_messages`` from each upload's size in bytes (``broadcast_bytes``: the broadcast's encoded
+    size, default the bytes of its tensors)."""
+    per_client = payload_bytes(broadcast) if broadcast_bytes is None else broadcast_bytes
+    bytes_down, bytes_up = per_client * len(upload_bytes), sum(upload_bytes)
     totals["bytes_down"] += bytes_down
     totals["bytes_up"] += bytes_up
     totals["client_uploads"] += len(upload_bytes)
@@ -74,6 +78,7 @@ def round_metrics(
     *,
     upload_bytes: Sequence[int] | None = None,
     consistency: float | None = None,
+    broadcast_bytes: int | None = None,
 ) -> dict[str, float]:
     """The logged row of a round (communication counted into ``totals``).
 
@@ -88,7 +93,7 @@ def round_metrics(
         upload_bytes = [payload_bytes(u) for u in uploads]
     if consistency is None:
         consistency = local_consistency([u["delta"] for u in uploads])
-    bytes_down, bytes_up = count_message_bytes(totals, broadcast, upload_bytes)
+    bytes_down, bytes_up = count_message_bytes(totals, broadcast, upload_bytes, broadcast_bytes)
     known = [a for a in accuracies if not math.isnan(a)]
     return {
         "train/loss": sum(losses) / len(losses) if losses else float("nan"),

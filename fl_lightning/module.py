@@ -24,7 +24,8 @@ from fl_lightning.config import MAX_LOCAL_STEPS, LocalTraining
 from fl_lightning.errors import CheckpointError
 from fl_lightning.executors import ClientRuntime, Executor, resolve_executor
 from fl_lightning.faults import ClientError, ClientFaults, DivergenceError, all_finite, first_non_finite, survivor_weights
-from fl_lightning.metrics import consistency_from_sums, count_messages, round_metrics
+from fl_lightning.messages import MessageExecutor, MessagePipeline, Stage, add_sums, is_message_state, upload_like
+from fl_lightning.metrics import consistency_from_sums, count_messages, payload_bytes, round_metrics
 from fl_lightning.objective import Objective
 from fl_lightning.params import TensorDict
 from fl_lightning.participation import RoundPlan, derive_seeds
@@ -74,6 +75,11 @@ class FederatedModule(L.LightningModule):
         store: where per-client state lives: in memory (default) or a
             ``DiskClientStore`` for large populations.
         faults: simulated client dropout, stragglers and failure handling.
+        uplink: message stages on the clients' uploads (``fl_lightning.messages``: clip, compress,
+            noise); default none.
+        downlink: message stages on the broadcast; default none.
+        privacy: client-level differential privacy (``fl_lightning.privacy.ClientPrivacy``): contributes
+            its clip and noise stages to the uplink and logs ``privacy/epsilon``.
     """
 
     def __init__(
@@ -85,6 +91,9 @@ class FederatedModule(L.LightningModule):
         execution: str | Executor = "sequential",
         store: ClientStore | None = None,
         faults: ClientFaults = ClientFaults(),
+        uplink: list[Stage] | None = None,
+        downlink: list[Stage] | None = None,
+        privacy: Any = None,
     ) -> None:
         super().__init__()
         quiet_known_warnings()
@@ -106,6 +115,10 @@ class FederatedModule(L.LightningModule):
         self.faults = faults
         self.server_state: NestedState | None = None
         self.executor = resolve_executor(execution)
+        self.privacy = privacy
+        self.messages = MessagePipeline([*(uplink or []), *(privacy.stages() if privacy is not None else [])], downlink or [])
+        if self.messages.client_stages:  # inside the DDP wrapper: each process transforms its own clients' uploads
+            self.executor.inner = MessageExecutor(self.executor.inner, self.messages)
         self.objective = Objective(model, self.federated_names + self.personal_names)
         self._checked_data = None
         self._schema: dict[str, Any] | None = None  # the fingerprint's algorithm and model part (fixed)
@@ -140,8 +153,15 @@ class FederatedModule(L.LightningModule):
         """Client ``client_id``'s stored state on this device: the algorithm's (its declared
         initial state if it never trained) and its personal tensors."""
         stored = self.store.get(client_id, lambda: self.algorithm.client_state_init(x))
-        state = {n: {k: v.to(self.device) for k, v in td.items()} for n, td in stored.items() if n != PERSONAL}
+        state = {
+            n: {k: v.to(self.device) for k, v in td.items()} for n, td in stored.items() if n != PERSONAL and not is_message_state(n)
+        }
         return ClientState(state, self._personal(stored))
+
+    def message_state(self, client_id: int) -> NestedState:
+        """Client ``client_id``'s stored message-stage state (``fl_lightning.messages``), on this device."""
+        stored = self.store.get(client_id, dict)
+        return {n: {k: v.to(self.device) for k, v in td.items()} for n, td in stored.items() if is_message_state(n)}
 
     def client_personal(self, client_id: int) -> TensorDict:
         """Client ``client_id``'s personal tensors v_i ({} if the model has none)."""
@@ -177,6 +197,8 @@ class FederatedModule(L.LightningModule):
                 f"trainer.val_check_interval must be > 0 (rounds between evaluations, or a fraction in (0, 1]), got {interval}"
             )
         self._check_local_work()
+        if self.messages:
+            self.messages.check(self.algorithm, self.datamodule.num_clients)
         if self.global_rank == 0:  # temporary files of killed checkpoint writes
             from fl_lightning.checkpoint_io import remove_stale_temporaries
 
@@ -252,11 +274,19 @@ class FederatedModule(L.LightningModule):
         if self.algorithm.warmup_pass and plan.round == 0:
             server_state = self._warmup(x, server_state, info)
         broadcast = self.algorithm.broadcast(x, server_state, info)
+        broadcast_bytes = None
+        if self.messages:  # the message pipeline's round (fl_lightning/messages.py); absent: nothing of it runs
+            self.messages.begin_round(info)
+            if self.messages.broadcast_stages:
+                broadcast, broadcast_bytes = self.messages.transform_broadcast(broadcast, info, self.datamodule.seed)
         tasks, stragglers = self._tasks(plan.clients.tolist(), plan.seeds.tolist(), broadcast, plan.round)
         # An algorithm whose aggregate is a sum over clients may get the uploads summed (DDP:
         # partial sums all-reduced, not gathered); any other, or one process, gets every upload.
         linear = declares_capability(self.algorithm, "linear_aggregate")
-        runtime = self._runtime(functools.partial(survivor_weights, plan.clients, plan.weights) if linear else None)
+        weights = self.messages.aggregation_weights(info)  # an aggregate stage's fixed weights, or None: the plan's
+        if weights is None:
+            weights = functools.partial(survivor_weights, plan.clients, plan.weights)
+        runtime = self._runtime(weights if linear else None)
         try:
             summed = self.executor.run_summed(tasks, info, runtime) if linear else None
             results = summed.results if summed is not None else self.executor.run(tasks, info, runtime)
@@ -280,6 +310,8 @@ class FederatedModule(L.LightningModule):
             uploads = [r.upload for r in results]
             pseudo_grad, self.server_state = self._aggregate(plan, x, results, server_state, info, local_steps)
         extra_metrics.update({f"algo/{k}": v for k, v in self.algorithm.metrics(self.server_state, info).items()})
+        if self.messages:
+            extra_metrics.update(self.messages.end_round(info, len(results)))
         for result in results:
             self.store.put(result.client_id, result.client_state)
 
@@ -291,7 +323,7 @@ class FederatedModule(L.LightningModule):
         bad = None if all_finite([{"x": self.global_params()}]) else first_non_finite({"x": self.global_params()})
         if bad is not None:
             raise self._diverged(f"round {plan.round}: the global model became non-finite ({bad})")
-        self._log_round(plan, broadcast, uploads, results, extra_metrics, summed)
+        self._log_round(plan, broadcast, uploads, results, extra_metrics, summed, broadcast_bytes)
 
     def _aggregate(self, plan, x, results, server_state, info, local_steps) -> tuple[TensorDict, NestedState]:
         """The pseudo-gradient and new server state from every client's upload."""
@@ -301,6 +333,9 @@ class FederatedModule(L.LightningModule):
                 bad = first_non_finite(result.upload)
                 if bad is not None:
                     raise self._diverged(f"round {plan.round}: client {result.client_id} sent a non-finite update ({bad})")
+        if self.messages.aggregate is not None:  # an aggregate stage: fixed weights and its extra upload in the sum
+            sums = self.algorithm.upload_sum(x, uploads, self.messages.aggregation_weights(info)(uploads), info)
+            return self.algorithm.aggregate_sum(x, self._with_extra(x, sums, info), server_state, info, local_steps)
         weights = survivor_weights(plan.clients, plan.weights, [r.client_id for r in results])
         return self.algorithm.aggregate(x, uploads, weights, server_state, info, local_steps)
 
@@ -308,7 +343,14 @@ class FederatedModule(L.LightningModule):
         """The pseudo-gradient and new server state from the uploads' sums (``SummedRound``)."""
         if summed.non_finite:
             raise self._diverged(f"round {plan.round}: client {summed.non_finite[0]} sent a non-finite update")
-        return self.algorithm.aggregate_sum(x, summed.sums, server_state, info, local_steps)
+        sums = self._with_extra(x, summed.sums, info) if self.messages.aggregate is not None else summed.sums
+        return self.algorithm.aggregate_sum(x, sums, server_state, info, local_steps)
+
+    def _with_extra(self, x: TensorDict, sums, info: RoundInfo):
+        """The uploads' sums plus the aggregate stage's extra upload (e.g. privacy's noise), drawn once
+        on the server from (seed, round): the same for every executor and on every process."""
+        extra = self.messages.extra_sum(self.algorithm, x, upload_like(self.algorithm, x), info, self.datamodule.seed)
+        return add_sums(sums, extra)
 
     def _diverged(self, message: str) -> DivergenceError:
         """The divergence error, naming the newest checkpoint (written from a finite state) to go back to."""
@@ -347,7 +389,8 @@ class FederatedModule(L.LightningModule):
                     continue
                 stragglers += budget < steps
             load_state = functools.partial(self.client_state, cid, broadcast["x"])
-            tasks.append(ClientTask(cid, seed, budget, broadcast, load_state, warmup))
+            load_messages = functools.partial(self.message_state, cid) if self.messages.client_stages else None
+            tasks.append(ClientTask(cid, seed, budget, broadcast, load_state, warmup, load_messages))
         return tasks, stragglers
 
     def _empty_round(self, plan: RoundPlan, broadcast: Payload, extra_metrics: dict[str, int]) -> None:
@@ -379,13 +422,18 @@ class FederatedModule(L.LightningModule):
         return server_state
 
     def _log_round(
-        self, plan: RoundPlan, broadcast: Payload, uploads, results, extra_metrics: dict[str, int], summed: SummedRound | None = None
+        self, plan: RoundPlan, broadcast: Payload, uploads, results, extra_metrics: dict[str, int], summed: SummedRound | None = None,
+        broadcast_bytes: int | None = None,
     ) -> None:
         losses, accuracies = [r.mean_loss for r in results], [r.accuracy for r in results]
         from_sums = {}
         if summed is not None:  # the same numbers from the uploads' sizes and sums (to float tolerance)
             consistency = consistency_from_sums(summed.delta_sum, summed.delta_sq_sum, len(summed.results))
             from_sums = {"upload_bytes": summed.upload_bytes, "consistency": consistency}
+        elif any(r.upload_bytes is not None for r in results):  # message stages' encoded sizes
+            from_sums = {"upload_bytes": [r.upload_bytes if r.upload_bytes is not None else payload_bytes(r.upload) for r in results]}
+        if broadcast_bytes is not None:
+            from_sums["broadcast_bytes"] = broadcast_bytes
         metrics = round_metrics(
             plan.round, self.local.lr_at(plan.round), losses, uploads, broadcast, self.comm_totals, accuracies, **from_sums
         )
@@ -455,6 +503,8 @@ class FederatedModule(L.LightningModule):
             "comm_totals": dict(self.comm_totals),
             "fingerprint": self.fingerprint(),
         }
+        if self.messages:  # only then: a run without message stages writes the checkpoint it always wrote
+            checkpoint[_CKPT_KEY]["messages"] = self.messages.state_dict()
         wandb_ids = [str(logger.version) for logger in self.loggers if type(logger).__name__ == "WandbLogger" and logger.version]
         if wandb_ids:  # a resume continues this wandb run (fl_lightning/cli_app.py)
             checkpoint["loggers"] = {"wandb_run_id": wandb_ids[0]}
@@ -468,6 +518,8 @@ class FederatedModule(L.LightningModule):
         self.store.load_checkpoint_state(state["client_store"])
         self.server_state = unflatten_state(state["server_state"])
         self.comm_totals = dict(state["comm_totals"])
+        if self.messages:
+            self.messages.load_state_dict(state.get("messages", {}))
         if state.get("personal_store"):  # checkpoints before personal tensors became client state
             legacy = ClientStore()
             legacy.load_state_dict(state["personal_store"])

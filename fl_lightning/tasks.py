@@ -45,6 +45,7 @@ class ClientTask:
     broadcast: Payload
     load_state: Callable[[], ClientState]
     warmup: bool = False
+    load_message_state: Callable[[], NestedState] | None = None  # the message stages' stored state (``fl_lightning.messages``)
 
 
 @dataclass
@@ -57,6 +58,7 @@ class ClientResult:
     num_steps: int
     mean_loss: float
     accuracy: float = math.nan  # the fraction of its training samples predicted right during its steps (NaN: not a classifier)
+    upload_bytes: int | None = None  # the upload's encoded size (message stages); None: the bytes of its tensors
 
 
 @dataclass

@@ -144,6 +144,11 @@ class Algorithm:
     #: declares it. True here: the base ``aggregate`` (FedAvg's) is ``-sum_i w_i delta_i``.
     linear_aggregate = True
 
+    #: The names of the upload's entries, each a tensor dict shaped like the federated tensors x
+    #: (message stages that add to the uploads' sum, e.g. privacy's noise, need their structure).
+    #: Honoured only where the class declaring it wrote ``client_finish`` (``declares_capability``).
+    upload_entries: tuple[str, ...] = ("delta",)
+
     #: Upload entries that are increments of a client state which the server mirrors by summing
     #: them (SCAFFOLD's ``delta_c``: c stays the mean of the c_i). Message transforms that change
     #: an upload (compression, docs/algorithms.md 21) must not let that mirror drift.

@@ -58,6 +58,7 @@ class FedMIM(Algorithm):
 
     elementwise = True
     linear_aggregate = True  # FedAvg's sum; the history update reads x and the local steps only
+    upload_entries = ("delta",)
 
     def __init__(
         self,

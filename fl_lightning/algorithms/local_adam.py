@@ -27,6 +27,7 @@ class LocalAdam(Algorithm):
     """
 
     elementwise = True
+    upload_entries = ("delta",)
 
     def __init__(self, global_lr: float = 1.0, beta1: float = 0.9, beta2: float = 0.99, eps: float = 1e-8) -> None:
         super().__init__(global_lr)

@@ -142,7 +142,9 @@ class DistributedExecutor(Executor):
             return self.inner.run(tasks, info, runtime)
         assignment, mine, results, error = self._run_mine(tasks, info, runtime)
         self.rounds["gathered"] += 1
-        return self._exchange(tasks, assignment, mine, results, runtime.device, error=error, round_idx=info.round)[0]
+        facts = {r.client_id: [float(r.upload_bytes), 1.0] for r in results if r.upload_bytes is not None}  # encoded sizes
+        gathered, rows, _ = self._exchange(tasks, assignment, mine, results, runtime.device, facts, error=error, round_idx=info.round)
+        return [dataclasses.replace(r, upload_bytes=int(row[3])) if r.upload_bytes is None and row[4] else r for r, row in zip(gathered, rows)]
 
     def run_summed(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> SummedRound | None:
         """The round's uploads summed across the ranks (None: one process, no weights, or an algorithm
@@ -162,7 +164,7 @@ class DistributedExecutor(Executor):
             return _flatten(sums, delta_sum, delta_sq, device)
 
         # Sums weighted as if every task reports travel with the headers: one all_reduce a round.
-        facts = {r.client_id: [float(payload_bytes(r.upload)), float(all_finite([r.upload]))] for r in results}
+        facts = {r.client_id: [float(_upload_bytes(r)), float(all_finite([r.upload]))] for r in results}
         stripped = [dataclasses.replace(r, upload={}) for r in results]
         carry = partial_sums([t.client_id for t in tasks])
         everyone, rows, carry = self._exchange(
@@ -333,6 +335,11 @@ def _gather_bytes(
     if size:  # 0 when no client of the round completed
         dist.all_gather(buffers, buffer)
     return buffers
+
+
+def _upload_bytes(result: ClientResult) -> int:
+    """The upload's encoded size (message stages, ``fl_lightning.messages``), else the bytes of its tensors."""
+    return result.upload_bytes if result.upload_bytes is not None else payload_bytes(result.upload)
 
 
 def _distributed() -> bool:
