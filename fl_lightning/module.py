@@ -125,6 +125,8 @@ class FederatedModule(L.LightningModule):
         if compression is not None:
             named = dict(model.named_parameters())
             compression.check_shapes({n: named[n].shape for n in self.federated_names})
+            if privacy is not None:
+                compression.check_with_privacy()
         self.messages = MessagePipeline(
             [*(uplink or []), *(privacy.stages() if privacy is not None else []), *compress_up], [*(downlink or []), *compress_down]
         )

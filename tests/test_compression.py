@@ -157,3 +157,29 @@ def test_bad_settings_one_line(make, message):
 def test_k_larger_than_the_tensor():
     with pytest.raises(ValueError, match="TopK.k must be <= the size of every tensor it compresses, got k=11"):
         TopK(k=11)(torch.ones(10))
+
+
+@pytest.mark.parametrize("compressor", [Identity(), TopK(k=5), RandomK(k=5), ScaledSign()])
+def test_declared_norm_bound_holds(compressor):
+    """``never_increases_norm``: ||C(v)|| <= ||v|| (a clipped upload stays clipped under privacy)."""
+    assert compressor.never_increases_norm
+    for seed in range(20):
+        v = torch.randn(50, generator=gen(seed)) * torch.rand(50, generator=gen(100 + seed)) ** 4  # uneven magnitudes
+        assert torch.linalg.vector_norm(compressor(v, gen(seed)).value) <= torch.linalg.vector_norm(v)
+
+
+def test_norm_increasing_compressors_do_not_declare_the_bound():
+    v = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    assert not RandomK(k=1, unbiased=True).never_increases_norm and not QSGD(levels=1).never_increases_norm
+    assert max(float(torch.linalg.vector_norm(QSGD(levels=1)(torch.tensor([0.6, 0.8]), gen(s)).value)) for s in range(20)) > 1.0
+    assert not Int8().never_increases_norm and not Cast("bfloat16").never_increases_norm
+
+
+def test_compression_under_privacy_needs_a_norm_bound_and_no_uplink_feedback():
+    from fl_lightning.compression import Compression
+
+    Compression(up=TopK(ratio=0.1), down=QSGD(levels=2), error_feedback_up=False).check_with_privacy()
+    with pytest.raises(ValueError, match=r"^compression.up=QSGD\(levels=2\) can increase an upload's norm beyond privacy's clip norm C"):
+        Compression(up=QSGD(levels=2), error_feedback_up=False).check_with_privacy()
+    with pytest.raises(ValueError, match=r"^compression.error_feedback_up must be false under privacy"):
+        Compression(up=TopK(ratio=0.1)).check_with_privacy()

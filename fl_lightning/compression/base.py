@@ -36,6 +36,8 @@ class Compressor:
 
     unbiased: bool = False
     randomized: bool = False
+    #: ||C(v)||_2 <= ||v||_2 for every v: a clipped upload stays clipped (client-level privacy's sensitivity).
+    never_increases_norm: bool = False
 
     def __call__(self, x: Tensor, generator: torch.Generator | None = None) -> Encoded:
         raise NotImplementedError
@@ -51,6 +53,7 @@ class Identity(Compressor):
     """No compression: the tensor as it is, ``numel * element_size`` bytes."""
 
     unbiased = True
+    never_increases_norm = True
 
     def __call__(self, x: Tensor, generator: torch.Generator | None = None) -> Encoded:
         return Encoded(x, x.numel() * x.element_size())

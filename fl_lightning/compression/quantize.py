@@ -42,7 +42,9 @@ class QSGD(Compressor):
 
 class ScaledSign(Compressor):
     """(21.3) C(v) = (||v||_1 / d) sign(v), sign(0) = +1 (one bit per coordinate) and the scale as float32.
-    Biased: use it with error feedback (EF-SignSGD)."""
+    Biased: use it with error feedback (EF-SignSGD). ||C(v)||_2 = ||v||_1 / sqrt(d) <= ||v||_2."""
+
+    never_increases_norm = True
 
     def __call__(self, x: Tensor, generator: torch.Generator | None = None) -> Encoded:
         v = x.to(compute_dtype(x))

@@ -23,6 +23,8 @@ def sparse_bytes(numel: int, k: int, value_bytes: int) -> int:
 class _Sparsifier(Compressor):
     """Keeps k entries of each tensor: ``k`` entries, or ``ratio`` of them (k = ceil(ratio * d))."""
 
+    never_increases_norm = True  # a subset of the entries (random-k with ``unbiased`` scales them up: not)
+
     def __init__(self, ratio: float | None = None, k: int | None = None) -> None:
         name = type(self).__name__
         if (ratio is None) == (k is None):
@@ -68,6 +70,7 @@ class RandomK(_Sparsifier):
     def __init__(self, ratio: float | None = None, k: int | None = None, unbiased: bool = False) -> None:
         super().__init__(ratio, k)
         self.unbiased = bool(unbiased)
+        self.never_increases_norm = not self.unbiased
 
     def __call__(self, x: Tensor, generator: torch.Generator | None = None) -> Encoded:
         self.check_size(x.numel(), "a tensor")

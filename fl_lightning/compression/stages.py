@@ -131,6 +131,23 @@ class Compression:
         down = [CompressBroadcast(self.down, self.error_feedback_down, self.flatten)] if self.down is not None else []
         return up, down
 
+    def check_with_privacy(self) -> None:
+        """Client-level privacy clips each upload to norm C before compression (clip -> compress ->
+        noise): the compressed upload must stay within C, so the uplink compressor must never increase a
+        norm and must not add a residual (error feedback would send u + e, of norm up to 2C)."""
+        if self.up is None:
+            return
+        if not self.up.never_increases_norm:
+            raise ValueError(
+                f"compression.up={self.up.describe()} can increase an upload's norm beyond privacy's clip norm C, so the noise "
+                "would not cover it; under privacy use TopK, RandomK (unbiased: false) or ScaledSign"
+            )
+        if self.error_feedback_up:
+            raise ValueError(
+                "compression.error_feedback_up must be false under privacy: the residual added to an upload would carry it "
+                "beyond the clip norm C (the downlink may use error feedback)"
+            )
+
     def check_shapes(self, shapes: dict[str, torch.Size]) -> None:
         """One line before training if a compressor cannot encode a model-shaped message."""
         for setting, compressor in (("compression.up", self.up), ("compression.down", self.down)):
