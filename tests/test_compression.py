@@ -183,3 +183,19 @@ def test_compression_under_privacy_needs_a_norm_bound_and_no_uplink_feedback():
         Compression(up=QSGD(levels=2), error_feedback_up=False).check_with_privacy()
     with pytest.raises(ValueError, match=r"^compression.error_feedback_up must be false under privacy"):
         Compression(up=TopK(ratio=0.1)).check_with_privacy()
+
+
+def test_error_feedback_makes_unbiased_compressors_contractive():
+    """An unbiased compressor of variance omega feeds back C / (1 + omega): a residual that would grow
+    with QSGD s=1 itself (omega = min(d, sqrt(d)) = 10 for d = 100) stays bounded."""
+    assert QSGD(levels=1).variance(100) == 10.0 and QSGD(levels=20).variance(100) == 0.25
+    assert RandomK(k=10, unbiased=True).variance(100) == 9.0 and RandomK(k=10).variance(100) == 0.0
+    x = torch.randn(100, generator=gen(12))
+    sent, _ = error_feedback(QSGD(levels=1), x, None, gen(0))
+    assert torch.equal(sent.value, QSGD(levels=1)(x, gen(0)).value / 11.0)
+    scaled, _ = error_feedback(RandomK(k=10, unbiased=True), x, None, gen(0))
+    assert torch.allclose(scaled.value, RandomK(k=10)(x, gen(0)).value)  # d/k / (1 + d/k - 1): unscaled random-k
+    e = None
+    for step in range(300):  # a constant input: the residual stays within a few norms of it
+        _, e = error_feedback(QSGD(levels=1), x, e, gen(step))
+    assert torch.linalg.vector_norm(e) < 20 * torch.linalg.vector_norm(x)

@@ -42,6 +42,10 @@ class Compressor:
     def __call__(self, x: Tensor, generator: torch.Generator | None = None) -> Encoded:
         raise NotImplementedError
 
+    def variance(self, numel: int) -> float:
+        """omega of an unbiased compressor on ``numel`` entries: E||C(v) - v||^2 <= omega ||v||^2 (0: exact)."""
+        return 0.0
+
     def check_size(self, numel: int, where: str) -> None:
         """Raise ``ValueError`` (one line) if this compressor cannot encode a tensor of ``numel`` entries."""
 

@@ -16,8 +16,12 @@ from fl_lightning.params import TensorDict
 
 def compress_entry(
     compressor: Compressor, entry: TensorDict, residual: TensorDict | None, generator: torch.Generator | None, flatten: bool,
+    feedback: bool = True,
 ) -> tuple[TensorDict, TensorDict, int]:
     """(decoded entry, new residual, encoded bytes) of ``entry + residual`` (``residual=None``: zero).
+
+    ``feedback``: the message is part of an error-feedback loop, so an unbiased compressor is used in its
+    contractive form C / (1 + omega) (``fl_lightning/compression/feedback.py``); else C itself.
 
     Per tensor (``flatten=False``), each tensor is one compressed message, in the entry's order, all
     drawing from ``generator`` in turn; flattened, the entry's tensors are concatenated (in the
@@ -26,15 +30,22 @@ def compress_entry(
     if not flatten:
         decoded, new_residual, total = {}, {}, 0
         for name, tensor in entry.items():
-            sent, new = error_feedback(compressor, tensor, None if residual is None else residual[name], generator)
+            sent, new = _send(compressor, tensor, None if residual is None else residual[name], generator, feedback)
             decoded[name], new_residual[name] = sent.value, new
             total += sent.nbytes
         return decoded, new_residual, total
     names = list(entry)
     flat = torch.cat([entry[n].reshape(-1) for n in names])
     flat_residual = None if residual is None else torch.cat([residual[n].reshape(-1) for n in names])
-    sent, new = error_feedback(compressor, flat, flat_residual, generator)
+    sent, new = _send(compressor, flat, flat_residual, generator, feedback)
     return _split(sent.value, entry), _split(new, entry), sent.nbytes
+
+
+def _send(compressor: Compressor, x: torch.Tensor, residual: torch.Tensor | None, generator, feedback: bool):
+    if feedback:
+        return error_feedback(compressor, x, residual, generator)
+    sent = compressor(x, generator)
+    return sent, x - sent.value
 
 
 def _split(flat: Tensor, like: TensorDict) -> TensorDict:

@@ -36,6 +36,10 @@ class QSGD(Compressor):
         bits = 1 + field_bits(s + 1)
         return Encoded(value.to(x.dtype), SCALE_BYTES + packed_bytes(x.numel(), bits))
 
+    def variance(self, numel: int) -> float:
+        """min(d/s^2, sqrt(d)/s) (Alistarh et al. 2017, Lemma 3.1)."""
+        return min(numel / self.levels**2, numel**0.5 / self.levels)
+
     def describe(self) -> str:
         return f"QSGD(levels={self.levels})"
 

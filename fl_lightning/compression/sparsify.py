@@ -79,5 +79,9 @@ class RandomK(_Sparsifier):
         index = torch.randperm(d, generator=generator, device=x.device)[:k]
         return self._keep(x, index, d / k if self.unbiased else 1.0)
 
+    def variance(self, numel: int) -> float:
+        """d/k - 1 when scaled (each entry x_i d/k with probability k/d)."""
+        return numel / self.kept(numel) - 1 if self.unbiased else 0.0
+
     def describe(self) -> str:
         return super().describe()[:-1] + (", unbiased)" if self.unbiased else ")")

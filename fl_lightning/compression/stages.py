@@ -64,7 +64,7 @@ class CompressUploads(ClientStage):
         message, new_state, total = {}, dict(state), 0
         for entry, td in upload.items():
             residual = state.get(entry) if self.error_feedback else None
-            message[entry], residual, nbytes = compress_entry(self.compressor, td, residual, generator, self.flatten)
+            message[entry], residual, nbytes = compress_entry(self.compressor, td, residual, generator, self.flatten, self.error_feedback)
             if self.error_feedback:
                 new_state[entry] = residual  # entries this round did not send keep their residual
             total += nbytes
@@ -77,7 +77,8 @@ class CompressBroadcast(BroadcastStage):
     With error feedback the clients hold a copy h of each entry (the first broadcast of an entry,
     e.g. the initial model, travels uncompressed); each round the server sends C(v - h) and both sides
     set h <- h + C(v - h), which the clients use as the entry: error feedback on the broadcast's
-    increments, the residual being v - h (21.7). Without it the clients receive C(v).
+    increments, the residual being v - h (21.7; an unbiased C in its contractive form C / (1 + omega)).
+    Without it the clients receive C(v).
     """
 
     order = COMPRESS
@@ -96,7 +97,7 @@ class CompressBroadcast(BroadcastStage):
                 total += P.num_bytes(value.values())
                 continue
             change = value if held is None else P.sub(value, held)
-            decoded, _, nbytes = compress_entry(self.compressor, change, None, generator, self.flatten)
+            decoded, _, nbytes = compress_entry(self.compressor, change, None, generator, self.flatten, held is not None)
             message[entry] = decoded if held is None else P.add(held, decoded)
             if self.error_feedback:
                 new_state[entry] = message[entry]
