@@ -187,3 +187,14 @@ def test_unknown_compressor_stops_with_exit_2(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit) as stop:
         main(["fit", "--config", str(ROOT / "configs" / "quickstart.yaml"), "--model.compression.up", "NoSuchCompressor"])
     assert stop.value.code == 2 and "NoSuchCompressor" in capsys.readouterr().err
+
+
+def test_ddp_two_processes_send_what_one_process_sends(tmp_path):
+    """SCAFFOLD (partial sums all-reduced) with QSGD uploads and random-k broadcast changes, error feedback
+    on both: 2 DDP processes give the one-process model, client store (residuals included) and comm/*."""
+    from tests.test_distributed import _assert_close, _train
+
+    single, ddp = _train(tmp_path, 1, "scaffold", False, "--compress"), _train(tmp_path, 2, "scaffold", False, "--compress")
+    _assert_close(single, ddp, rtol=1e-5, atol=1e-6)
+    assert any("/msg:compress:" in k for k in single["store"]) and ddp["exchanges"]["summed"] == 3
+    assert {k: v for k, v in single["metrics"].items() if k.startswith("comm/")} == {k: v for k, v in ddp["metrics"].items() if k.startswith("comm/")}
