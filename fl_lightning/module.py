@@ -28,6 +28,7 @@ from fl_lightning.faults import ClientError, ClientFaults, DivergenceError, all_
 from fl_lightning.messages import MessageExecutor, MessagePipeline, Stage, add_sums, is_message_state, upload_like
 from fl_lightning.metrics import consistency_from_sums, count_messages, payload_bytes, round_metrics
 from fl_lightning.objective import Objective
+from fl_lightning.privacy import ClientPrivacy
 from fl_lightning.params import TensorDict
 from fl_lightning.participation import RoundPlan, derive_seeds
 from fl_lightning.state import ClientStore, NestedState, flatten_state, unflatten_state
@@ -96,7 +97,7 @@ class FederatedModule(L.LightningModule):
         faults: ClientFaults = ClientFaults(),
         uplink: list[Stage] | None = None,
         downlink: list[Stage] | None = None,
-        privacy: Any = None,
+        privacy: ClientPrivacy | None = None,
         compression: Compression | None = None,
     ) -> None:
         super().__init__()
@@ -212,6 +213,9 @@ class FederatedModule(L.LightningModule):
         self._check_local_work()
         if self.messages:
             self.messages.check(self.algorithm, self.datamodule.num_clients)
+        if self.privacy is not None:  # the sampling scheme, sigma (calibrated if asked), the accountant
+            participation = getattr(self.datamodule, "participation", None)
+            self.privacy.prepare(participation, self.datamodule.num_clients, self.trainer.max_steps)
         if self.global_rank == 0:  # temporary files of killed checkpoint writes
             from fl_lightning.checkpoint_io import remove_stale_temporaries
 
@@ -246,6 +250,16 @@ class FederatedModule(L.LightningModule):
     def _continue_metrics(self, step: int) -> None:
         if self.global_rank == 0:
             csv_resume.continue_from(self.loggers, getattr(self, "_previous_metrics", None) or {}, step)
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> int | None:
+        if self.privacy is not None and self.privacy.budget_exhausted():  # privacy.budget="stop"
+            log.warning(
+                "privacy: stopping after %d rounds: one more would spend more than target_epsilon=%g",
+                self.privacy.accountant.rounds, self.privacy.target_epsilon,
+            )  # fmt: skip
+            self.trainer.should_stop = True
+            return -1
+        return None
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         self._release_snapshots()  # the checkpoint callbacks (run before this hook) have written their files
@@ -418,6 +432,8 @@ class FederatedModule(L.LightningModule):
         optimizer = self.optimizers()
         optimizer.zero_grad(set_to_none=True)
         optimizer.step()
+        if self.messages:
+            extra_metrics = {**extra_metrics, **self.messages.end_round(RoundInfo(plan.round, 0.0, self.datamodule.num_clients, plan), 0)}
         self._log_round(plan, broadcast, [], [], extra_metrics)
 
     def _warmup(self, x: TensorDict, server_state: NestedState, info: RoundInfo) -> NestedState:

@@ -29,6 +29,7 @@ LABELS = {
     ROUND: "round",
     BYTES: "total communication (MB)",
     UPLOADS: "client uploads (total)",
+    "privacy/epsilon": "privacy loss epsilon (worst client)",
     PER_CLIENT: "communication per client (model-sized messages)",
     "train/loss": "train loss (mean over active clients)",
     "train/consistency": "local consistency (1/S) Σ ||x_i - x̄||²",
@@ -47,6 +48,7 @@ SHORT_LABELS = {  # the overview's panels are small
     PER_CLIENT: "comm. per client (messages)",
 }
 X_SCALE = {BYTES: 1e-6}  # bytes are plotted in MB
+EPSILON = "privacy/epsilon"  # client-level DP's spent budget (docs/privacy.md): the privacy-utility curve
 NOT_PLOTTED = ("comm/", "target/", "train/local_lr", "train/clients", ROUND, ACC)
 COLORS = plt.get_cmap("tab10").colors
 LINESTYLES = ("-", "--", "-.", ":")
@@ -64,7 +66,7 @@ def figures_for(histories: Mapping[str, Sequence[History]]) -> list[Figure]:
     """Accuracy against rounds and each communication measure, then every other logged metric against rounds."""
     logged = {m for hs in histories.values() for h in hs for m in h.metrics()}
     figures = [Figure("acc_vs_rounds", ACC)]
-    for x, name in ((PER_CLIENT, "acc_vs_comm_per_client"), (UPLOADS, "acc_vs_client_uploads"), (BYTES, "acc_vs_bytes")):
+    for x, name in ((PER_CLIENT, "acc_vs_comm_per_client"), (UPLOADS, "acc_vs_client_uploads"), (BYTES, "acc_vs_bytes"), (EPSILON, "acc_vs_epsilon")):
         if x in logged:
             figures.append(Figure(name, ACC, x))
     for metric in sorted(logged):

@@ -198,3 +198,23 @@ def test_ddp_two_processes_send_what_one_process_sends(tmp_path):
     _assert_close(single, ddp, rtol=1e-5, atol=1e-6)
     assert any("/msg:compress:" in k for k in single["store"]) and ddp["exchanges"]["summed"] == 3
     assert {k: v for k, v in single["metrics"].items() if k.startswith("comm/")} == {k: v for k, v in ddp["metrics"].items() if k.startswith("comm/")}
+
+
+def test_compression_composes_with_privacy(tmp_path):
+    """Under client-level DP the upload is clipped, then compressed (top-k: never beyond C), then the sum noised;
+    a norm-increasing compressor or uplink error feedback is refused before training."""
+    from fl_lightning.privacy import ClientPrivacy
+
+    module = _fit(_module(FedAvg(), Compression(up=TopK(ratio=0.1), down=Cast("bfloat16"), error_feedback_up=False)), tmp_path, rounds=1)
+    assert [s.name for s in module.messages.client_stages] == ["compress"]  # no privacy in this one: the reference bytes
+    private = FederatedModule(
+        MLP(in_features=8, num_classes=3, hidden=[16]), FedAvg(), LocalTraining(lr=0.1, steps=3, batch_size=8),
+        privacy=ClientPrivacy(1.0, 0.5), compression=Compression(up=TopK(ratio=0.1), down=Cast("bfloat16"), error_feedback_up=False),
+    )  # fmt: skip
+    assert [s.name for s in private.messages.client_stages][-1] == "compress"  # after the clip
+    _fit(private, tmp_path / "p", rounds=1)
+    assert private.comm_totals == module.comm_totals  # the same encoded sizes
+    with pytest.raises(ValueError, match=r"^compression.up=QSGD\(levels=2\) can increase an upload's norm"):
+        FederatedModule(MLP(8, 3), FedAvg(), privacy=ClientPrivacy(1.0, 0.5), compression=Compression(up=QSGD(levels=2), error_feedback_up=False))
+    with pytest.raises(ValueError, match=r"^compression.error_feedback_up must be false under privacy"):
+        FederatedModule(MLP(8, 3), FedAvg(), privacy=ClientPrivacy(1.0, 0.5), compression=Compression(up=TopK(ratio=0.1)))

@@ -1,0 +1,210 @@
+"""Client-level differential privacy (DP-FedAvg; McMahan, Ramage, Talwar, Zhang, ICLR 2018) as
+message stages any linear-aggregate algorithm runs under (docs/privacy.md, docs/algorithms.md
+section "Client-level DP").
+
+Per round: each reporting client's upload u_i (every entry it sends: ``delta``, SCAFFOLD's
+``delta_c``, ...) is clipped to L2 norm C (``ClipStage``, on the client), the server adds
+Gaussian noise z ~ N(0, sigma^2 C^2 I) to the sum of the clipped uploads, once, and divides by a
+fixed denominator D, the expected cohort size (``GaussianSumNoise``):
+
+    sum_i w u_i  ->  (1/D) (sum_i clip_C(u_i) + z),        clip_C(u) = u min(1, C / ||u||)   (DP.1)
+
+fed to the algorithm's ``upload_sum`` as the clients' uploads with weight 1/D plus one
+pseudo-upload z with weight 1/D. The accountant (``fl_lightning.privacy_accounting``) logs
+``privacy/epsilon`` every round.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Literal
+
+import torch
+
+from fl_lightning.algorithms.base import RoundInfo, declares_capability
+from fl_lightning.messages import CLIP, NOISE, AggregateStage, ClientStage, Sent, StageKey, upload_like
+from fl_lightning.privacy_accounting import ClientAccountant, SamplingScheme, calibrate_noise, epsilon_after
+from fl_lightning.tasks import Payload
+
+log = logging.getLogger(__name__)
+NOISE_STREAM = 0xD9
+"""Seed stream of the Gaussian noise (within the server's round seed)."""
+
+
+def clip(upload: Payload, clip_norm: float, per_entry: bool = False) -> Payload:
+    """``upload * min(1, C / ||upload||)``, the norm over every tensor of every entry (flat), or with
+    ``per_entry`` each entry clipped to ``C / sqrt(E)`` (E entries) so the whole stays within C."""
+    if per_entry:
+        bound = clip_norm / math.sqrt(len(upload))
+        return {name: clip({name: td}, bound)[name] for name, td in upload.items()}
+    tensors = [t for td in upload.values() for t in td.values()]
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t.double()) for t in tensors]))
+    factor = torch.clamp(clip_norm / (norm + 1e-12), max=1.0)
+    return {name: {k: (v.double() * factor).to(v.dtype) for k, v in td.items()} for name, td in upload.items()}
+
+
+class ClipStage(ClientStage):
+    """clip_C of (DP.1), on the client."""
+
+    order, name = CLIP, "dp_clip"
+
+    def __init__(self, privacy: ClientPrivacy) -> None:
+        self.privacy = privacy
+
+    def apply(self, upload: Payload, state, key: StageKey) -> Sent:
+        return Sent(clip(upload, self.privacy.clip_norm, self.privacy.clipping == "per_entry"))
+
+
+class GaussianSumNoise(AggregateStage):
+    """The noise z and the fixed weight 1/D of (DP.1), on the server; accounts each round."""
+
+    order, name = NOISE, "dp_noise"
+
+    def __init__(self, privacy: ClientPrivacy) -> None:
+        self.privacy = privacy
+
+    def check(self, algorithm: Any, num_clients: int) -> None:
+        name = type(algorithm).__name__
+        if not declares_capability(algorithm, "linear_aggregate"):
+            raise ValueError(
+                f"privacy: {name} cannot run under client-level DP: its aggregate is not declared a weighted sum of the "
+                "uploads (linear_aggregate), so the noised sum's guarantee does not carry to it"
+            )
+        if getattr(algorithm, "warmup_pass", False):
+            raise ValueError(f"privacy: {name} cannot run under client-level DP: its warm-up pass uploads every client's state unclipped")
+        if not upload_like(algorithm, {}):
+            raise ValueError(
+                f"privacy: {name} cannot run under client-level DP: it does not declare its upload's entries "
+                "(upload_entries), so the noise cannot cover every tensor it sends"
+            )
+
+    def weight(self, info: RoundInfo) -> float:
+        return 1.0 / self.privacy.scheme.expected_cohort(info.round)
+
+    def extra_upload(self, like: Payload, key: StageKey) -> Payload:
+        """z ~ N(0, sigma^2 C^2) per coordinate, drawn on the CPU from (seed, round)."""
+        std, generator = self.privacy.noise_multiplier * self.privacy.clip_norm, key.generator(NOISE_STREAM)
+        out = {}
+        for name, td in like.items():
+            out[name] = {}
+            for k, v in td.items():
+                z = torch.randn(v.shape, generator=generator, dtype=torch.float64) * std
+                out[name][k] = z.to(v.device, v.dtype)
+        return out
+
+    def end_round(self, info: RoundInfo, reporting: int) -> dict[str, float]:
+        return self.privacy.account()
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.privacy.state_dict()
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.privacy.load_state_dict(state)
+
+
+class ClientPrivacy:
+    """Client-level DP settings (``--model.privacy``); docs/privacy.md.
+
+    Args:
+        clip_norm: C > 0, the L2 bound of each client's whole upload.
+        noise_multiplier: sigma >= 0 (noise std / C); ignored with ``target_epsilon`` and
+            ``budget="calibrate"``.
+        delta: the delta of the reported (epsilon, delta), in (0, 1).
+        target_epsilon: an epsilon budget (None: none).
+        budget: with ``target_epsilon``: ``"calibrate"`` (sigma chosen before training, by binary search
+            through the accountant, so that ``trainer.max_steps`` rounds spend at most the budget) or
+            ``"stop"`` (train at ``noise_multiplier`` and stop before the round that would exceed it).
+        clipping: ``"flat"`` (one norm over the whole upload) or ``"per_entry"`` (each upload entry,
+            e.g. ``delta`` and ``delta_c``, to C / sqrt(entries)).
+        accountant: ``"rdp"`` (Renyi DP, integer orders 2..256) or ``"pld"`` (privacy loss distributions).
+    """
+
+    def __init__(
+        self,
+        clip_norm: float = 1.0,
+        noise_multiplier: float = 1.0,
+        delta: float = 1e-5,
+        target_epsilon: float | None = None,
+        budget: Literal["calibrate", "stop"] = "calibrate",
+        clipping: Literal["flat", "per_entry"] = "flat",
+        accountant: Literal["rdp", "pld"] = "rdp",
+    ) -> None:
+        if not (isinstance(clip_norm, (int, float)) and clip_norm > 0 and math.isfinite(clip_norm)):
+            raise ValueError(f"privacy.clip_norm must be > 0 (finite), got {clip_norm}")
+        if not (isinstance(noise_multiplier, (int, float)) and noise_multiplier >= 0 and math.isfinite(noise_multiplier)):
+            raise ValueError(f"privacy.noise_multiplier must be >= 0 (finite), got {noise_multiplier}")
+        if not (isinstance(delta, (int, float)) and 0 < delta < 1):
+            raise ValueError(f"privacy.delta must be in (0, 1), got {delta}")
+        if target_epsilon is not None and not (target_epsilon > 0 and math.isfinite(target_epsilon)):
+            raise ValueError(f"privacy.target_epsilon must be > 0 (or null), got {target_epsilon}")
+        if budget not in ("calibrate", "stop"):
+            raise ValueError(f"privacy.budget must be 'calibrate' or 'stop', got {budget!r}")
+        if clipping not in ("flat", "per_entry"):
+            raise ValueError(f"privacy.clipping must be 'flat' or 'per_entry', got {clipping!r}")
+        if accountant not in ("rdp", "pld"):
+            raise ValueError(f"privacy.accountant must be 'rdp' or 'pld', got {accountant!r}")
+        self.clip_norm, self.noise_multiplier, self.delta = float(clip_norm), float(noise_multiplier), float(delta)
+        self.target_epsilon, self.budget, self.clipping, self.method = target_epsilon, budget, clipping, accountant
+        self.scheme: SamplingScheme | None = None
+        self.accountant: ClientAccountant | None = None
+        self._restored: dict[str, torch.Tensor] | None = None
+        self._stages = [ClipStage(self), GaussianSumNoise(self)]
+
+    def stages(self) -> list:
+        """The uplink stages this setting contributes: clip (client) and Gaussian noise (server)."""
+        return list(self._stages)
+
+    def prepare(self, participation: Any, num_clients: int, rounds: int) -> None:
+        """Before training: the sampling scheme, sigma (calibrated to ``target_epsilon`` if asked, or
+        restored from a checkpoint) and the accountant (replayed to the checkpoint's round)."""
+        self.scheme = SamplingScheme.of(participation, num_clients)
+        restored = self._restored
+        if restored is not None and "noise_multiplier" in restored:
+            self.noise_multiplier = float(restored["noise_multiplier"])
+        elif self.target_epsilon is not None and self.budget == "calibrate":
+            self.noise_multiplier = calibrate_noise(self.scheme, self.target_epsilon, self.delta, rounds, self.method)
+            log.warning(
+                "privacy: target_epsilon=%g calibrates noise_multiplier to %.4g for %d rounds (delta=%g)",
+                self.target_epsilon, self.noise_multiplier, rounds, self.delta,
+            )  # fmt: skip
+        elif self.target_epsilon is not None:
+            if epsilon_after(self.scheme, self.noise_multiplier, self.delta, 1, self.method) > self.target_epsilon:
+                raise ValueError(
+                    f"privacy.target_epsilon={self.target_epsilon} is exceeded by a single round at noise_multiplier="
+                    f"{self.noise_multiplier}; raise target_epsilon or noise_multiplier"
+                )
+            log.warning(
+                "privacy: training at noise_multiplier=%g until epsilon would exceed target_epsilon=%g (delta=%g), then stopping",
+                self.noise_multiplier, self.target_epsilon, self.delta,
+            )  # fmt: skip
+        self.accountant = ClientAccountant(self.scheme, self.noise_multiplier, self.delta, self.method)
+        if restored is not None:
+            self.accountant.replay(int(restored.get("rounds", torch.tensor(0))))
+
+    def budget_exhausted(self) -> bool:
+        """With ``budget="stop"``: whether one more round would spend more than ``target_epsilon``."""
+        if self.target_epsilon is None or self.budget != "stop" or self.accountant is None:
+            return False
+        return epsilon_after(self.scheme, self.noise_multiplier, self.delta, self.accountant.rounds + 1, self.method) > self.target_epsilon
+
+    def account(self) -> dict[str, float]:
+        """One more round accounted; the metrics logged with it."""
+        self.accountant.step()
+        epsilons = self.accountant.epsilons()
+        metrics = {"privacy/epsilon": float(epsilons.max()), "privacy/noise_multiplier": self.noise_multiplier}
+        if self.scheme.kind == "poisson":  # clients differ when their probabilities do
+            metrics["privacy/epsilon_median"] = float(torch.tensor(epsilons).median())
+            metrics["privacy/epsilon_min"] = float(epsilons.min())
+        return metrics
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        rounds = self.accountant.rounds if self.accountant is not None else 0
+        return {"rounds": torch.tensor(rounds), "noise_multiplier": torch.tensor(self.noise_multiplier, dtype=torch.float64)}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self._restored = dict(state)
+        if self.accountant is not None:  # already prepared: replay now
+            self.noise_multiplier = float(state["noise_multiplier"])
+            self.accountant = ClientAccountant(self.scheme, self.noise_multiplier, self.delta, self.method)
+            self.accountant.replay(int(state["rounds"]))

@@ -1,0 +1,53 @@
+"""Client-level DP from the command line: configs/dp_fedavg_digits.yaml logs privacy/epsilon every round
+(the accountant's value for the run's events); bad settings stop before training with one line, exit 2."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fl_lightning.participation import BernoulliParticipation
+from fl_lightning.privacy_accounting import SamplingScheme, epsilon_after
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = str(ROOT / "configs" / "dp_fedavg_digits.yaml")
+SMALL = ["--trainer.max_steps", "3", "--trainer.val_check_interval", "3", "--trainer.enable_progress_bar", "false",
+         "--data.init_args.num_clients", "40", "--model.local.steps", "2"]  # fmt: skip
+
+
+def _fl(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    exe = Path(sys.executable).with_name("fl-lightning")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([str(exe), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_dp_config_logs_the_accountants_epsilon_every_round(tmp_path):
+    proc = _fl("fit", "--config", CONFIG, *SMALL, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(tmp_path / "runs" / "dp_fedavg_digits" / "version_0" / "metrics.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r["privacy/epsilon"]]
+    assert [float(r["round"]) for r in rows] == [0.0, 1.0, 2.0]
+    scheme = SamplingScheme.of(BernoulliParticipation(0.25), 40)
+    for r in rows:
+        expected = epsilon_after(scheme, 1.0, 1e-4, int(float(r["round"])) + 1)
+        assert float(r["privacy/epsilon"]) == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [
+        ("--model.privacy.init_args.clip_norm", "0", "privacy.clip_norm must be > 0"),
+        ("--model.privacy.init_args.target_epsilon", "0.001", "privacy.target_epsilon=0.001 cannot be reached in 3 rounds"),
+    ],
+)
+def test_bad_privacy_settings_exit_2_with_one_line(tmp_path, flag, value, message):
+    proc = _fl("fit", "--config", CONFIG, *SMALL, flag, value, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if message in line]
+    assert errors and "Traceback" not in proc.stderr
+    assert not (tmp_path / "runs" / "dp_fedavg_digits" / "version_0" / "checkpoints").exists()
