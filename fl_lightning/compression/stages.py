@@ -92,6 +92,8 @@ class CompressBroadcast(BroadcastStage):
         message, new_state, total = {}, dict(state), 0
         for entry, value in broadcast.items():
             held = state.get(entry) if self.error_feedback else None
+            if held is not None:  # a resumed copy is loaded on the CPU
+                held = {k: t.to(value[k].device) for k, t in held.items()}
             if self.error_feedback and held is None:
                 message[entry] = new_state[entry] = P.detach_clone(value)
                 total += P.num_bytes(value.values())
