@@ -63,6 +63,7 @@ def main() -> None:
     parser.add_argument("--skew", action="store_true", help="unequal client sizes, one local epoch")
     parser.add_argument("--bernoulli", type=float, default=None, help="activation probability (instead of S per round)")
     parser.add_argument("--dropout", type=float, default=0.0)
+    parser.add_argument("--compress", action="store_true", help="QSGD(4) uploads, random-k 50 %% broadcast changes, error feedback on both")
     parser.add_argument("--privacy", type=float, nargs=2, default=None, metavar=("C", "SIGMA"), help="client-level DP: clip norm, noise multiplier")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
@@ -70,8 +71,13 @@ def main() -> None:
     torch.manual_seed(0)
     local = LocalTraining(lr=0.05, steps=None, epochs=1, batch_size=16) if args.skew else LocalTraining(lr=0.05, steps=4, batch_size=16)
     personal = PERSONAL.get(args.algorithm)
+    compression = None
+    if args.compress:
+        from fl_lightning.compression import QSGD, Compression, RandomK
+
+        compression = Compression(up=QSGD(levels=4), down=RandomK(ratio=0.5))
     module = FederatedModule(MLP(32, 10, hidden=[64]), ALGORITHMS[args.algorithm](), local, personal=personal, execution=args.execution,
-                             faults=ClientFaults(dropout=args.dropout),
+                             faults=ClientFaults(dropout=args.dropout), compression=compression,
                              privacy=ClientPrivacy(*args.privacy) if args.privacy else None)  # fmt: skip
     participation = BernoulliParticipation(args.bernoulli) if args.bernoulli else UniformSampling(args.clients_per_round)
     data = FederatedDataModule(

@@ -20,6 +20,7 @@ from fl_lightning import params as P
 from fl_lightning.algorithms import Algorithm, FedAvg, RoundInfo
 from fl_lightning.algorithms.base import declares_capability
 from fl_lightning.client_data import ClientData
+from fl_lightning.compression.stages import Compression
 from fl_lightning.config import MAX_LOCAL_STEPS, LocalTraining
 from fl_lightning.errors import CheckpointError
 from fl_lightning.executors import ClientRuntime, Executor, resolve_executor
@@ -84,6 +85,8 @@ class FederatedModule(L.LightningModule):
         downlink: message stages on the broadcast; default none.
         privacy: client-level differential privacy (``fl_lightning.privacy.ClientPrivacy``): contributes
             its clip and noise stages to the uplink and logs ``privacy/epsilon``.
+        compression: compressors of the uploads and of the broadcast, with error feedback
+            (``fl_lightning.compression.Compression``, docs/compression.md); default none.
     """
 
     def __init__(
@@ -98,6 +101,7 @@ class FederatedModule(L.LightningModule):
         uplink: list[Stage] | None = None,
         downlink: list[Stage] | None = None,
         privacy: ClientPrivacy | None = None,
+        compression: Compression | None = None,
     ) -> None:
         super().__init__()
         quiet_known_warnings()
@@ -121,7 +125,16 @@ class FederatedModule(L.LightningModule):
         self.server_state: NestedState | None = None
         self.executor = resolve_executor(execution)
         self.privacy = privacy
-        self.messages = MessagePipeline([*(uplink or []), *(privacy.stages() if privacy is not None else [])], downlink or [])
+        self.compression = compression
+        compress_up, compress_down = compression.stages() if compression is not None else ([], [])
+        if compression is not None:
+            named = dict(model.named_parameters())
+            compression.check_shapes({n: named[n].shape for n in self.federated_names})
+            if privacy is not None:
+                compression.check_with_privacy()
+        self.messages = MessagePipeline(
+            [*(uplink or []), *(privacy.stages() if privacy is not None else []), *compress_up], [*(downlink or []), *compress_down]
+        )
         if self.messages.client_stages:  # inside the DDP wrapper: each process transforms its own clients' uploads
             self.executor.inner = MessageExecutor(self.executor.inner, self.messages)
         self.objective = Objective(model, self.federated_names + self.personal_names)

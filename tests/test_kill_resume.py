@@ -24,6 +24,13 @@ CONFIGS = {  # config -> extra CLI arguments
         "--model.algorithm", "fl_lightning.algorithms.ScaffoldP",
         "--model.store", "fl_lightning.state.DiskClientStore", "--model.store.directory", "{store}",
     ],
+    # SCAFFOLD with top-k uploads and QSGD broadcast changes, error feedback on both links: the clients'
+    # residuals on disk, the server's copies of the broadcast in the checkpoint (docs/algorithms.md, 21)
+    "fedavg_topk_digits+scaffold+disk": [
+        "--model.algorithm", "fl_lightning.algorithms.SCAFFOLD",
+        "--model.compression.down", "fl_lightning.compression.QSGD", "--model.compression.down.levels", "4",
+        "--model.store", "fl_lightning.state.DiskClientStore", "--model.store.directory", "{store}",
+    ],
 }  # fmt: skip
 
 

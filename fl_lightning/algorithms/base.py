@@ -164,6 +164,11 @@ class Algorithm:
     #: Honoured only where the class declaring it wrote ``client_finish`` (``declares_capability``).
     upload_entries: tuple[str, ...] = ("delta",)
 
+    #: Upload entries that are increments of a client state which the server mirrors by summing
+    #: them (SCAFFOLD's ``delta_c``: c stays the mean of the c_i). Message transforms that change
+    #: an upload (compression, docs/algorithms.md 21) must not let that mirror drift.
+    mirrored_uploads: tuple[str, ...] = ()
+
     def __init__(self, global_lr: float = 1.0) -> None:
         if not global_lr > 0:
             raise ValueError(f"algorithm global_lr must be > 0, got {global_lr}")

@@ -28,11 +28,15 @@ from fl_lightning.state import NestedState
 class _TrackedAdam(LocalAdam):
     """Shared part: tracking state y_i (client) and y (server), the subset Y_t, the server update.
 
+    ``mirrored_uploads``: y = mean_i y_i is kept by summing the uploaded y_i+ - y_i.
+
     Args:
         global_lr, beta1, beta2, eps: as LocalAdam.
         tracking: |Y_t|, an int count in [0, S] or a float fraction of S in [0, 1]
             (paper: Y = S/2, i.e. 0.5).
     """
+
+    mirrored_uploads = ("y_delta",)
 
     def __init__(
         self,

@@ -31,6 +31,7 @@ class FedDyn(Algorithm):
     elementwise = True
     linear_aggregate = True  # sums of w_i delta_i and of delta_i / N
     upload_entries = ("delta",)
+    mirrored_uploads = ("delta",)  # h = mean_i l_i (both move by alpha delta_i)
 
     def __init__(self, alpha: float = 0.01, global_lr: float = 1.0) -> None:
         super().__init__(global_lr)

@@ -26,6 +26,7 @@ class SCAFFOLD(Algorithm):
     elementwise = True
     linear_aggregate = True  # sums of w_i delta_i and of delta_c_i / N
     upload_entries = ("delta", "delta_c")
+    mirrored_uploads = ("delta_c",)  # c = mean_i c_i
 
     def client_state_init(self, x: TensorDict) -> NestedState:
         return {"c": P.zeros_like(x)}

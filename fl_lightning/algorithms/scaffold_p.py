@@ -35,6 +35,8 @@ class ScaffoldP(FedAvgP):
         self.warm_start = warm_start
         self.warmup_pass = warm_start
 
+    mirrored_uploads = SCAFFOLD.mirrored_uploads  # c = mean_i c_i
+
     # SCAFFOLD's control-variate state and broadcast; x holds only the shared part u here.
     client_state_init = SCAFFOLD.client_state_init
     server_state_init = SCAFFOLD.server_state_init
