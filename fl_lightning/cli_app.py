@@ -346,11 +346,13 @@ def build(args: list[str] | None = None, run: bool = True, exit_on_error: bool =
     from datamodules import FederatedDataModule
     from fl_lightning.module import FederatedModule, quiet_known_warnings
 
+    from fl_lightning.config_errors import OneLineParser, remember_args
     from fl_lightning.config_files import expand_bases
 
     quiet_known_warnings()
     quiet_lightning()
     args = expand_bases(args) if isinstance(args, list) else args
+    remember_args(args)
     parser_kwargs = {} if exit_on_error else {"exit_on_error": False}
     return FLCli(
         FederatedModule,
@@ -359,6 +361,7 @@ def build(args: list[str] | None = None, run: bool = True, exit_on_error: bool =
         save_config_callback=ConfigToLoggers,
         save_config_kwargs={"overwrite": True},
         parser_kwargs=parser_kwargs,
+        parser_class=OneLineParser,
         args=args,
         run=run,
     )

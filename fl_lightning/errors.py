@@ -7,6 +7,8 @@ Set ``FL_LIGHTNING_TRACEBACK=1`` for the full traceback.
 
 from __future__ import annotations
 
+import difflib
+
 
 class FLError(Exception):
     """A failure the user can act on: its message is one line plus a hint."""
@@ -60,3 +62,18 @@ def one_line(error: BaseException) -> str:
     """``TypeName: first line of the message`` (error messages of torch span many lines)."""
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0].strip()}" if text else type(error).__name__
+
+
+def did_you_mean(value: str, names: list[str], quiet: bool = False) -> str | None:
+    """The name in ``names`` nearest to ``value`` (case-insensitive), or None if none is near.
+
+    ``quiet=False`` answers ``"; did you mean X?"`` (or ``""``) to append to a message."""
+    lowered = {n.lower(): n for n in names}
+    if value.lower() in lowered:
+        near = lowered[value.lower()]
+    else:
+        close = difflib.get_close_matches(value.lower(), list(lowered), n=1, cutoff=0.6)
+        near = lowered[close[0]] if close else None
+    if quiet:
+        return near
+    return f"; did you mean {near}?" if near else ""
