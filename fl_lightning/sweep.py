@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 KEYS = ("base", "seeds", "overrides", "runs", "grid", "targets", "wandb")
 RESERVED = {  # set by compare itself for every run
