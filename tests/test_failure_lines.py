@@ -195,3 +195,49 @@ def test_max_loss_growth_must_exceed_one(capsys):
 
     with pytest.raises(ValueError, match=r"faults.max_loss_growth must be > 1 \(a multiple of the first round's loss\) or null, got 0.5"):
         ClientFaults(max_loss_growth=0.5)
+
+
+# ---- metrics of a run killed with SIGKILL and resumed ---------------------------------------------------
+def _metrics_args(logs: Path, rounds: int = 16) -> list[str]:
+    return [
+        "fit", "--config", str(ROOT / "configs" / "quickstart.yaml"),
+        "--trainer.max_steps", str(rounds), "--trainer.val_check_interval", "4", "--trainer.enable_progress_bar", "false",
+        "--trainer.logger.init_args.save_dir", str(logs),
+        "--trainer.callbacks", "ModelCheckpoint", "--trainer.callbacks.save_last", "true",
+        "--trainer.callbacks.save_top_k", "0", "--trainer.callbacks.every_n_train_steps", "2",
+        "--data.init_args.num_clients", "8", "--data.init_args.participation.init_args.clients_per_round", "3",
+        "--model.local.steps", "2",
+    ]  # fmt: skip
+
+
+def _rows(path: Path) -> list[tuple]:
+    import csv
+
+    with open(path, newline="") as file:
+        rows = [{k: v for k, v in row.items() if v != "" and not k.startswith("time/")} for row in csv.DictReader(file)]
+    return sorted(tuple(sorted(row.items())) for row in rows)
+
+
+def test_a_run_killed_with_sigkill_and_resumed_logs_every_round_exactly_once(tmp_path):
+    main(_metrics_args(tmp_path / "straight"))  # the uninterrupted run's metrics.csv
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    version = tmp_path / "killed" / "quickstart" / "version_0"
+    last = version / "checkpoints" / "last.ckpt"
+    proc = subprocess.Popen([EXE, *_metrics_args(tmp_path / "killed")], cwd=tmp_path, env=env, stderr=subprocess.DEVNULL)
+    import time
+
+    deadline = time.time() + 300
+    while not last.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = torch.load(last, weights_only=True)["global_step"]
+    assert 2 <= killed_at < 16, f"the kill landed outside the run (checkpoint at round {killed_at})"
+    resumed = subprocess.run(
+        [EXE, *_metrics_args(tmp_path / "killed"), "--ckpt_path", str(last)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "Previous log files in this directory will be deleted" not in resumed.stderr
+    expected = _rows(tmp_path / "straight" / "quickstart" / "version_0" / "metrics.csv")
+    assert sorted(int(dict(r)["step"]) for r in expected if "train/loss" in dict(r)) == list(range(16))
+    assert _rows(version / "metrics.csv") == expected
