@@ -149,9 +149,9 @@ def _check_trainer(trainer: Any, fit: bool) -> None:
         return
     steps, interval, devices = trainer.get("max_steps"), trainer.get("val_check_interval"), trainer.get("devices")
     if fit and isinstance(steps, int) and steps < 1:
-        raise ValueError(f"--trainer.max_steps is the number of rounds and must be >= 1, got {steps}")
+        raise ValueError(f"trainer.max_steps is the number of rounds and must be >= 1, got {steps}")
     if isinstance(interval, (int, float)) and not isinstance(interval, bool) and not interval > 0:
-        raise ValueError(f"--trainer.val_check_interval must be > 0 (rounds between evaluations, or a fraction in (0, 1]), got {interval}")
+        raise ValueError(f"trainer.val_check_interval must be > 0 (rounds between evaluations, or a fraction in (0, 1]), got {interval}")
     if str(devices).strip() in ("0", "[]") or (isinstance(devices, int) and devices < -1):
         raise ValueError(f"--trainer.devices must be >= 1 (processes or GPUs), -1 or auto (all), got {devices}")
     accelerator = str(trainer.get("accelerator") or "auto").lower()

@@ -97,8 +97,8 @@ def test_a_yaml_syntax_error_in_a_fit_config_names_the_file_and_line(tmp_path, c
 @pytest.mark.parametrize(
     "args, expected",
     [
-        (["--trainer.max_steps", "-5"], "--trainer.max_steps is the number of rounds and must be >= 1, got -5"),
-        (["--trainer.val_check_interval", "-1"], "--trainer.val_check_interval must be > 0 (rounds between evaluations, or a fraction in (0, 1]), got -1"),
+        (["--trainer.max_steps", "-5"], "trainer.max_steps is the number of rounds and must be >= 1, got -5"),
+        (["--trainer.val_check_interval", "-1"], "trainer.val_check_interval must be > 0 (rounds between evaluations, or a fraction in (0, 1]), got -1"),
         (["--trainer.devices", "0"], "--trainer.devices must be >= 1 (processes or GPUs), -1 or auto (all), got 0"),
         (["--trainer.enable_checkpointing", "false"], "--trainer.enable_checkpointing false, but trainer.callbacks holds a ModelCheckpoint (the config's); drop it too (--trainer.callbacks '[]') or leave checkpointing on"),
         (["--lr_scheduler", "StepLR", "--lr_scheduler.step_size", "0"], "--lr_scheduler.step_size of StepLR must be >= 1 (rounds), got 0"),

@@ -237,7 +237,7 @@ def test_a_run_killed_with_sigkill_and_resumed_logs_every_round_exactly_once(tmp
         [EXE, *_metrics_args(tmp_path / "killed"), "--ckpt_path", str(last)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "Previous log files in this directory will be deleted" not in resumed.stderr
     expected = _rows(tmp_path / "straight" / "quickstart" / "version_0" / "metrics.csv")
     assert sorted(int(dict(r)["step"]) for r in expected if "train/loss" in dict(r)) == list(range(16))
     assert _rows(version / "metrics.csv") == expected
+    assert "Previous log files in this directory will be deleted" not in resumed.stderr
