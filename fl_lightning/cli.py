@@ -88,6 +88,8 @@ def main(args: list[str] | None = None) -> None:
     argv = sys.argv[1:] if args is None else list(args)
     debug = "--debug" in argv or bool(os.environ.get("FL_LIGHTNING_TRACEBACK"))
     argv = [a for a in argv if a != "--debug"]
+    if debug:
+        os.environ["FL_LIGHTNING_TRACEBACK"] = "1"  # for the parsers' errors too (fl_lightning/config_errors.py)
     try:
         from fl_lightning.user_modules import import_user_modules, take_import_option
 
@@ -143,6 +145,14 @@ def main(args: list[str] | None = None) -> None:
             raise
         print(f"fl-lightning: error: {_essential(str(error))}", file=sys.stderr)
         raise SystemExit(error.exit_code if isinstance(error, RunInterrupted) else 2) from None  # 128 + the signal
+    except Exception as error:  # Lightning's refused settings, a full or read-only folder, memory
+        from fl_lightning.errors import explain
+
+        line = None if debug else explain(error)
+        if line is None:
+            raise
+        print(f"fl-lightning: error: {line}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

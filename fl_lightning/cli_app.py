@@ -102,7 +102,12 @@ class ServerLRSchedule(Callback):
                 if value is not None:
                     scheduler.step(float(value))
             else:
-                scheduler.step()
+                try:
+                    scheduler.step()
+                except (ZeroDivisionError, ValueError, OverflowError) as error:
+                    from fl_lightning.errors import one_line
+
+                    raise ValueError(f"--lr_scheduler {type(scheduler).__name__} failed at its first step ({one_line(error)}); check its settings") from None
 
 
 class ConfigToLoggers(SaveConfigCallback):
@@ -148,6 +153,62 @@ class ConfigToLoggers(SaveConfigCallback):
         return paths
 
 
+def _check_trainer(trainer: Any, fit: bool) -> None:
+    """Trainer settings Lightning would refuse with a traceback (or accept and misread), as one line."""
+    if trainer is None:
+        return
+    steps, interval, devices = trainer.get("max_steps"), trainer.get("val_check_interval"), trainer.get("devices")
+    if fit and isinstance(steps, int) and steps < 1:
+        raise ValueError(f"trainer.max_steps is the number of rounds and must be >= 1, got {steps}")
+    if isinstance(interval, (int, float)) and not isinstance(interval, bool) and not interval > 0:
+        raise ValueError(f"trainer.val_check_interval must be > 0 (rounds between evaluations, or a fraction in (0, 1]), got {interval}")
+    if str(devices).strip() in ("0", "[]") or (isinstance(devices, int) and devices < -1):
+        raise ValueError(f"--trainer.devices must be >= 1 (processes or GPUs), -1 or auto (all), got {devices}")
+    accelerator = str(trainer.get("accelerator") or "auto").lower()
+    if accelerator in ("gpu", "cuda", "mps"):
+        import torch
+
+        found = torch.cuda.is_available() or (accelerator != "cuda" and torch.backends.mps.is_available())
+        if not found:
+            raise ValueError(f"--trainer.accelerator {accelerator}: this machine has no usable GPU; use --trainer.accelerator cpu (or auto)")
+    if trainer.get("enable_checkpointing") is False and any("Checkpoint" in _class_name(c) for c in _entries(trainer.get("callbacks"))):
+        raise ValueError(
+            "--trainer.enable_checkpointing false, but trainer.callbacks holds a ModelCheckpoint (the config's); "
+            "drop it too (--trainer.callbacks '[]') or leave checkpointing on"
+        )
+
+
+def _entries(value: Any) -> list[Any]:
+    return [] if value is None else list(value) if isinstance(value, list) else [value]
+
+
+POSITIVE_SCHEDULER_ARGS = {"StepLR": ("step_size",), "CosineAnnealingLR": ("T_max",), "CosineAnnealingWarmRestarts": ("T_0",)}
+
+
+def _check_scheduler(scheduler: Any) -> None:
+    """Scheduler arguments torch accepts and then divides by (a ZeroDivisionError at the first round's step)."""
+    if scheduler is None or not hasattr(scheduler, "get"):
+        return
+    name, init_args = _class_name(scheduler), scheduler.get("init_args") or {}
+    for arg in POSITIVE_SCHEDULER_ARGS.get(name, ()):
+        value = init_args.get(arg) if hasattr(init_args, "get") else None
+        if isinstance(value, (int, float)) and value < 1:
+            raise ValueError(f"--lr_scheduler.{arg} of {name} must be >= 1 (rounds), got {value}")
+
+
+def _size_settings(config: Any) -> str:
+    """The hint for a model or data that does not fit in memory: its large integer settings."""
+    large = []
+    for section in ("model", "data"):
+        node = config.get(section) if config is not None else None
+        model = node.get("model") if section == "model" and node is not None else node
+        init_args = model.get("init_args") if model is not None and hasattr(model, "get") else None
+        for key, value in (dict(init_args.items()) if init_args is not None else {}).items():
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 100_000:
+                large.append(f"{section}{'.model' if section == 'model' else ''}.init_args.{key}={value}")
+    return f"lower {', '.join(large)}" if large else "lower the model's size settings or the number of clients"
+
+
 def _checked_checkpoint(config: Any) -> str:
     """``--ckpt_path`` as a file that exists: ``last`` (or ``latest``) is this experiment's newest
     ``last.ckpt`` among its loggers' ``<save_dir>/<name>/version_*/checkpoints``; a missing file is one line."""
@@ -164,6 +225,9 @@ def _checked_checkpoint(config: Any) -> str:
         raise ValueError(f"--ckpt_path {ckpt}: no such checkpoint file (or `last` for this experiment's newest)")
     if not zipfile.is_zipfile(ckpt):  # torch.save writes a zip archive: anything else is damaged or not a checkpoint
         raise ValueError(f"--ckpt_path {ckpt}: not a readable checkpoint (truncated, damaged, or not written by torch.save)")
+    from fl_lightning.checkpoint_io import verify
+
+    verify(ckpt)  # its recorded SHA-256 (or its archive's CRCs): a damaged checkpoint is refused before anything starts
     return ckpt
 
 
@@ -225,6 +289,8 @@ class FLCli(LightningCLI):
         if init_args is not None and "seed" in init_args and init_args.get("seed") is None:
             init_args["seed"] = seed if isinstance(seed, int) and not isinstance(seed, bool) else 0
         self._name_wandb_runs(config)
+        _check_trainer(config.get("trainer"), fit=self.subcommand == "fit")
+        _check_scheduler(config.get("lr_scheduler"))
         if self.subcommand == "fit":
             self._resume_in_place(config)
             self._resume_wandb_run(config)
@@ -303,6 +369,17 @@ class FLCli(LightningCLI):
             callbacks.append(RoundProgressBar())
         return callbacks
 
+    def instantiate_classes(self) -> None:
+        from fl_lightning.errors import is_out_of_memory, memory_failure
+
+        try:
+            super().instantiate_classes()
+        except (MemoryError, RuntimeError) as error:
+            if not is_out_of_memory(error):
+                raise
+            config = self.config.get(str(self.subcommand), self.config)
+            raise memory_failure(error, "building the model and data", _size_settings(config)) from error
+
     # ---- after instantiation: the server lr scheduler --------------------------------------
     def after_instantiate_classes(self) -> None:
         from fl_lightning.launch import install
@@ -331,8 +408,16 @@ class FLCli(LightningCLI):
     def _run_subcommand(self, subcommand: str) -> None:
         from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+        from fl_lightning.errors import FLError, is_out_of_memory, memory_failure
+
         try:
             super()._run_subcommand(subcommand)
+        except FLError:
+            raise
+        except (MemoryError, RuntimeError) as error:
+            if not is_out_of_memory(error):
+                raise
+            raise memory_failure(error, f"in `{subcommand}`", "lower the model's size, local.batch_size or the clients per round") from error
         except SIGTERMException as error:  # Lightning's stop between rounds: a SystemExit with code 0 otherwise
             stop = getattr(error, "interrupted", None)
             if stop is None:
@@ -363,12 +448,14 @@ def build(args: list[str] | None = None, run: bool = True, exit_on_error: bool =
     from datamodules import FederatedDataModule
     from fl_lightning.module import FederatedModule, quiet_known_warnings
 
+    from fl_lightning.config_errors import OneLineParser, remember_args
     from fl_lightning.config_files import expand_bases
 
     quiet_known_warnings()
     quiet_lightning()
     launch_args = list(args) if isinstance(args, list) else sys.argv[1:]
     args = expand_bases(args) if isinstance(args, list) else args
+    remember_args(args)
     parser_kwargs = {} if exit_on_error else {"exit_on_error": False}
     return FLCli(
         FederatedModule,
@@ -377,6 +464,7 @@ def build(args: list[str] | None = None, run: bool = True, exit_on_error: bool =
         save_config_callback=ConfigToLoggers,
         save_config_kwargs={"overwrite": True},
         parser_kwargs=parser_kwargs,
+        parser_class=OneLineParser,
         args=args,
         run=run,
         launch_args=launch_args,

@@ -262,6 +262,8 @@ def main(argv: list[str]) -> None:
         "--fail-fast", action="store_true", help="stop at the first failed or diverged run (default: record it and go on)"
     )
     ns = parser.parse_args(argv)
+    if Path(ns.out).exists() and not Path(ns.out).is_dir():
+        raise ValueError(f"--out {ns.out} is a file; give a folder (compare writes runs/, plots and summary.md into it)")
     if ns.report_only:
         sweep, out = load_sweep(ns.config), Path(ns.out).resolve()
         report(sweep, out)

@@ -77,6 +77,9 @@ class ClientFaults:
             renormalised, its state untouched). Other errors always stop the run.
         max_failed_fraction: in [0, 1]; the run stops when more than this fraction of a
             round's training clients fail.
+        max_loss_growth: > 1, or None; the run stops (a DivergenceError) when a round's mean
+            training loss exceeds this multiple of the first round's. Without it, a loss 100x
+            the first round's is reported once as a warning.
     """
 
     dropout: float = 0.0
@@ -84,8 +87,11 @@ class ClientFaults:
     straggler_min_fraction: float = 0.1
     fail_fast: bool = False
     max_failed_fraction: float = 0.5
+    max_loss_growth: float | None = None
 
     def __post_init__(self) -> None:
+        if self.max_loss_growth is not None and not self.max_loss_growth > 1.0:  # NaN fails too
+            raise ValueError(f"faults.max_loss_growth must be > 1 (a multiple of the first round's loss) or null, got {self.max_loss_growth}")
         if not 0.0 <= self.max_failed_fraction <= 1.0:  # NaN fails too
             raise ValueError(f"faults.max_failed_fraction must be in [0, 1], got {self.max_failed_fraction}")
         if not 0.0 <= self.dropout < 1.0:

@@ -37,6 +37,8 @@ from fl_lightning.tasks import PERSONAL, ClientState, ClientTask, Payload, Summe
 
 log = logging.getLogger(__name__)
 _CKPT_KEY = "federated"
+LOSS_GROWTH_WARNING = 100.0
+"""A round's mean training loss this many times the first round's is reported (once per run)."""
 WARMUP_STREAM = 0x3A4D
 """Seed stream of the warm-up pass: its samples xi^{-1} are fresh and addressable by client."""
 
@@ -143,6 +145,8 @@ class FederatedModule(L.LightningModule):
         self._partition: tuple[Any, str] | None = None  # (datamodule, its partition's digest)
         self._resumed_step: int | None = None  # the global step of the checkpoint this fit resumed from
         self._rounds_run, self._clients_trained = 0, 0  # this fit's, for "a run that trained nothing fails"
+        self._first_loss: float | None = None  # the first round's mean training loss (divergence by growth)
+        self._growth_reported = False
         self.comm_totals = {"bytes_up": 0, "bytes_down": 0, "client_uploads": 0}
         self.val_loss, self.val_acc = MeanMetric(), MeanMetric()
         self.test_loss, self.test_acc = MeanMetric(), MeanMetric()
@@ -230,9 +234,19 @@ class FederatedModule(L.LightningModule):
         place = getattr(self.datamodule, "place", None)
         if callable(place):  # client data resident on the training device, copied there once
             place(self.device)
+        if self._resumed_step is not None and self._resumed_step >= self.trainer.max_steps:
+            raise ValueError(
+                f"the checkpoint {self.trainer.ckpt_path} already holds {self._resumed_step} rounds, at or past "
+                f"--trainer.max_steps {self.trainer.max_steps}: nothing to train; raise --trainer.max_steps above "
+                f"{self._resumed_step} to continue it, or evaluate it with `fl-lightning test --ckpt_path ...`"
+            )
         if self._resumed_step is not None:
             self._continue_metrics(self._resumed_step)
+        elif self.global_rank == 0 and getattr(self, "_previous_metrics", None):
+            csv_resume.replaced(self._previous_metrics)
         self._previous_metrics = {}
+        if self.global_rank == 0:
+            csv_resume.guard(self.loggers)  # a full or read-only metrics folder: one line naming it
 
     def _check_local_work(self) -> None:
         """At most ``MAX_LOCAL_STEPS`` local steps per client and round, before any training
@@ -335,6 +349,7 @@ class FederatedModule(L.LightningModule):
         for result in results:  # any executor's: NaN may also mean "no loss recorded", infinity may not
             if math.isinf(result.mean_loss):
                 raise self._diverged(f"round {plan.round}: client {result.client_id}'s training loss is non-finite ({result.mean_loss})")
+        self._check_loss_growth(plan.round, [r.mean_loss for r in results])
         local_steps = [r.num_steps for r in results]
         if summed is not None:
             uploads, (pseudo_grad, self.server_state) = [], self._aggregate_summed(plan, x, summed, server_state, info, local_steps)
@@ -356,6 +371,31 @@ class FederatedModule(L.LightningModule):
         if bad is not None:
             raise self._diverged(f"round {plan.round}: the global model became non-finite ({bad})")
         self._log_round(plan, broadcast, uploads, results, extra_metrics, summed, broadcast_bytes)
+
+    def _check_loss_growth(self, round_idx: int, losses: list[float]) -> None:
+        """A finite loss that grows by orders of magnitude over the first round's is divergence too:
+        a warning (once), or a DivergenceError beyond ``faults.max_loss_growth``."""
+        finite = [loss for loss in losses if math.isfinite(loss)]
+        if not finite:
+            return
+        loss = sum(finite) / len(finite)
+        if self._first_loss is None:
+            self._first_loss = loss
+            return
+        growth = loss / self._first_loss if self._first_loss > 0 else 0.0
+        limit = getattr(self.faults, "max_loss_growth", None)
+        if limit is not None and growth > limit:
+            raise self._diverged(
+                f"round {round_idx}: the mean training loss {loss:.4g} is {growth:.3g}x the first round's ({self._first_loss:.4g}), "
+                f"more than faults.max_loss_growth = {limit:g}"
+            )
+        if growth > LOSS_GROWTH_WARNING and not self._growth_reported:
+            self._growth_reported = True
+            log.warning(
+                "round %d: the mean training loss %.4g is %.3gx the first round's (%.4g): the run is diverging; "
+                "lower local.lr or the algorithm's global_lr (faults.max_loss_growth stops such a run)",
+                round_idx, loss, growth, self._first_loss,
+            )  # fmt: skip
 
     def _aggregate(self, plan, x, results, server_state, info, local_steps) -> tuple[TensorDict, NestedState]:
         """The pseudo-gradient and new server state from every client's upload."""
@@ -534,6 +574,8 @@ class FederatedModule(L.LightningModule):
             )
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.global_rank == 0:
+            csv_resume.flush(self.loggers)  # the rows of every round this checkpoint holds, on disk before it
         state = {"x": self.global_params(), **{f"server/{n}": td for n, td in (self.server_state or {}).items()}}
         if not all_finite([state]):
             raise DivergenceError(f"no checkpoint is written from a non-finite state ({first_non_finite(state)})")
@@ -542,6 +584,7 @@ class FederatedModule(L.LightningModule):
             "server_state": flatten_state(self.server_state or {}),
             "comm_totals": dict(self.comm_totals),
             "fingerprint": self.fingerprint(),
+            "first_loss": self._first_loss,
         }
         if self.messages:  # only then: a run without message stages writes the checkpoint it always wrote
             checkpoint[_CKPT_KEY]["messages"] = self.messages.state_dict()
@@ -560,6 +603,7 @@ class FederatedModule(L.LightningModule):
         self.comm_totals = dict(state["comm_totals"])
         if self.messages:
             self.messages.load_state_dict(state.get("messages", {}))
+        self._first_loss = state.get("first_loss")
         if state.get("personal_store"):  # checkpoints before personal tensors became client state
             legacy = ClientStore()
             legacy.load_state_dict(state["personal_store"])

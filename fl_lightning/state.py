@@ -265,8 +265,15 @@ class DiskClientStore(ClientStore):
         flat = {k: v.detach().cpu().clone().contiguous() for k, v in flatten_state(state).items()}
         data = save(flat)
         tmp = self._path(client_id).with_suffix(".tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, self._path(client_id))
+        try:
+            tmp.write_bytes(data)
+            os.replace(tmp, self._path(client_id))
+        except OSError as error:  # a full or read-only store folder: one line naming it
+            tmp.unlink(missing_ok=True)
+            from fl_lightning.errors import write_failure
+
+            after = f"client {client_id}'s previous state and the last checkpoint are intact"
+            raise write_failure(error, "DiskClientStore client file", tmp.with_suffix(".safetensors"), len(data), after) from error
         self._ids.add(int(client_id))
         self._sums[int(client_id)] = hashlib.sha256(data).hexdigest()
         self._stale = None  # this run writes its own states now

@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 KEYS = ("base", "seeds", "overrides", "runs", "grid", "targets", "wandb")
 RESERVED = {  # set by compare itself for every run
@@ -94,8 +93,9 @@ def load_sweep(path: str | Path) -> Sweep:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"sweep file {path} not found")
-    with open(path) as f:
-        raw = yaml.safe_load(f)
+    from fl_lightning.config_files import load_yaml
+
+    raw = load_yaml(path)  # a syntax error or a duplicate key: one line naming the file and line
     if not isinstance(raw, dict):
         raise _error(path, "must be a YAML mapping with keys " + ", ".join(KEYS))
     unknown = sorted(set(raw) - set(KEYS))
