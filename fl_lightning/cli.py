@@ -15,6 +15,7 @@ import pickle
 import sys
 
 from fl_lightning.errors import KNOWN_ERRORS, RunInterrupted
+from fl_lightning.errors import essential as _essential
 
 LIGHTNING_SUBCOMMANDS = ("fit", "validate", "test", "predict")
 OTHER_SUBCOMMANDS = ("compare", "montecarlo", "partition", "fixture")
@@ -56,18 +57,6 @@ def build_cli(args: list[str] | None = None, run: bool = True, exit_on_error: bo
     from fl_lightning.cli_app import build
 
     return build(args, run=run, exit_on_error=exit_on_error)
-
-
-def _essential(message: str) -> str:
-    """Strip jsonargparse's union-type wrapping, keeping the setting's own message."""
-    if "Union subtypes" not in message:
-        return message
-    reasons = [
-        line.strip()[2:]
-        for line in message.splitlines()
-        if line.strip().startswith("- ") and "Expected a <class 'NoneType'>" not in line
-    ]
-    return "; ".join(reasons) or message
 
 
 def _version() -> str:

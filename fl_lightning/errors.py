@@ -60,3 +60,15 @@ def one_line(error: BaseException) -> str:
     """``TypeName: first line of the message`` (error messages of torch span many lines)."""
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0].strip()}" if text else type(error).__name__
+
+
+def essential(message: str) -> str:
+    """Strip jsonargparse's union-type wrapping, keeping the setting's own message."""
+    if "Union subtypes" not in message:
+        return message
+    reasons = [
+        line.strip()[2:]
+        for line in message.splitlines()
+        if line.strip().startswith("- ") and "Expected a <class 'NoneType'>" not in line
+    ]
+    return "; ".join(reasons) or message
