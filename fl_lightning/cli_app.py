@@ -19,7 +19,7 @@ import os
 import sys
 import zipfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import yaml
 from lightning.pytorch import Callback, LightningModule, Trainer
@@ -27,6 +27,7 @@ from lightning.pytorch.cli import LightningCLI, LRSchedulerTypeTuple, SaveConfig
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 
 from fl_lightning.terminal import RoundProgressBar, RunSummary, quiet_lightning
+from fl_lightning.threads import apply_threads, parse_threads
 
 SERVER_LR = "train/server_lr"
 OPTIMIZER_ERROR = (
@@ -191,6 +192,9 @@ class FLCli(LightningCLI):
         parser.add_lr_scheduler_args(LRSchedulerTypeTuple)
         parser.add_argument("--base", type=Optional[str], default=None,
                             help="the config file this one overrides (fl_lightning/config_files.py)")  # fmt: skip
+        parser.add_argument("--threads", type=Union[int, str], default="auto",
+                            help="torch intra-op threads: auto (1 for models below 1M parameters, else all cores) "
+                                 "or a count; results are bitwise reproducible per thread count (fl_lightning/threads.py)")  # fmt: skip
 
     def parse_arguments(self, parser, args) -> None:
         if isinstance(args, list) and (
@@ -202,6 +206,8 @@ class FLCli(LightningCLI):
         config = self.config.get(subcommand) if subcommand else None
         if config is not None and config.get("ckpt_path") is not None:
             config["ckpt_path"] = _checked_checkpoint(config)
+        if config is not None:
+            parse_threads(config.get("threads"))  # a bad value is one line before anything is built
 
     # ---- before instantiation: defaults that depend on other settings ------------------------
     def before_instantiate_classes(self) -> None:
@@ -294,6 +300,9 @@ class FLCli(LightningCLI):
 
     # ---- after instantiation: the server lr scheduler --------------------------------------
     def after_instantiate_classes(self) -> None:
+        config = self.config.get(str(self.subcommand), self.config)
+        model = getattr(self.model, "model", self.model)
+        self.summary.threads = apply_threads(config.get("threads"), model)
         for logger in self.trainer.loggers:
             init = getattr(logger, "_wandb_init", None)
             if isinstance(init, dict) and init.get("anonymous") is None:
@@ -336,6 +345,8 @@ class FLCli(LightningCLI):
         if getattr(self.datamodule, "val_fraction", 0) and not self.trainer.interrupted:
             # A validation split: the final model's test accuracy, whatever the evaluation interval.
             self.trainer.test(self.model, datamodule=self.datamodule, verbose=False)
+            test_acc = self.trainer.callback_metrics.get("test/acc")
+            self.summary.test_acc = None if test_acc is None else float(test_acc)
         if self.trainer.is_global_zero:
             print(self.summary.line(), flush=True)
 
