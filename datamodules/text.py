@@ -20,9 +20,9 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from datamodules.federated import FederatedDataModule
-from datamodules.partition import Partitioner
-from datamodules.sources import DataSource
+from .federated import FederatedDataModule
+from .partition import Partitioner
+from .sources import DataSource
 from fl_lightning.participation import Participation
 
 _CACHE_VERSION = "1"

@@ -352,16 +352,18 @@ class FLCli(LightningCLI):
 
 
 def build(args: list[str] | None = None, run: bool = True, exit_on_error: bool = True) -> FLCli:
-    import datamodules  # noqa: F401  (registers datamodule subclasses and partitioners for short class names)
-    import models  # noqa: F401
-    from datamodules import FederatedDataModule
+    import fl_lightning.models  # noqa: F401  (registers model classes for short class names)
+    from fl_lightning.datamodules import FederatedDataModule  # and the datamodule subclasses and partitioners
     from fl_lightning.module import FederatedModule, quiet_known_warnings
 
     from fl_lightning.config_files import expand_bases
+    from fl_lightning.package_names import refuse_old_names
 
     quiet_known_warnings()
     quiet_lightning()
     args = expand_bases(args) if isinstance(args, list) else args
+    if isinstance(args, list):
+        refuse_old_names(args)
     parser_kwargs = {} if exit_on_error else {"exit_on_error": False}
     return FLCli(
         FederatedModule,

@@ -34,7 +34,6 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from fl_lightning.metrics import cep_radius
 
 _QUIET = ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false", "--trainer.enable_checkpointing", "false"]
 
@@ -63,6 +62,8 @@ class SeriesResult:
 
     @property
     def cep(self) -> float:
+        from fl_lightning.metrics import cep_radius  # imports torch: not needed for --help
+
         return cep_radius(self.final)
 
 
