@@ -36,6 +36,9 @@ _EXPORTS = {
     "Participation": "fl_lightning.participation",
     "RoundPlan": "fl_lightning.participation",
     "UniformSampling": "fl_lightning.participation",
+    "apply_threads": "fl_lightning.threads",
+    "RoundProgressBar": "fl_lightning.terminal",
+    "quiet_lightning": "fl_lightning.terminal",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -112,6 +113,10 @@ class ConfigToLoggers(SaveConfigCallback):
         if self.already_saved:
             return
         default_dir = trainer.log_dir  # a collective call under DDP: every rank makes it
+        default_dir = str(getattr(self, "run_dir", None) or default_dir)  # no logger: <root>/version_N
+        if stage != "fit" and any(os.path.isfile(p) for p in self.config_paths(trainer, default_dir)):
+            self.already_saved = True  # validate/test/predict in a run's folder keep the config it trained with
+            return
         if trainer.is_global_zero:
             for path in self.config_paths(trainer, default_dir):
                 os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -164,7 +169,8 @@ def _versioned_logs(config: Any) -> list[tuple[Any, Path]]:
     for entry in _loggers(config.get("trainer")):
         init_args = entry.get("init_args") if hasattr(entry, "get") else None
         if init_args is not None and _class_name(entry) in ("CSVLogger", "TensorBoardLogger"):
-            roots.append((init_args, Path(str(init_args.get("save_dir") or ".")) / (init_args.get("name") or "lightning_logs")))
+            name = init_args.get("name")
+            roots.append((init_args, Path(str(init_args.get("save_dir") or ".")) / (name if name is not None else "lightning_logs")))
     return roots
 
 
@@ -197,6 +203,7 @@ class FLCli(LightningCLI):
                                  "or a count; results are bitwise reproducible per thread count (fl_lightning/threads.py)")  # fmt: skip
 
     def parse_arguments(self, parser, args) -> None:
+        self.command_line = [a for a in args if isinstance(a, str)] if isinstance(args, list) else []
         if isinstance(args, list) and (
             any(_is_optimizer_flag(a) for a in args) or any(_sets_optimizer(f) for f in _config_files(args))
         ):
@@ -220,10 +227,51 @@ class FLCli(LightningCLI):
         if init_args is not None and "seed" in init_args and init_args.get("seed") is None:
             init_args["seed"] = seed if isinstance(seed, int) and not isinstance(seed, bool) else 0
         self._name_wandb_runs(config)
-        if self.subcommand == "fit":
+        self._one_run_folder(config)
+        if self.subcommand is not None:  # fit resumes, validate/test/predict evaluate in the checkpoint's run folder
             self._resume_in_place(config)
+        if self.subcommand == "fit":
             self._resume_wandb_run(config)
         self.trainer_defaults["callbacks"] = self._extra_callbacks(config)
+
+    def _one_run_folder(self, config: Any) -> None:
+        """Everything of a run under ``trainer.default_root_dir``: a ``--trainer.default_root_dir`` on the command
+        line moves the CSV/TensorBoard logs too (``<root>/version_N``, unless the command line sets a ``save_dir``),
+        a WandbLogger without a ``save_dir`` of the command line's writes its files there, and without a logger
+        checkpoints and ``config.yaml`` go to ``<root>/version_N`` as with one."""
+        trainer = config.get("trainer")
+        root = trainer.get("default_root_dir") if trainer is not None else None
+        self.run_dir = None
+        if root is None:
+            return
+        line = getattr(self, "command_line", [])
+        moved = any(a == "--trainer.default_root_dir" or a.startswith("--trainer.default_root_dir=") for a in line)
+        own_save_dir = any("save_dir" in a for a in line)
+        loggers = _loggers(trainer)
+        for entry in loggers:
+            init_args = entry.get("init_args") if hasattr(entry, "get") else None
+            if init_args is None or own_save_dir:
+                continue
+            if _class_name(entry) in ("CSVLogger", "TensorBoardLogger") and moved:
+                init_args["save_dir"], init_args["name"] = str(root), ""
+            elif _class_name(entry) == "WandbLogger":
+                init_args["save_dir"] = str(root)
+        if trainer.get("logger") is False:
+            self.run_dir = self._logless_run_dir(Path(str(root)), config.get("ckpt_path"))
+            for entry in trainer.get("callbacks") or []:
+                init_args = entry.get("init_args") if hasattr(entry, "get") else None
+                if _class_name(entry) == "ModelCheckpoint" and init_args is not None and init_args.get("dirpath") is None:
+                    init_args["dirpath"] = str(self.run_dir / "checkpoints")
+
+    @staticmethod
+    def _logless_run_dir(root: Path, ckpt: Any) -> Path:
+        """``<root>/version_N`` of a run without a logger: the checkpoint's own folder, else the next free N."""
+        if isinstance(ckpt, (str, Path)) and Path(ckpt).is_file():
+            run_dir = Path(ckpt).resolve().parent.parent
+            if run_dir.parent == root.resolve() and run_dir.name.startswith("version_"):
+                return run_dir
+        taken = [int(p.name[len("version_"):]) for p in root.glob("version_*") if p.name[len("version_"):].isdigit()]
+        return root / f"version_{max(taken, default=-1) + 1}"
 
     @staticmethod
     def _resume_in_place(config: Any) -> None:
@@ -238,6 +286,9 @@ class FLCli(LightningCLI):
         for init_args, root in _versioned_logs(config):
             if init_args.get("version") is None and root.resolve() == run_dir.parent:
                 init_args["version"] = int(run_dir.name[len("version_"):])
+                # Lightning warns "Previous log files in this directory will be deleted": the rows are kept
+                # (fit: fl_lightning/csv_resume.py; validate/test/predict: FLCli._keep_metrics)
+                warnings.filterwarnings("ignore", message=".*Previous log files in this directory will be deleted.*")
 
     @staticmethod
     def _resume_wandb_run(config: Any) -> None:
@@ -300,6 +351,9 @@ class FLCli(LightningCLI):
 
     # ---- after instantiation: the server lr scheduler --------------------------------------
     def after_instantiate_classes(self) -> None:
+        for callback in self.trainer.callbacks:
+            if isinstance(callback, ConfigToLoggers):
+                callback.run_dir = self.run_dir
         config = self.config.get(str(self.subcommand), self.config)
         model = getattr(self.model, "model", self.model)
         self.summary.threads = apply_threads(config.get("threads"), model)
@@ -324,6 +378,8 @@ class FLCli(LightningCLI):
         from lightning.pytorch.utilities.exceptions import SIGTERMException
 
         try:
+            if subcommand != "fit":
+                self._keep_metrics()
             super()._run_subcommand(subcommand)
         except SIGTERMException as error:  # Lightning's stop between rounds: a SystemExit with code 0 otherwise
             stop = getattr(error, "interrupted", None)
@@ -332,6 +388,15 @@ class FLCli(LightningCLI):
             raise stop from None
         finally:
             self._finish_wandb_runs(failed=sys.exc_info()[0] is not None)
+
+    def _keep_metrics(self) -> None:
+        """``validate``/``test``/``predict`` in a run's folder append to its ``metrics.csv`` (Lightning's CSV
+        writer would start the file anew)."""
+        from fl_lightning import csv_resume
+
+        previous = csv_resume.read(self.trainer.loggers)
+        if previous:
+            csv_resume.continue_from(self.trainer.loggers, previous, step=sys.maxsize)
 
     def _finish_wandb_runs(self, failed: bool) -> None:
         """Close this process's wandb run before it exits, so that a resume can reopen it by id at once

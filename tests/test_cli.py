@@ -26,7 +26,8 @@ def _metrics(run_dir: Path) -> list[dict]:
 
 def test_quickstart_runs_through_the_cli_and_resumes(tmp_path):
     config = str(ROOT / "configs" / "quickstart.yaml")
-    common = ["--trainer.val_check_interval", "2", "--trainer.callbacks.init_args.every_n_train_steps", "2"]
+    common = ["--trainer.val_check_interval", "2", "--trainer.callbacks.init_args.every_n_train_steps", "2",
+              "--data.init_args.val_fraction", "0"]  # the rows of a run without a validation split (no final test row)
     fl_lightning("fit", "--config", config, "--trainer.max_steps", "4", *common, cwd=tmp_path)
     run = tmp_path / "runs" / "quickstart" / "version_0"
     rows = _metrics(run)
