@@ -409,6 +409,9 @@ class FLCli(LightningCLI):
     def after_fit(self) -> None:
         if getattr(self.datamodule, "val_fraction", 0) and not self.trainer.interrupted:
             # A validation split: the final model's test accuracy, whatever the evaluation interval.
+            for callback in self.trainer.callbacks:
+                if isinstance(callback, RoundProgressBar):
+                    callback.disable()  # the fit's bar has ended; the result line reports the test
             self.trainer.test(self.model, datamodule=self.datamodule, verbose=False)
             test_acc = self.trainer.callback_metrics.get("test/acc")
             self.summary.test_acc = None if test_acc is None else float(test_acc)
