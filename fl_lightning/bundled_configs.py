@@ -10,7 +10,6 @@ no existing file is looked up here by name (``quickstart``, ``quickstart.yaml`` 
 from __future__ import annotations
 
 import argparse
-import shutil
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent
@@ -66,7 +65,7 @@ def _bases(path: Path) -> list[Path]:
         base = raw.get("base") if isinstance(raw, dict) else None
         if not isinstance(base, str):
             return chain
-        found = path.parent / base if (path.parent / base).is_file() else find(base)
+        found = path.parent / base if (path.parent / base).is_file() else find(base)  # configs/x.yaml: by name
         if found is None or found.resolve() in seen:
             return chain
         seen.add(found.resolve())
@@ -98,5 +97,17 @@ def main(argv: list[str]) -> None:
         if (folder / path.name).exists():
             raise ValueError(f"configs --copy: {folder / path.name} exists; choose another DEST or remove it")
     for path in files:
-        shutil.copyfile(path, folder / path.name)
+        text = path.read_text()
+        base = _base_line(text)
+        if base is not None:  # the copy builds on the copied base beside it
+            text = text.replace(base[0], f"base: {Path(base[1]).name}", 1)
+        (folder / path.name).write_text(text)
         print(f"wrote {folder / path.name}")
+
+
+def _base_line(text: str) -> tuple[str, str] | None:
+    """(the ``base: VALUE`` text, VALUE) of a config's top-level base line."""
+    import re
+
+    match = re.search(r"^(base:\s*([^\s#]+))", text, flags=re.M)
+    return (match.group(1), match.group(2)) if match else None

@@ -70,10 +70,25 @@ def _bundled_config_names(argv: list[str]) -> list[str]:
     out = list(argv)
     for i, arg in enumerate(out):
         if arg in ("--config", "-c") and i + 1 < len(out):
-            out[i + 1] = resolve(out[i + 1])
+            out[i + 1] = _existing_config(resolve(out[i + 1]))
         elif arg.startswith("--config="):
-            out[i] = "--config=" + resolve(arg.split("=", 1)[1])
+            out[i] = "--config=" + _existing_config(resolve(arg.split("=", 1)[1]))
     return out
+
+
+def _existing_config(value: str) -> str:
+    """A ``--config`` that is neither a file, a bundled config nor inline YAML is one line at once
+    (before Lightning is imported), with the nearest bundled name."""
+    import difflib
+    from pathlib import Path
+
+    if Path(value).exists() or any(c in value for c in "{}:\n"):
+        return value
+    from fl_lightning.bundled_configs import names
+
+    near = difflib.get_close_matches(Path(value).stem, names(), n=1)
+    hint = f"; did you mean {near[0]}?" if near else "; `fl-lightning configs` lists the bundled ones"
+    raise ValueError(f"--config {value}: no such file, and no bundled config of that name{hint}")
 
 
 def _version() -> str:
@@ -96,8 +111,8 @@ def main(args: list[str] | None = None) -> None:
     if argv[0] == "--version":
         print(_version())
         return
-    argv = _bundled_config_names(argv)
     try:
+        argv = _bundled_config_names(argv)
         if argv[0] == "configs":
             from fl_lightning.bundled_configs import main as configs_main
 

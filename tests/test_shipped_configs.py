@@ -18,7 +18,7 @@ OBJECTIVE_BENCHMARKS = {"svrg_least_squares", "fedavg_inv_sqrt_least_squares"}  
 def _chain(path: Path) -> list[dict]:
     raw = yaml.safe_load(path.read_text())
     base = raw.get("base")
-    return ([] if base is None else _chain(path.parent / base)) + [raw]
+    return ([] if base is None else _chain(find(base) or path.parent / base)) + [raw]
 
 
 def _fit_configs() -> list[Path]:
@@ -35,11 +35,11 @@ def test_every_fit_config_has_a_validation_split(path):
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
-def test_configs_name_the_installed_packages_and_bases_beside_them(path):
+def test_configs_name_the_installed_packages_and_bundled_bases(path):
     text = path.read_text()
     assert not re.findall(r"(?<![\w.])(?:models|datamodules)\.[A-Z]", text), "write fl_lightning.models./fl_lightning.datamodules."
     base = yaml.safe_load(text).get("base")
-    assert base is None or (path.parent / base).is_file(), f"base {base} is not beside {path.name}"
+    assert base is None or find(base) is not None, f"base {base} of {path.name} is not a bundled config"
 
 
 def test_configs_are_found_by_name():
@@ -56,3 +56,29 @@ def test_a_base_by_name_resolves_to_the_bundled_config(tmp_path, monkeypatch):
     (tmp_path / "mine.yaml").write_text("base: quickstart\nmodel: {local: {lr: 0.02}}\n")
     assert expand_bases(["fit", "--config", "mine.yaml"]) == [
         "fit", "--config", str(ROOT / "configs" / "quickstart.yaml"), "--config", "mine.yaml"]  # fmt: skip
+
+
+def test_a_missing_config_is_one_line_before_lightning_is_imported(tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom fl_lightning.cli import main\ntry:\n    main(['fit', '--config', 'quickstrat'])\n"
+            "except SystemExit as e:\n    print(e.code, 'lightning' in sys.modules, 'torch' in sys.modules)")  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})  # fmt: skip
+    assert proc.stdout.split() == ["2", "False", "False"], proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "fl-lightning: error: --config quickstrat: no such file, and no bundled config of that name; did you mean quickstart?"
+    ]
+
+
+def test_copy_writes_the_config_and_its_bases_building_on_the_copies(tmp_path, capsys):
+    from fl_lightning.cli import main
+
+    main(["configs", "--copy", "fedprox_digits", str(tmp_path / "mine")])
+    assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["fedprox_digits.yaml", "quickstart.yaml"]
+    copied = yaml.safe_load((tmp_path / "mine" / "fedprox_digits.yaml").read_text())
+    assert copied["base"] == "quickstart.yaml"
+    main(["configs"])
+    listing = capsys.readouterr().out
+    assert "\nquickstart " in listing and "FedAvg on scikit-learn's bundled digits" in listing

@@ -82,3 +82,4 @@ def test_the_installed_wheel_lists_and_copies_its_configs(installed, tmp_path):
     _run([bin_ / "fl-lightning", "configs", "--copy", "compare_quickstart", "mine"], tmp_path, env)
     assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["compare_quickstart.yaml", "quickstart.yaml"]
     assert (tmp_path / "mine" / "quickstart.yaml").read_text() == (ROOT / "configs" / "quickstart.yaml").read_text()
+    assert "\nbase: quickstart.yaml" in (tmp_path / "mine" / "compare_quickstart.yaml").read_text()  # the copy's base
