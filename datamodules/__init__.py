@@ -1,13 +1,15 @@
 """Federated datamodules, partitioners and dataset sources."""
 
-from datamodules.augment import ColorPerturbation
-from datamodules.federated import FederatedDataModule, RoundPlans
-from datamodules.partition import IID, Contiguous, Dirichlet, NaturalPartition, Partitioner, QuantitySkew, Shards
-from datamodules.sources import SOURCES, DataSource, load_source, register
-from datamodules.text import TASKS, TextDataModule
-from datamodules.instruction import InstructionDataModule
-from datamodules.vision import SPECS, VisionDataModule
-from datamodules import binary  # noqa: F401,E402  (registers binary_digits, binary_mnist)
+import fl_lightning  # noqa: F401,I001  (first: in a checkout, the old name `datamodules` is then fl_lightning.datamodules itself)
+
+from .augment import ColorPerturbation
+from .federated import FederatedDataModule, RoundPlans
+from .partition import IID, Contiguous, Dirichlet, NaturalPartition, Partitioner, QuantitySkew, Shards
+from .sources import SOURCES, DataSource, load_source, register
+from .text import TASKS, TextDataModule
+from .instruction import InstructionDataModule
+from .vision import SPECS, VisionDataModule
+from . import binary  # noqa: F401,E402  (registers binary_digits, binary_mnist)
 
 __all__ = [
     "IID",

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
-from datamodules.sources import DataSource, digits, register
+from .sources import DataSource, digits, register
 
 
 def _binarize(source: DataSource, threshold: int) -> DataSource:

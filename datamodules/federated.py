@@ -13,9 +13,9 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset, Subset, TensorDataset, default_collate
 
-from datamodules.client_indices import HeldOutSplit, NoIndices
-from datamodules.partition import Dirichlet, Partitioner
-from datamodules.sources import SOURCES, DataSource, load_source
+from .client_indices import HeldOutSplit, NoIndices
+from .partition import Dirichlet, Partitioner
+from .sources import SOURCES, DataSource, load_source
 from fl_lightning.client_data import Unstackable
 from fl_lightning.participation import Participation, RoundPlan, UniformSampling, derive_seed
 

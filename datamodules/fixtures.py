@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from datamodules.vision import SPECS
+from .vision import SPECS
 
 # Columns of the hub datasets (uoft-cs/cifar10: img/label; uoft-cs/cifar100: img/fine_label/coarse_label;
 # ylecun/mnist: image/label; zh-plus/tiny-imagenet: image/label, splits train/valid).

@@ -32,10 +32,10 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from datamodules.federated import FederatedDataModule
-from datamodules.partition import Partitioner
-from datamodules.sources import DataSource
-from datamodules.text import _FILE_BUILDERS, load_tokenizer, _tokenizer_digest
+from .federated import FederatedDataModule
+from .partition import Partitioner
+from .sources import DataSource
+from .text import _FILE_BUILDERS, load_tokenizer, _tokenizer_digest
 from fl_lightning.participation import Participation
 
 log = logging.getLogger(__name__)

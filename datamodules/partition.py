@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from datamodules.client_indices import ClientIndices
+from .client_indices import ClientIndices
 
 
 class Partitioner(ABC):

@@ -20,9 +20,9 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from datamodules.federated import FederatedDataModule
-from datamodules.partition import Partitioner
-from datamodules.sources import DataSource
+from .federated import FederatedDataModule
+from .partition import Partitioner
+from .sources import DataSource
 from fl_lightning.participation import Participation
 
 _CACHE_VERSION = "1"
@@ -127,6 +127,9 @@ class PadCollate:
 
 def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
     """A tokenizer with a pad token (causal LMs lack one; the end-of-text token is used)."""
+    from fl_lightning.hub import quiet_hub
+
+    quiet_hub()  # no download or "Generating split" progress bars
     from transformers import AutoTokenizer
 
     try:
@@ -194,6 +197,7 @@ class TextDataModule(FederatedDataModule):
         holdout_fraction: float = 0.0,
         eval_batch_size: int = 128,
         seed: int | None = None,
+        val_fraction: float = 0.0,
     ) -> None:
         if task not in TASKS:
             raise ValueError(f"unknown text task {task!r}; allowed: {sorted(TASKS)}")
@@ -216,6 +220,7 @@ class TextDataModule(FederatedDataModule):
             partition=partition,
             participation=participation,
             holdout_fraction=holdout_fraction,
+            val_fraction=val_fraction,
             eval_batch_size=eval_batch_size,
             seed=seed,
         )
@@ -226,6 +231,9 @@ class TextDataModule(FederatedDataModule):
         self.pair_separator, self.trust_remote_code = pair_separator, trust_remote_code
 
     def _load_raw(self):
+        from fl_lightning.hub import quiet_hub
+
+        quiet_hub()  # no download or "Generating split" progress bars
         from datasets import load_dataset
 
         from fl_lightning.hub import hub_error

@@ -34,9 +34,9 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from datamodules.augment import ColorPerturbation, normalize, random_crop, random_hflip, to_unit_float
-from datamodules.federated import FederatedDataModule
-from datamodules.sources import DataSource, register
+from .augment import ColorPerturbation, normalize, random_crop, random_hflip, to_unit_float
+from .federated import FederatedDataModule
+from .sources import DataSource, register
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,10 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+from fl_lightning import package_names as _package_names
+
+_package_names.install()  # a repository checkout: fl_lightning.models/.datamodules from the top-level folders
+
 if TYPE_CHECKING:
     from fl_lightning.algorithms import Algorithm, FedAvg
     from fl_lightning.config import LocalTraining
@@ -32,6 +36,9 @@ _EXPORTS = {
     "Participation": "fl_lightning.participation",
     "RoundPlan": "fl_lightning.participation",
     "UniformSampling": "fl_lightning.participation",
+    "apply_threads": "fl_lightning.threads",
+    "RoundProgressBar": "fl_lightning.terminal",
+    "quiet_lightning": "fl_lightning.terminal",
 }
 
 __all__ = sorted(_EXPORTS)

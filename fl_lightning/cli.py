@@ -15,17 +15,18 @@ import pickle
 import sys
 
 from fl_lightning.errors import KNOWN_ERRORS, RunInterrupted
+from fl_lightning.errors import essential as _essential
 
 LIGHTNING_SUBCOMMANDS = ("fit", "validate", "test", "predict")
-OTHER_SUBCOMMANDS = ("compare", "montecarlo", "partition", "fixture")
+OTHER_SUBCOMMANDS = ("compare", "montecarlo", "partition", "fixture", "lora-fixture", "configs")
 
 HELP = """\
-usage: fl-lightning [-h] [--version] [--import MODULES] {fit,validate,test,predict,compare,montecarlo,partition,fixture} ...
+usage: fl-lightning [-h] [--version] [--import MODULES] {fit,validate,test,predict,compare,montecarlo,partition,fixture,lora-fixture,configs} ...
 
 Federated learning on PyTorch Lightning: one training step = one federated round.
 
 subcommands:
-  fit         train: fl-lightning fit --config configs/quickstart.yaml [--trainer.max_steps ROUNDS]
+  fit         train: fl-lightning fit --config quickstart [--trainer.max_steps ROUNDS]
   validate    evaluate the global model on the validation set (--ckpt_path CKPT)
   test        evaluate the global model on the test set (--ckpt_path CKPT)
   predict     run the global model on the predict set (--ckpt_path CKPT)
@@ -36,6 +37,10 @@ subcommands:
               fl-lightning partition --config configs/quickstart.yaml --out partition.png
   fixture     write a tiny offline copy of a hub vision dataset and print its dataset_args:
               fl-lightning fixture cifar10 --out runs/fx
+  lora-fixture  write the tiny offline GPT-2 + GLUE fixture of docs/lora.md and print its settings:
+              fl-lightning lora-fixture runs/lora_fx
+  configs     list the bundled configs (fl-lightning fit --config quickstart runs one by name);
+              fl-lightning configs --copy quickstart my_configs/ copies one to edit
 
 options:
   -h, --help  show this help message and exit
@@ -62,16 +67,32 @@ def build_cli(args: list[str] | None = None, run: bool = True, exit_on_error: bo
     return build(args, run=run, exit_on_error=exit_on_error)
 
 
-def _essential(message: str) -> str:
-    """Strip jsonargparse's union-type wrapping, keeping the setting's own message."""
-    if "Union subtypes" not in message:
-        return message
-    reasons = [
-        line.strip()[2:]
-        for line in message.splitlines()
-        if line.strip().startswith("- ") and "Expected a <class 'NoneType'>" not in line
-    ]
-    return "; ".join(reasons) or message
+def _bundled_config_names(argv: list[str]) -> list[str]:
+    """``--config NAME`` naming no file but a bundled config (``quickstart``) becomes that config's path."""
+    from fl_lightning.bundled_configs import resolve
+
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if arg in ("--config", "-c") and i + 1 < len(out):
+            out[i + 1] = _existing_config(resolve(out[i + 1]))
+        elif arg.startswith("--config="):
+            out[i] = "--config=" + _existing_config(resolve(arg.split("=", 1)[1]))
+    return out
+
+
+def _existing_config(value: str) -> str:
+    """A ``--config`` that is neither a file, a bundled config nor inline YAML is one line at once
+    (before Lightning is imported), with the nearest bundled name."""
+    import difflib
+    from pathlib import Path
+
+    if Path(value).exists() or any(c in value for c in "{}:\n"):
+        return value
+    from fl_lightning.bundled_configs import names
+
+    near = difflib.get_close_matches(Path(value).stem, names(), n=1)
+    hint = f"; did you mean {near[0]}?" if near else "; `fl-lightning configs` lists the bundled ones"
+    raise ValueError(f"--config {value}: no such file, and no bundled config of that name{hint}")
 
 
 def _version() -> str:
@@ -107,7 +128,16 @@ def main(args: list[str] | None = None) -> None:
         print(_version())
         return
     try:
-        if argv[0] == "compare":  # not a LightningCLI subcommand: runs many fits, see fl_lightning/compare.py
+        argv = _bundled_config_names(argv)
+        if argv[0] == "configs":
+            from fl_lightning.bundled_configs import main as configs_main
+
+            configs_main(argv[1:])
+        elif argv[0] == "lora-fixture":
+            from fl_lightning.lora_fixture import main as lora_fixture_main
+
+            lora_fixture_main(argv[1:])
+        elif argv[0] == "compare":  # not a LightningCLI subcommand: runs many fits, see fl_lightning/compare.py
             from fl_lightning.compare import main as compare_main
 
             compare_main(argv[1:])
@@ -116,7 +146,7 @@ def main(args: list[str] | None = None) -> None:
 
             partition_main(argv[1:])
         elif argv[0] == "fixture":
-            from datamodules.fixtures import main as fixture_main
+            from fl_lightning.datamodules.fixtures import main as fixture_main
 
             fixture_main(argv[1:])
         elif argv[0] == "montecarlo":

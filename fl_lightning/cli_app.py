@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 import zipfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import yaml
 from lightning.pytorch import Callback, LightningModule, Trainer
@@ -27,6 +28,7 @@ from lightning.pytorch.cli import LightningCLI, LRSchedulerTypeTuple, SaveConfig
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 
 from fl_lightning.terminal import RoundProgressBar, RunSummary, quiet_lightning
+from fl_lightning.threads import apply_threads, parse_threads
 
 SERVER_LR = "train/server_lr"
 OPTIMIZER_ERROR = (
@@ -126,6 +128,10 @@ class ConfigToLoggers(SaveConfigCallback):
         if self.already_saved:
             return
         default_dir = trainer.log_dir  # a collective call under DDP: every rank makes it
+        default_dir = str(getattr(self, "run_dir", None) or default_dir)  # no logger: <root>/version_N
+        if stage != "fit" and any(os.path.isfile(p) for p in self.config_paths(trainer, default_dir)):
+            self.already_saved = True  # validate/test/predict in a run's folder keep the config it trained with
+            return
         if trainer.is_global_zero:
             for path in self.config_paths(trainer, default_dir):
                 os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -237,7 +243,8 @@ def _versioned_logs(config: Any) -> list[tuple[Any, Path]]:
     for entry in _loggers(config.get("trainer")):
         init_args = entry.get("init_args") if hasattr(entry, "get") else None
         if init_args is not None and _class_name(entry) in ("CSVLogger", "TensorBoardLogger"):
-            roots.append((init_args, Path(str(init_args.get("save_dir") or ".")) / (init_args.get("name") or "lightning_logs")))
+            name = init_args.get("name")
+            roots.append((init_args, Path(str(init_args.get("save_dir") or ".")) / (name if name is not None else "lightning_logs")))
     return roots
 
 
@@ -266,8 +273,12 @@ class FLCli(LightningCLI):
         parser.add_lr_scheduler_args(LRSchedulerTypeTuple)
         parser.add_argument("--base", type=Optional[str], default=None,
                             help="the config file this one overrides (fl_lightning/config_files.py)")  # fmt: skip
+        parser.add_argument("--threads", type=Union[int, str], default="auto",
+                            help="torch intra-op threads: auto (1 for models below 1M parameters, else all cores) "
+                                 "or a count; results are bitwise reproducible per thread count (fl_lightning/threads.py)")  # fmt: skip
 
     def parse_arguments(self, parser, args) -> None:
+        self.command_line = [a for a in args if isinstance(a, str)] if isinstance(args, list) else []
         if isinstance(args, list) and (
             any(_is_optimizer_flag(a) for a in args) or any(_sets_optimizer(f) for f in _config_files(args))
         ):
@@ -277,6 +288,8 @@ class FLCli(LightningCLI):
         config = self.config.get(subcommand) if subcommand else None
         if config is not None and config.get("ckpt_path") is not None:
             config["ckpt_path"] = _checked_checkpoint(config)
+        if config is not None:
+            parse_threads(config.get("threads"))  # a bad value is one line before anything is built
 
     # ---- before instantiation: defaults that depend on other settings ------------------------
     def before_instantiate_classes(self) -> None:
@@ -291,10 +304,51 @@ class FLCli(LightningCLI):
         self._name_wandb_runs(config)
         _check_trainer(config.get("trainer"), fit=self.subcommand == "fit")
         _check_scheduler(config.get("lr_scheduler"))
-        if self.subcommand == "fit":
+        self._one_run_folder(config)
+        if self.subcommand is not None:  # fit resumes, validate/test/predict evaluate in the checkpoint's run folder
             self._resume_in_place(config)
+        if self.subcommand == "fit":
             self._resume_wandb_run(config)
         self.trainer_defaults["callbacks"] = self._extra_callbacks(config)
+
+    def _one_run_folder(self, config: Any) -> None:
+        """Everything of a run under ``trainer.default_root_dir``: a ``--trainer.default_root_dir`` on the command
+        line moves the CSV/TensorBoard logs too (``<root>/version_N``, unless the command line sets a ``save_dir``),
+        a WandbLogger without a ``save_dir`` of the command line's writes its files there, and without a logger
+        checkpoints and ``config.yaml`` go to ``<root>/version_N`` as with one."""
+        trainer = config.get("trainer")
+        root = trainer.get("default_root_dir") if trainer is not None else None
+        self.run_dir = None
+        if root is None:
+            return
+        line = getattr(self, "command_line", [])
+        moved = any(a == "--trainer.default_root_dir" or a.startswith("--trainer.default_root_dir=") for a in line)
+        own_save_dir = any("save_dir" in a for a in line)
+        loggers = _loggers(trainer)
+        for entry in loggers:
+            init_args = entry.get("init_args") if hasattr(entry, "get") else None
+            if init_args is None or own_save_dir:
+                continue
+            if _class_name(entry) in ("CSVLogger", "TensorBoardLogger") and moved:
+                init_args["save_dir"], init_args["name"] = str(root), ""
+            elif _class_name(entry) == "WandbLogger":
+                init_args["save_dir"] = str(root)
+        if trainer.get("logger") is False:
+            self.run_dir = self._logless_run_dir(Path(str(root)), config.get("ckpt_path"))
+            for entry in trainer.get("callbacks") or []:
+                init_args = entry.get("init_args") if hasattr(entry, "get") else None
+                if _class_name(entry) == "ModelCheckpoint" and init_args is not None and init_args.get("dirpath") is None:
+                    init_args["dirpath"] = str(self.run_dir / "checkpoints")
+
+    @staticmethod
+    def _logless_run_dir(root: Path, ckpt: Any) -> Path:
+        """``<root>/version_N`` of a run without a logger: the checkpoint's own folder, else the next free N."""
+        if isinstance(ckpt, (str, Path)) and Path(ckpt).is_file():
+            run_dir = Path(ckpt).resolve().parent.parent
+            if run_dir.parent == root.resolve() and run_dir.name.startswith("version_"):
+                return run_dir
+        taken = [int(p.name[len("version_"):]) for p in root.glob("version_*") if p.name[len("version_"):].isdigit()]
+        return root / f"version_{max(taken, default=-1) + 1}"
 
     @staticmethod
     def _resume_in_place(config: Any) -> None:
@@ -309,6 +363,9 @@ class FLCli(LightningCLI):
         for init_args, root in _versioned_logs(config):
             if init_args.get("version") is None and root.resolve() == run_dir.parent:
                 init_args["version"] = int(run_dir.name[len("version_"):])
+                # Lightning warns "Previous log files in this directory will be deleted": the rows are kept
+                # (fit: fl_lightning/csv_resume.py; validate/test/predict: FLCli._keep_metrics)
+                warnings.filterwarnings("ignore", message=".*Previous log files in this directory will be deleted.*")
 
     @staticmethod
     def _resume_wandb_run(config: Any) -> None:
@@ -388,6 +445,12 @@ class FLCli(LightningCLI):
             raise SeveralProcesses(SEVERAL_PROCESSES_ERROR.format(processes=self.trainer.world_size))
         if self.launch_args is not None:
             install(self.trainer, self.launch_args)
+        for callback in self.trainer.callbacks:
+            if isinstance(callback, ConfigToLoggers):
+                callback.run_dir = self.run_dir
+        config = self.config.get(str(self.subcommand), self.config)
+        model = getattr(self.model, "model", self.model)
+        self.summary.threads = apply_threads(config.get("threads"), model)
         for logger in self.trainer.loggers:
             init = getattr(logger, "_wandb_init", None)
             if isinstance(init, dict) and init.get("anonymous") is None:
@@ -411,6 +474,8 @@ class FLCli(LightningCLI):
         from fl_lightning.errors import FLError, is_out_of_memory, memory_failure
 
         try:
+            if subcommand != "fit":
+                self._keep_metrics()
             super()._run_subcommand(subcommand)
         except FLError:
             raise
@@ -426,6 +491,15 @@ class FLCli(LightningCLI):
         finally:
             self._finish_wandb_runs(failed=sys.exc_info()[0] is not None)
 
+    def _keep_metrics(self) -> None:
+        """``validate``/``test``/``predict`` in a run's folder append to its ``metrics.csv`` (Lightning's CSV
+        writer would start the file anew)."""
+        from fl_lightning import csv_resume
+
+        previous = csv_resume.read(self.trainer.loggers)
+        if previous:
+            csv_resume.continue_from(self.trainer.loggers, previous, step=sys.maxsize)
+
     def _finish_wandb_runs(self, failed: bool) -> None:
         """Close this process's wandb run before it exits, so that a resume can reopen it by id at once
         (a run left open by an exiting process is still "in use" for a moment)."""
@@ -437,25 +511,32 @@ class FLCli(LightningCLI):
     def after_fit(self) -> None:
         if getattr(self.datamodule, "val_fraction", 0) and not self.trainer.interrupted:
             # A validation split: the final model's test accuracy, whatever the evaluation interval.
+            for callback in self.trainer.callbacks:
+                if isinstance(callback, RoundProgressBar):
+                    callback.disable()  # the fit's bar has ended; the result line reports the test
             self.trainer.test(self.model, datamodule=self.datamodule, verbose=False)
+            test_acc = self.trainer.callback_metrics.get("test/acc")
+            self.summary.test_acc = None if test_acc is None else float(test_acc)
         if self.trainer.is_global_zero:
             print(self.summary.line(), flush=True)
 
 
 def build(args: list[str] | None = None, run: bool = True, exit_on_error: bool = True) -> FLCli:
-    import datamodules  # noqa: F401  (registers datamodule subclasses and partitioners for short class names)
-    import models  # noqa: F401
-    from datamodules import FederatedDataModule
+    import fl_lightning.models  # noqa: F401  (registers model classes for short class names)
+    from fl_lightning.datamodules import FederatedDataModule  # and the datamodule subclasses and partitioners
     from fl_lightning.module import FederatedModule, quiet_known_warnings
 
     from fl_lightning.config_errors import OneLineParser, remember_args
     from fl_lightning.config_files import expand_bases
+    from fl_lightning.package_names import refuse_old_names
 
     quiet_known_warnings()
     quiet_lightning()
     launch_args = list(args) if isinstance(args, list) else sys.argv[1:]
     args = expand_bases(args) if isinstance(args, list) else args
     remember_args(args)
+    if isinstance(args, list):
+        refuse_old_names(args)
     parser_kwargs = {} if exit_on_error else {"exit_on_error": False}
     return FLCli(
         FederatedModule,

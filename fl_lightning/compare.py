@@ -27,7 +27,7 @@ INFO = "run_info.json"
 
 
 def _build(args: list[str]):
-    from fl_lightning.cli import build_cli
+    from fl_lightning.cli_app import build as build_cli
 
     return build_cli(args, run=False, exit_on_error=False)
 
@@ -39,7 +39,7 @@ def model_bytes(module: Any) -> int:
 
 def describe_failure(error: BaseException) -> str:
     """One line for a failed run: ``diverged at round r`` or ``failed: <first line of the error>``."""
-    from fl_lightning.cli import _essential
+    from fl_lightning.errors import essential as _essential
 
     if type(error).__name__ == "DivergenceError":
         match = re.search(r"round (\d+)", str(error))

@@ -101,4 +101,9 @@ def _resolve(path: Path, base: object) -> Path:
     for candidate in (path.parent / base, Path.cwd() / base):
         if candidate.is_file():
             return candidate.resolve()
+    from fl_lightning.bundled_configs import find
+
+    bundled = find(base)  # a config shipped with the package, by name
+    if bundled is not None:
+        return bundled.resolve()
     raise ValueError(f"base in {path}: config {base!r} not found beside it or in the working directory")

@@ -173,3 +173,15 @@ def explain(error: BaseException) -> str | None:
     if is_out_of_memory(error):
         return str(memory_failure(error, "during the run", "lower the model's size, local.batch_size or the clients per round"))
     return None
+
+
+def essential(message: str) -> str:
+    """Strip jsonargparse's union-type wrapping, keeping the setting's own message."""
+    if "Union subtypes" not in message:
+        return message
+    reasons = [
+        line.strip()[2:]
+        for line in message.splitlines()
+        if line.strip().startswith("- ") and "Expected a <class 'NoneType'>" not in line
+    ]
+    return "; ".join(reasons) or message

@@ -33,7 +33,7 @@ def export_pretrained(module: L.LightningModule, dirpath: str | Path, datamodule
     model.save_pretrained(path)
     tokenizer_name = getattr(datamodule, "tokenizer_name", None)
     if tokenizer_name:
-        from datamodules.text import load_tokenizer
+        from fl_lightning.datamodules.text import load_tokenizer
 
         load_tokenizer(tokenizer_name, getattr(datamodule, "trust_remote_code", False)).save_pretrained(str(path))
     return path

@@ -551,6 +551,9 @@ class FederatedModule(L.LightningModule):
         if self.global_step > 0:  # the 0-based round the evaluation follows, on the evaluation's row too
             self.log("round", float(self.global_step - 1), on_step=False, on_epoch=True)
 
+    def on_test_epoch_end(self) -> None:
+        self.on_validation_epoch_end()  # a test of the final (or a checkpoint's) model names its round too
+
     # ---- checkpoints: everything a resume needs ------------------------------------------------
     def fingerprint(self) -> dict[str, Any]:
         """What a resume must match (``fl_lightning/fingerprint.py``)."""

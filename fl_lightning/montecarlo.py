@@ -34,7 +34,6 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from fl_lightning.metrics import cep_radius
 
 _QUIET = ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false", "--trainer.enable_checkpointing", "false"]
 
@@ -63,6 +62,8 @@ class SeriesResult:
 
     @property
     def cep(self) -> float:
+        from fl_lightning.metrics import cep_radius  # imports torch: not needed for --help
+
         return cep_radius(self.final)
 
 
@@ -76,7 +77,7 @@ def run_one(config: str, overrides: dict, seed: int) -> tuple[list[float], float
     from lightning.pytorch import Callback
 
     from fl_lightning.callbacks import GlobalCost
-    from fl_lightning.cli import build_cli
+    from fl_lightning.cli_app import build as build_cli
 
     torch.set_num_threads(1)
     args = ["--config", config, "--seed_everything", str(seed), "--data.init_args.seed", str(seed), *_QUIET]

@@ -18,14 +18,14 @@ import numpy as np
 
 
 def label_counts(datamodule) -> np.ndarray:
-    """``counts[client, class]``: the samples of each class a client holds (training + held out)."""
+    """``counts[client, class]``: the samples of each class a client holds (training + held out + validation)."""
     datamodule.setup("fit")
     labels = np.asarray(datamodule.source.train_labels)
     num_classes = int(datamodule.num_classes)
     counts = np.zeros((datamodule.num_clients, num_classes), dtype=np.int64)
-    for cid in range(datamodule.num_clients):
-        idx = np.concatenate([np.asarray(datamodule.client_train[cid]), np.asarray(datamodule.client_holdout[cid])])
-        counts[cid] = np.bincount(labels[idx].astype(np.int64), minlength=num_classes)[:num_classes]
+    parts = datamodule.partition(datamodule.source.train_labels, datamodule.num_clients, datamodule.seed)
+    for cid, idx in enumerate(parts):  # the whole share: training, held-out and validation samples
+        counts[cid] = np.bincount(labels[np.asarray(idx)].astype(np.int64), minlength=num_classes)[:num_classes]
     return counts
 
 
@@ -75,7 +75,7 @@ def main(argv: list[str]) -> None:
     if out.suffix.lower() != ".png":
         raise ValueError(f"partition --out must be a .png file, got {ns.out!r}")
 
-    from fl_lightning.cli import build_cli
+    from fl_lightning.cli_app import build as build_cli
 
     cli = build_cli(["--config", ns.config, "--trainer.logger", "false", *rest], run=False)
     data = cli.datamodule

@@ -25,7 +25,15 @@ import numpy as np  # noqa: E402
 from fl_lightning.history import ACC, BYTES, PER_CLIENT, ROUND, UPLOADS, History, seed_curve  # noqa: E402
 
 LABELS = {
-    ACC: "test accuracy",
+    ACC: "validation accuracy",  # the test set when the data has no validation split (data.val_fraction)
+    "test/acc": "test accuracy",
+    "test/loss": "test loss",
+    "train/acc": "train accuracy",
+    "train/local_lr": "local learning rate",
+    "train/global_cost": "global cost f(θ)",
+    "train/cost_error": "f(θ) − f*",
+    "time/round_s": "wall time per round (s)",
+    "algo/c_norm": "server control variate ‖c‖",
     ROUND: "round",
     BYTES: "total communication (MB)",
     UPLOADS: "client uploads (total)",
@@ -34,7 +42,7 @@ LABELS = {
     "train/loss": "train loss (mean over active clients)",
     "train/consistency": "local consistency (1/S) Σ ||x_i - x̄||²",
     "train/server_lr": "server learning rate",
-    "val/loss": "test loss",
+    "val/loss": "validation loss",
     "clients/acc_mean": "per-client accuracy, mean over clients",
     "clients/acc_worst10": "per-client accuracy, worst 10% of clients",
     "clients/acc_std": "per-client accuracy, std over clients",
@@ -76,12 +84,15 @@ def figures_for(histories: Mapping[str, Sequence[History]]) -> list[Figure]:
 
 
 def label(key: str, short: bool = False) -> str:
-    """A human label for a logged key: the table above, else ``algo/c_norm`` -> ``c norm``."""
+    """A human label for a logged key: the table above, else ``algo/h_norm`` -> ``‖h‖``, ``time/x_s`` -> ``x (s)``."""
     if short and key in SHORT_LABELS:
         return SHORT_LABELS[key]
     if key in LABELS:
         return LABELS[key]
-    name = key.split("/", 1)[-1].replace("_", " ")
+    name = key.split("/", 1)[-1]
+    name = re.sub(r"^(.+)_norm$", r"‖\1‖", name)  # algo/h_norm -> ‖h‖
+    name = re.sub(r"_s$", " (s)", name)  # seconds
+    name = name.replace("_", " ")
     name = re.sub(r"\bacc\b", "accuracy", name)
     name = re.sub(r"\blr\b", "learning rate", name)
     return name
@@ -125,10 +136,14 @@ def style(index: int) -> dict:
 def draw(ax, data: Mapping[str, Mapping[str, np.ndarray]], figure: Figure, styles: Mapping[str, dict],
          labels: Mapping[str, str] | None = None, short: bool = False) -> None:  # fmt: skip
     low, high = value_range(figure.metric)
+    same = coinciding(data)
     for run, curve in data.items():
         st = styles[run]
         every = max(1, len(curve["x"]) // 10)
-        ax.plot(curve["x"], curve["mean"], label=(labels or {}).get(run, run), lw=st["lw"], ms=4.5,
+        name = (labels or {}).get(run, run)
+        if run in same:  # drawn under the earlier run's identical curve: the legend says so
+            name = f"{name} (= {(labels or {}).get(same[run], same[run])})"
+        ax.plot(curve["x"], curve["mean"], label=name, lw=st["lw"], ms=4.5,
                 markevery=(st["index"] % every, every), color=st["color"], linestyle=st["linestyle"],
                 marker=st["marker"])  # fmt: skip
         lower = np.clip(curve["mean"] - curve["std"], low, high)
@@ -140,6 +155,21 @@ def draw(ax, data: Mapping[str, Mapping[str, np.ndarray]], figure: Figure, style
     if means.size and (means > 0).all() and means.max() > 1e3 * means.min():  # e.g. gradient norms: span decades
         ax.set_yscale("log")
     ax.grid(alpha=0.3)
+
+
+def coinciding(data: Mapping[str, Mapping[str, np.ndarray]]) -> dict[str, str]:
+    """``{run: earlier run}`` for runs whose curve (x, mean and std) equals an earlier run's exactly."""
+    out: dict[str, str] = {}
+    runs = list(data)
+    for i, run in enumerate(runs):
+        for earlier in runs[:i]:
+            a, b = data[run], data[earlier]
+            if earlier not in out and all(
+                np.array_equal(np.asarray(a[k], dtype=float), np.asarray(b[k], dtype=float), equal_nan=True) for k in ("x", "mean", "std")
+            ):
+                out[run] = earlier
+                break
+    return out
 
 
 def all_zero(data: Mapping[str, Mapping[str, np.ndarray]]) -> bool:

@@ -85,6 +85,10 @@ def _resolve_base(path: Path, base: Any) -> Path:
     for candidate in candidates:
         if candidate.is_file():
             return candidate.resolve()
+    from fl_lightning.bundled_configs import find
+
+    if find(base) is not None:  # a config shipped with the package, by name
+        return find(base).resolve()
     raise _error(path, f"base config {base!r} not found (looked at {', '.join(str(c) for c in candidates)})")
 
 

@@ -65,6 +65,8 @@ class RunSummary(Callback):
         self.bytes_total: float | None = None
         self.name = ""
         self.start_round = 0
+        self.test_acc: float | None = None  # the final model on the test set, once (with a validation split)
+        self.threads: int | None = None  # torch intra-op threads of the run (--threads), in the line's header
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.start = time.perf_counter()
@@ -93,13 +95,16 @@ class RunSummary(Callback):
 
     def line(self) -> str:
         resumed = f" (resumed at round {self.start_round})" if self.start_round else ""
-        parts = [f"{self.name}: {self.rounds} rounds{resumed} in {self.seconds:.1f} s"]
+        threads = "" if self.threads is None else f" on {self.threads} thread{'s' if self.threads != 1 else ''}"
+        parts = [f"{self.name}: {self.rounds} rounds{resumed} in {self.seconds:.1f} s{threads}"]
         if self.final_acc is not None:
             best_round, best_acc = self.best
             parts.append(f"final val acc {self.final_acc:.4f}")
             parts.append(f"best {best_acc:.4f} (round {best_round})")
         else:
             parts.append("no evaluation (set trainer.val_check_interval)")
+        if self.test_acc is not None:
+            parts.append(f"test acc {self.test_acc:.4f} (final model)")
         if self.bytes_total is not None:
             parts.append(f"{self.bytes_total / 1e6:.1f} MB sent")
         return " · ".join(parts)

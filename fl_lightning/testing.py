@@ -182,11 +182,11 @@ def check_batched(
 def _fit_small(algorithm, local, execution, rounds, num_clients, clients_per_round, model, seed):
     import lightning as L
 
-    from datamodules import Dirichlet, FederatedDataModule
+    from fl_lightning.datamodules import Dirichlet, FederatedDataModule
     from fl_lightning.module import FederatedModule
     from fl_lightning.participation import UniformSampling
     from fl_lightning.terminal import quiet_lightning
-    from models import MLP
+    from fl_lightning.models import MLP
 
     quiet_lightning()
     torch.manual_seed(seed)

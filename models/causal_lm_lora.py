@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from models.gpt2_lora import _CONV1D_MODEL_TYPES, causal_padding_mask
+from .gpt2_lora import _CONV1D_MODEL_TYPES, causal_padding_mask
 
 IGNORE_INDEX = -100
 

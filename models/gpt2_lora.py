@@ -78,6 +78,9 @@ class LoRAClassifier(nn.Module):
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"LoRAClassifier dropout must be in [0, 1), got {dropout}")
         from peft import LoraConfig, get_peft_model
+        from fl_lightning.hub import quiet_hub
+
+        quiet_hub()  # no "score.weight MISSING" load report (the new head) nor download bars
         from transformers import AutoModelForSequenceClassification
 
         try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.linear import LinearRegression
+from .linear import LinearRegression
 
 
 class LinearLeastSquares(LinearRegression):

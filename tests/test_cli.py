@@ -26,7 +26,8 @@ def _metrics(run_dir: Path) -> list[dict]:
 
 def test_quickstart_runs_through_the_cli_and_resumes(tmp_path):
     config = str(ROOT / "configs" / "quickstart.yaml")
-    common = ["--trainer.val_check_interval", "2", "--trainer.callbacks.init_args.every_n_train_steps", "2"]
+    common = ["--trainer.val_check_interval", "2", "--trainer.callbacks.init_args.every_n_train_steps", "2",
+              "--data.init_args.val_fraction", "0"]  # the rows of a run without a validation split (no final test row)
     fl_lightning("fit", "--config", config, "--trainer.max_steps", "4", *common, cwd=tmp_path)
     run = tmp_path / "runs" / "quickstart" / "version_0"
     rows = _metrics(run)
@@ -44,5 +45,5 @@ def test_quickstart_runs_through_the_cli_and_resumes(tmp_path):
     resumed = [(r["round"], bool(r["val/acc"])) for r in _metrics(run) if r["round"]]
     assert sorted({float(r) for r, _ in resumed}) == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0] and len(resumed) == len(set(resumed))
 
-    out = fl_lightning("test", "--config", config, "--ckpt_path", str(last), cwd=tmp_path)
+    out = fl_lightning("test", "--config", config, "--ckpt_path", str(last), "--data.init_args.val_fraction", "0", cwd=tmp_path)
     assert "test/acc" in out.stdout

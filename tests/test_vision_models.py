@@ -90,6 +90,7 @@ def test_fedmim_cifar10_config_runs_two_rounds_on_the_local_fixture(tmp_path, mo
         "--data.init_args.num_clients", "4", "--data.init_args.participation.init_args.clients_per_round", "2",
         "--data.init_args.partition.init_args.min_size", "2", "--data.init_args.dataset_args", json.dumps(data_args),
         "--model.local.epochs", "1", "--model.local.batch_size", "4",
+        "--data.init_args.val_fraction", "0",  # 16 images: 10% of a client's 4 leaves no validation sample
     ])  # fmt: skip
     with open(tmp_path / "runs" / "fedmim_cifar10" / "version_0" / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
