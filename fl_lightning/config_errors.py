@@ -178,7 +178,7 @@ def allowed_classes(bases: list[type]) -> list[str]:
     names: set[str] = set()
     for base in bases:
         top = base.__module__.split(".")[0]
-        packages = ("models",) if top == "torch" and base.__name__ == "Module" else (*PROJECT_PACKAGES, top)
+        packages = ("models", "fl_lightning.models") if top == "torch" and base.__name__ == "Module" else (*PROJECT_PACKAGES, top)
         seen, stack = set(), [base]
         while stack:
             cls = stack.pop()
@@ -187,7 +187,7 @@ def allowed_classes(bases: list[type]) -> list[str]:
                     seen.add(sub)
                     stack.append(sub)
         for cls in seen | {base}:
-            if cls.__name__.startswith("_") or inspect.isabstract(cls) or cls.__module__.split(".")[0] not in packages:
+            if cls.__name__.startswith("_") or inspect.isabstract(cls) or not cls.__module__.startswith(tuple(f"{p}." for p in packages)):
                 continue
             if ".tests." in cls.__module__ or cls.__module__.startswith("tests"):
                 continue

@@ -121,13 +121,24 @@ def model_has_representation(model: Any) -> bool:
     return callable(getattr(model, "representation", None)) and callable(getattr(model, "head", None))
 
 
+def keeps_model_loss(method: Callable) -> Callable:
+    """Marks the base class's placeholder ``local_loss``: an algorithm whose ``local_loss`` is the marked
+    one keeps the model's own loss."""
+    method.keeps_model_loss = True
+    return method
+
+
+def defines_local_loss(algorithm: object) -> bool:
+    """Whether ``algorithm`` replaces the model's loss with its own ``local_loss``."""
+    method = getattr(type(algorithm), "local_loss", None)
+    return method is not None and not getattr(method, "keeps_model_loss", False)
+
+
 def client_loss(
     algorithm: Algorithm, clients: int | Tensor, broadcast: Payload, client_state: Any, info: RoundInfo, data: Any, device: Any
 ) -> ClientLoss | None:
     """The algorithm's local loss bound to ``clients`` (one id, or the stacked ids), or None where the
     algorithm keeps the model's loss. Label counts are read from the data only if the algorithm declares them."""
-    from fl_lightning.algorithms.base import defines_local_loss
-
     if not defines_local_loss(algorithm):
         return None
     counts = None
@@ -141,8 +152,6 @@ def client_loss(
 
 def check_local_loss(algorithm: Algorithm, model: Any) -> None:
     """Before training: a loss that reads the representation needs a model that has one."""
-    from fl_lightning.algorithms.base import defines_local_loss
-
     if defines_local_loss(algorithm) and getattr(algorithm, "needs_features", False) and not model_has_representation(model):
         raise ValueError(
             f"algorithm {type(algorithm).__name__} reads the model's representation, but {type(model).__name__} defines no "
@@ -152,8 +161,6 @@ def check_local_loss(algorithm: Algorithm, model: Any) -> None:
 
 def check_label_counts(algorithm: Algorithm, data: Any) -> None:
     """Before training: a loss that reads the clients' label counts needs data that gives them."""
-    from fl_lightning.algorithms.base import defines_local_loss
-
     needs = defines_local_loss(algorithm) and getattr(algorithm, "needs_label_counts", False)
     if needs and not callable(getattr(data, "client_label_counts", None)):
         raise ValueError(

@@ -37,7 +37,16 @@ def import_graph() -> dict[str, set[str]]:
     graph = {}
     for module, path in mods.items():
         deps = set()
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        # Imports under `if TYPE_CHECKING:` name types for annotations only; they never run.
+        typing_only = {
+            id(inner) for node in ast.walk(tree)
+            if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING"
+            for inner in ast.walk(node)
+        }  # fmt: skip
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
             if isinstance(node, ast.Import):
                 deps |= {resolve(alias.name) for alias in node.names}
             elif isinstance(node, ast.ImportFrom):

@@ -36,7 +36,7 @@ from torch import Tensor
 
 from fl_lightning import params as P
 from fl_lightning.capabilities import declared
-from fl_lightning.local_loss import LossContext, ModelOutputs
+from fl_lightning.local_loss import LossContext, ModelOutputs, defines_local_loss, keeps_model_loss
 from fl_lightning.objective import GradFn
 from fl_lightning.params import TensorDict
 from fl_lightning.participation import RoundPlan
@@ -105,11 +105,6 @@ class ClientContext:
 _RULE_METHODS = ("client_init", "client_step", "client_finish", "personal_finish")
 _AGGREGATE_METHODS = ("aggregate", "upload_sum", "aggregate_sum")
 _CAPABILITY_METHODS = {"linear_aggregate": _AGGREGATE_METHODS}  # else the client rule's methods
-
-
-def defines_local_loss(algorithm: object) -> bool:
-    """Whether ``algorithm`` replaces the model's loss with its own ``local_loss``."""
-    return getattr(type(algorithm), "local_loss", Algorithm.local_loss) is not Algorithm.local_loss
 
 
 def declares_capability(algorithm: object, capability: str) -> bool:
@@ -203,6 +198,7 @@ class Algorithm:
         return {k: params[k] for k in ctx.personal}
 
     # ---- the local objective (optional: fl_lightning.local_loss) ------------------------
+    @keeps_model_loss
     def local_loss(self, out: ModelOutputs, target: Tensor, ctx: LossContext) -> dict[str, Tensor]:
         """The client's loss on a batch as named terms, summed into the loss ``ctx.grad`` differentiates
         and logged as ``train/loss/<term>``. Not defined here: without it the model's own loss is used."""
