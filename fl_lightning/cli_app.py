@@ -335,7 +335,7 @@ class FLCli(LightningCLI):
                 init_args["save_dir"] = str(root)
         if trainer.get("logger") is False:
             self.run_dir = self._logless_run_dir(Path(str(root)), config.get("ckpt_path"))
-            for entry in trainer.get("callbacks") or []:
+            for entry in _entries(trainer.get("callbacks")):  # a list, or one callback given alone
                 init_args = entry.get("init_args") if hasattr(entry, "get") else None
                 if _class_name(entry) == "ModelCheckpoint" and init_args is not None and init_args.get("dirpath") is None:
                     init_args["dirpath"] = str(self.run_dir / "checkpoints")

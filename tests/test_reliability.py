@@ -296,7 +296,7 @@ def test_sigterm_between_rounds_ends_with_a_checkpoint_and_exit_143(tmp_path, ca
         main(["fit", *QUICK[:2], "--trainer.max_steps", "4", "--trainer.logger", "false", "--trainer.enable_progress_bar",
               "false", "--trainer.default_root_dir", str(tmp_path), "--trainer.callbacks+", "tests.test_reliability.SigtermAfterRound2"])  # fmt: skip
     assert stopped.value.code == 143
-    last = tmp_path / "checkpoints" / "last.ckpt"
+    last = tmp_path / "version_0" / "checkpoints" / "last.ckpt"  # a run without a logger keeps its own version folder
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"fl-lightning: error: round 2: stopped by SIGTERM before the round started; "
         f"wrote the checkpoint of the 2 completed rounds: {last}; resume with --ckpt_path {last}"
@@ -376,7 +376,7 @@ def test_a_stop_checkpoint_of_a_disk_store_run_resumes_in_its_folder(tmp_path):
               "--model.store.directory", str(tmp_path / "store"), "--model.store.keep_snapshots", "1"]  # fmt: skip
     stopped = _cli_line(tmp_path, "--trainer.max_steps", "4", *common, "--trainer.callbacks+", "tests.test_reliability.SigtermAfterRound2")
     assert stopped.returncode == 143, stopped.stderr[-2000:]
-    last = tmp_path / "checkpoints" / "last.ckpt"
+    last = tmp_path / "version_0" / "checkpoints" / "last.ckpt"
     assert f"wrote the checkpoint of the 2 completed rounds: {last}" in stopped.stderr.strip().splitlines()[-1]
     resumed = _cli_line(tmp_path, "--trainer.max_steps", "4", *common, "--ckpt_path", str(last))
     assert resumed.returncode == 0, resumed.stderr[-2000:]
