@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.func import vmap
+from torch.func import grad_and_value, vmap
 
 from fl_lightning import params as P
 from fl_lightning.client_rows import ClientRows, UnsupportedLayer, model_declares
@@ -137,19 +137,30 @@ class Objective:
         with self.swap(params):
             return self(batch)
 
-    def grad_fn(self, batch: Any, weight_decay: float, record: StepRecord | None = None, stacked: bool = False) -> GradFn:
+    def grad_fn(
+        self, batch: Any, weight_decay: float, record: StepRecord | None = None, stacked: bool = False, functional: bool = False
+    ) -> GradFn:
         """Loss and gradient of the minibatch loss plus ``weight_decay/2 ||w||^2`` at given parameters.
 
         ``stacked``: parameters and batch hold clients on a leading dimension; the loss is then
         ``[S]`` and the gradients ``[S, ...]``: clients are independent, so the gradient of the
         *sum* of their losses is every client's own gradient, from one ordinary backward.
         The first evaluation (loss without the decay term, outputs, targets) goes to ``record``.
+        ``functional``: the gradient by ``torch.func.grad_and_value`` instead of the autograd engine,
+        so that ``torch.compile`` and ``vmap`` can trace it (compiled execution); the same values.
         """
 
+        def evaluate(params: TensorDict) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor]]:
+            loss, out, target = self.stacked(params, batch) if stacked else self.at(params, batch)
+            return (loss.sum() if stacked else loss), (loss, out, target)
+
         def grad(params: TensorDict) -> tuple[Tensor, TensorDict]:
-            leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
-            loss, out, target = self.stacked(leaves, batch) if stacked else self.at(leaves, batch)
-            grads = dict(zip(leaves, loss_grads(loss.sum() if stacked else loss, list(leaves.values()))))
+            if functional:
+                grads, (_, (loss, out, target)) = grad_and_value(evaluate, has_aux=True)(params)
+            else:
+                leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
+                total, (loss, out, target) = evaluate(leaves)
+                grads = dict(zip(leaves, loss_grads(total, list(leaves.values()))))
             if weight_decay:
                 grads = P.add(grads, params, weight_decay)
             loss = loss.detach()

@@ -19,6 +19,7 @@ error); if none fails, the batched path is wrong and ``BatchedExecutionError`` s
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import Counter
 from collections.abc import Sequence
@@ -33,7 +34,8 @@ from fl_lightning.algorithms.base import ClientContext, ClientIdUnavailable, Rou
 from fl_lightning.client_data import Unstackable
 from fl_lightning.errors import FLError, interrupted, one_line
 from fl_lightning.executors.base import ClientRuntime, Executor, check_loss, seed_client, to_device
-from fl_lightning.executors.sequential import SequentialExecutor
+from fl_lightning.executors.compiled import DEFAULT_MAX_VARIANTS, CompiledPrograms, Uncompilable, log_fallback, tensor_lr
+from fl_lightning.executors.sequential import SequentialExecutor, compiled_unsupported_reason
 from fl_lightning.objective import StepRecord
 from fl_lightning.params import TensorDict
 from fl_lightning.tasks import ClientResult, ClientTask, Payload
@@ -65,6 +67,24 @@ def _unstack(state: Any, num_clients: int) -> list[Any]:
     return list(state.unbind(0))
 
 
+def _pad_clients(extra: int, tree: Any) -> Any:
+    """``tree``'s tensors with ``extra`` copies of their last client appended (compiled execution's padding)."""
+    if not extra:
+        return tree
+    if isinstance(tree, dict):
+        return {k: _pad_clients(extra, v) for k, v in tree.items()}
+    if isinstance(tree, list | tuple):
+        return type(tree)(_pad_clients(extra, v) for v in tree)
+    return torch.cat([tree, tree[-1:].expand(extra, *tree.shape[1:])])
+
+
+def _cut(tree: Any, size: int) -> Any:
+    """The first ``size`` clients of ``tree``'s tensors (padding removed)."""
+    if isinstance(tree, dict):
+        return {k: _cut(v, size) for k, v in tree.items()}
+    return tree[:size]
+
+
 def _no_full_grad(params: TensorDict) -> TensorDict:
     raise Unbatchable("full local gradients need sequential execution (clients differ in size)")
 
@@ -89,13 +109,21 @@ class BatchedExecutor(Executor):
             stacked activations (they grow with every stacked client's batch) and, where one
             batch of every client's rows no longer fits the caches, can be faster. ``None``: the
             whole round at once. Results are the same to float tolerance for every value.
+        compile: run the stacked clients' K local steps as one compiled program (``torch.compile``
+            of ``vmap`` of the rule; ``fl_lightning.executors.compiled``, docs/performance.md);
+            rounds that run sequentially run sequential compiled execution. Results equal eager
+            execution's to float tolerance; what cannot be compiled runs eagerly (declared, logged).
+        max_variants: with ``compile``, the most compiled programs (shapes) before running eagerly.
     """
 
-    def __init__(self, max_stacked_clients: int | None = None) -> None:
+    def __init__(self, max_stacked_clients: int | None = None, compile: bool = False, max_variants: int = DEFAULT_MAX_VARIANTS) -> None:
         if max_stacked_clients is not None and (type(max_stacked_clients) is not int or max_stacked_clients < 1):
             raise ValueError(f"execution.max_stacked_clients must be an integer >= 1 or null, got {max_stacked_clients!r}")
         self.max_stacked_clients = max_stacked_clients
-        self.sequential = SequentialExecutor()
+        self.sequential = SequentialExecutor(compile=compile, max_variants=max_variants)
+        self.compile = compile
+        self.programs = CompiledPrograms(stacked=True, max_variants=max_variants) if compile else None
+        self.compile_fallbacks: Counter[str] = Counter()  # compiled execution: stacked rounds run eagerly, by reason
         self.fallbacks: Counter[str] = Counter()  # rounds run sequentially, by reason
         self._finish_per_client: set[type] = set()  # rules whose client_finish reads ctx.client_id
 
@@ -163,6 +191,8 @@ class BatchedExecutor(Executor):
         ids, stacked_states = torch.tensor(clients), _stack(states)
         record = StepRecord()
         rule = self._elementwise_rule if declares_capability(runtime.algorithm, "elementwise") else self._vmapped_rule
+        if self.programs is not None:
+            rule = functools.partial(self._compiled_rule, rule)
         step_batches = (to_device(batch, runtime.device) for batch in batches)
         params, local_state = rule(runtime, params, stacked_states, ids, broadcast, info, step_batches, record)
         uploads, new_states = self._finish(runtime, params, local_state, (states, stacked_states), ids, broadcast, info)
@@ -192,6 +222,37 @@ class BatchedExecutor(Executor):
             ctx.grad = objective.grad_fn(batch, weight_decay, record, stacked=True)
             params, local_state = algorithm.client_step(params, local_state, ctx)
         return params, local_state
+
+    @property
+    def compile_seconds(self) -> float | None:
+        """Seconds spent compiling so far, stacked and sequential (None: not compiled execution)."""
+        return None if self.programs is None else self.programs.compile_seconds + self.sequential.compile_seconds
+
+    def _compiled_rule(self, eager_rule, runtime, params, client_state, ids, broadcast, info, batches, record):
+        """The stacked clients' K steps as one compiled program, S padded up to a power of two (the
+        padding repeats the last client and is cut off: a bounded number of variants); ``eager_rule``
+        for a declared reason (logged once)."""
+        batches = list(batches)
+        reason = compiled_unsupported_reason(runtime)
+        if reason is None:
+            if runtime.should_stop():
+                raise interrupted(info.round, int(ids[0]), 0, runtime.local.steps)
+            size = len(ids)
+            padded = 1 << (size - 1).bit_length()
+            pad = functools.partial(_pad_clients, padded - size)
+            try:
+                new_params, local_state, evaluations = self.programs(
+                    (len(batches), padded, False), False, runtime.algorithm, runtime.objective, runtime.local.weight_decay,
+                    pad(params), pad(client_state), pad(ids), tensor_lr(info), broadcast, {}, pad(batches),
+                )  # fmt: skip
+            except Uncompilable as error:
+                reason = str(error)
+            else:
+                for loss, out, target in evaluations:
+                    record.add(loss[:size], out[:size], target[:size])
+                return _cut(new_params, size), _cut(local_state, size)
+        log_fallback(self.compile_fallbacks, reason, log)
+        return eager_rule(runtime, params, client_state, ids, broadcast, info, iter(batches), record)
 
     def _vmapped_rule(self, runtime, params, client_state, ids, broadcast, info, batches, record):
         """A rule with reductions (e.g. FedSAM's gradient norm): run per client under vmap."""
