@@ -114,15 +114,19 @@ class BatchedExecutor(Executor):
             rounds that run sequentially run sequential compiled execution. Results equal eager
             execution's to float tolerance; what cannot be compiled runs eagerly (declared, logged).
         max_variants: with ``compile``, the most compiled programs (shapes) before running eagerly.
+        backend: with ``compile``, ``torch.compile``'s backend (``inductor``, or ``aot_eager``: see ``SequentialExecutor``).
     """
 
-    def __init__(self, max_stacked_clients: int | None = None, compile: bool = False, max_variants: int = DEFAULT_MAX_VARIANTS) -> None:
+    def __init__(
+        self, max_stacked_clients: int | None = None, compile: bool = False, max_variants: int = DEFAULT_MAX_VARIANTS,
+        backend: str = "inductor",
+    ) -> None:
         if max_stacked_clients is not None and (type(max_stacked_clients) is not int or max_stacked_clients < 1):
             raise ValueError(f"execution.max_stacked_clients must be an integer >= 1 or null, got {max_stacked_clients!r}")
         self.max_stacked_clients = max_stacked_clients
-        self.sequential = SequentialExecutor(compile=compile, max_variants=max_variants)
+        self.sequential = SequentialExecutor(compile=compile, max_variants=max_variants, backend=backend)
         self.compile = compile
-        self.programs = CompiledPrograms(stacked=True, max_variants=max_variants) if compile else None
+        self.programs = CompiledPrograms(stacked=True, max_variants=max_variants, backend=backend) if compile else None
         self.compile_fallbacks: Counter[str] = Counter()  # compiled execution: stacked rounds run eagerly, by reason
         self.fallbacks: Counter[str] = Counter()  # rounds run sequentially, by reason
         self._finish_per_client: set[type] = set()  # rules whose client_finish reads ctx.client_id
@@ -230,7 +234,8 @@ class BatchedExecutor(Executor):
 
     def _compiled_rule(self, eager_rule, runtime, params, client_state, ids, broadcast, info, batches, record):
         """The stacked clients' K steps as one compiled program, S padded up to a power of two (the
-        padding repeats the last client and is cut off: a bounded number of variants); ``eager_rule``
+        padding repeats the last client and is cut off: a bounded number of variants; the broadcast parameters
+        are copied out of their stride-0 views, so padded and unpadded rounds share a program); ``eager_rule``
         for a declared reason (logged once)."""
         batches = list(batches)
         reason = compiled_unsupported_reason(runtime)
@@ -243,7 +248,8 @@ class BatchedExecutor(Executor):
             try:
                 new_params, local_state, evaluations = self.programs(
                     (len(batches), padded, False), False, runtime.algorithm, runtime.objective, runtime.local.weight_decay,
-                    pad(params), pad(client_state), pad(ids), tensor_lr(info), broadcast, {}, pad(batches),
+                    pad({k: v.contiguous() for k, v in params.items()}), pad(client_state), pad(ids), tensor_lr(info), broadcast, {},
+                    pad(batches),
                 )  # fmt: skip
             except Uncompilable as error:
                 reason = str(error)

@@ -124,6 +124,7 @@ class CompiledPrograms:
         self.compiled = 0  # graphs compiled (the variants actually built)
         self.variants: set[tuple] = set()  # the keys run so far
         self.disabled: str | None = None  # the declared reason execution went eager for good
+        self._disabled_error: BaseException | None = None  # the declared error to raise again, if one was traced
         fn = stacked_local_steps if stacked else local_steps
         self._static = torch.compile(_fresh(fn), fullgraph=True, dynamic=False, backend=backend)
         self._dynamic = torch.compile(_fresh(fn), fullgraph=True, dynamic=True, backend=backend)
@@ -132,7 +133,7 @@ class CompiledPrograms:
         """Run the program for variant ``key`` (compiling it the first time); ``Uncompilable`` for a declared
         reason to run eagerly, ``CompileError`` (one line) for any other compile failure."""
         if self.disabled:
-            raise Uncompilable(self.disabled)
+            raise self._disabled_error or Uncompilable(self.disabled)
         new = key not in self.variants
         if new and len(self.variants) >= self.max_variants:
             self.disabled = f"more than execution.max_variants = {self.max_variants} compiled variants would be needed"
@@ -151,6 +152,11 @@ class CompiledPrograms:
             if cause is not None:
                 raise cause from error
             if _is_untraceable(error):
+                declared = self._eager_error(args)  # a declared error raised while tracing: dynamo reports it only as observed
+                if isinstance(declared, Uncompilable | ClientIdUnavailable):  # for good: this rule never traces
+                    self.disabled, self._disabled_error = str(declared), declared
+                if declared is not None:
+                    raise declared from error
                 self.disabled = f"the rule or model cannot be compiled: {one_line(error)}"
                 raise Uncompilable(self.disabled) from error
             if new:
@@ -164,6 +170,17 @@ class CompiledPrograms:
             self.compiled += compiled
             self.compile_seconds += time.perf_counter() - started
         return out
+
+
+    def _eager_error(self, args: tuple) -> BaseException | None:
+        """The declared error (``Uncompilable``, ``ClientIdUnavailable``, a rule's ``ValueError``) the program
+        raises when run eagerly, if any; the random state is restored (the eager fallback draws it again)."""
+        with torch.random.fork_rng(devices=[]):
+            try:
+                (stacked_local_steps if self.stacked else local_steps)(*args)
+            except Exception as error:
+                return _declared_cause(error)
+        return None
 
 
 def _graphs_compiled() -> int:

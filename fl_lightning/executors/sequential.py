@@ -36,12 +36,14 @@ class SequentialExecutor(Executor):
             execution's to float tolerance; rules or models that cannot be compiled run eagerly
             (a declared, logged reason).
         max_variants: with ``compile``, the most compiled programs (shapes) before running eagerly.
+        backend: with ``compile``, ``torch.compile``'s backend: ``inductor`` (generated kernels), or
+            ``aot_eager`` (traced and differentiated, run by eager kernels: quick to compile, for checks).
     """
 
-    def __init__(self, compile: bool = False, max_variants: int = DEFAULT_MAX_VARIANTS) -> None:
-        self.compile = _check_compile_settings(compile, max_variants)
+    def __init__(self, compile: bool = False, max_variants: int = DEFAULT_MAX_VARIANTS, backend: str = "inductor") -> None:
+        self.compile = _check_compile_settings(compile, max_variants, backend)
         self.max_variants = max_variants
-        self.programs = CompiledPrograms(stacked=False, max_variants=max_variants) if compile else None
+        self.programs = CompiledPrograms(stacked=False, max_variants=max_variants, backend=backend) if compile else None
         self.fallbacks: Counter[str] = Counter()  # compiled execution: clients run eagerly, by reason
 
     @property
@@ -146,11 +148,15 @@ def _warmup_client(task: ClientTask, info: RoundInfo, runtime: ClientRuntime) ->
 
 
 # ---- compiled execution (``compile=True``) -------------------------------------------------------
-def _check_compile_settings(compile: bool, max_variants: int) -> bool:
+def _check_compile_settings(compile: bool, max_variants: int, backend: str) -> bool:
     if type(compile) is not bool:
         raise ValueError(f"execution.compile must be true or false, got {compile!r}")
     if type(max_variants) is not int or max_variants < 1:
         raise ValueError(f"execution.max_variants must be an integer >= 1, got {max_variants!r}")
+    if compile:
+        backends = torch._dynamo.list_backends(exclude_tags=())
+        if backend not in backends:
+            raise ValueError(f"execution.backend must be one of {sorted(backends)}, got {backend!r}")
     return compile
 
 
