@@ -33,7 +33,7 @@ def _fit(tmp_path, algorithm, execution, rounds=2, faults=ClientFaults(), local=
     torch.manual_seed(0)
     personal = ["net.3"] if type(algorithm).__name__ in PERSONAL else []
     module = FederatedModule(
-        model or MLP(8, 3, hidden=[16]), algorithm, local or LocalTraining(lr=0.1, steps=3, batch_size=8, weight_decay=1e-3),
+        (model or (lambda: MLP(8, 3, hidden=[16])))(), algorithm, local or LocalTraining(lr=0.1, steps=3, batch_size=8, weight_decay=1e-3),
         execution=execution, faults=faults, personal=personal,
     )  # fmt: skip
     trainer = tiny_trainer(tmp_path, rounds, **trainer)
@@ -136,10 +136,10 @@ class DataDependent(nn.Module):
 
 
 def test_an_untraceable_model_runs_eagerly_with_a_logged_reason(tmp_path, caplog):
-    eager = _fit(tmp_path, A.FedAvg(), "sequential", model=DataDependent())
+    eager = _fit(tmp_path, A.FedAvg(), "sequential", model=DataDependent)
     executor = SequentialExecutor(compile=True, backend="aot_eager")
     with caplog.at_level(logging.WARNING, logger="fl_lightning.executors.sequential"):
-        compiled = _fit(tmp_path, A.FedAvg(), executor, model=DataDependent())
+        compiled = _fit(tmp_path, A.FedAvg(), executor, model=DataDependent)
     assert "compiled execution falls back to eager: the rule or model cannot be compiled" in caplog.text
     for a, b in zip(eager.model.parameters(), compiled.model.parameters()):
         assert torch.equal(a, b)
@@ -171,3 +171,20 @@ def test_compiled_execution_detects_divergence(tmp_path):
 def test_bad_compile_settings_are_rejected(kwargs, match):
     with pytest.raises(ValueError, match=match):
         SequentialExecutor(**kwargs)
+
+
+def test_compiled_quickstart_through_the_cli(tmp_path):
+    """``configs/quickstart_compiled.yaml`` runs from the CLI; compile time in the result line and as a metric."""
+    import csv
+
+    from tests.test_cli import ROOT, fl_lightning
+
+    proc = fl_lightning(
+        "fit", "--config", str(ROOT / "configs" / "quickstart_compiled.yaml"), "--trainer.max_steps", "2",
+        "--trainer.val_check_interval", "2", "--model.local.steps", "2", "--model.execution.init_args.backend", "aot_eager",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert "s compiling)" in proc.stdout + proc.stderr
+    with open(tmp_path / "runs" / "quickstart_compiled" / "version_0" / "metrics.csv") as f:
+        compile_s = [float(r["time/compile_s"]) for r in csv.DictReader(f) if r.get("time/compile_s")]
+    assert compile_s and compile_s[0] > 0 and compile_s[-1] >= compile_s[0]
