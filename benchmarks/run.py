@@ -14,7 +14,10 @@ this file; ``sequential`` and ``batched`` run FedAvg through ``FederatedModule``
 and ``Trainer.fit``; ``ddp2`` is sequential execution with the round's clients
 split over 2 DDP processes (gloo); ``one_batch`` (opt-in: ``--executions
 bare,one_batch,...``) is the arithmetic floor of batched execution, K plain steps of one
-model over the round's S x B rows as one batch (``bare_loop``). The local executions of one workload run in
+model over the round's S x B rows as one batch (``bare_loop``); ``sequential_compiled``,
+``batched_compiled`` and ``one_batch_compiled`` (opt-in) are the same with the K local steps as one
+``torch.compile`` program (compiled execution; ``one_batch_compiled``: the ceiling of compiled
+batching; compilation falls in the untimed first round). The local executions of one workload run in
 one process, interleaved and repeated (the best of each is kept), so machine noise
 hits them alike; ``ratio_vs_bare`` divides a row's client-steps/s by the bare
 loop's of the same workload and S in this invocation. The first round of every
