@@ -188,3 +188,24 @@ def test_compiled_quickstart_through_the_cli(tmp_path):
     with open(tmp_path / "runs" / "quickstart_compiled" / "version_0" / "metrics.csv") as f:
         compile_s = [float(r["time/compile_s"]) for r in csv.DictReader(f) if r.get("time/compile_s")]
     assert compile_s and compile_s[0] > 0 and compile_s[-1] >= compile_s[0]
+
+
+class ReadsClientId(A.FedAvg):
+    """FedAvg whose step reads ``ctx.client_id`` (a number per client: not a compiled program's input)."""
+
+    elementwise = True
+
+    def client_step(self, params, local, ctx):
+        ctx.client_id
+        return super().client_step(params, local, ctx)
+
+
+@pytest.mark.parametrize("kind", ["sequential", "batched"])
+def test_a_rule_reading_the_client_id_runs_eagerly_with_a_reason(tmp_path, caplog, kind):
+    eager = _fit(tmp_path, ReadsClientId(), "sequential")
+    executor = _executor(kind, backend="eager")
+    with caplog.at_level(logging.WARNING):
+        compiled = _fit(tmp_path, ReadsClientId(), executor)
+    assert "ReadsClientId reads ctx.client_id in its local steps" in caplog.text
+    for a, b in zip(eager.model.parameters(), compiled.model.parameters()):
+        assert torch.equal(a, b)

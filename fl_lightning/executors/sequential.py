@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from fl_lightning import params as P
-from fl_lightning.algorithms.base import ClientContext, RoundInfo
+from fl_lightning.algorithms.base import ClientContext, ClientIdUnavailable, RoundInfo
 from fl_lightning.errors import FLError, interrupted
 from fl_lightning.executors.base import ClientRuntime, Executor, check_loss, seed_client, to_device
 from fl_lightning.executors.compiled import DEFAULT_MAX_VARIANTS, CompiledPrograms, Uncompilable, log_fallback, tensor_lr
@@ -179,6 +179,8 @@ def _train_compiled_or_eager(
             return train_client_compiled(programs, task, info, runtime, record)
         except Uncompilable as error:
             reason = str(error)
+        except ClientIdUnavailable:  # the program's client is a tensor input (an int would recompile per client)
+            reason = f"{type(runtime.algorithm).__name__} reads ctx.client_id in its local steps"
     log_fallback(fallbacks, reason, log)
     return _train_client(task, info, runtime, record)
 
