@@ -13,7 +13,9 @@ Executions, each in its own fresh process (so start-up and memory are its own):
   ``FedAvg``) through ``flwr.simulation.run_simulation`` on the Ray backend, 100 virtual
   SuperNodes, ``--flower-actors`` client actors of one CPU each (default 1: the same one
   core that fl-lightning's single process uses; Flower's own default is 2 CPUs a client);
-- ``sequential`` and ``batched``: ``FederatedModule`` + ``Trainer.fit``, as in run.py.
+- ``sequential``, ``batched`` and ``batched_compiled``: ``FederatedModule`` + ``Trainer.fit``, as in
+  run.py (``batched_compiled``: ``BatchedExecutor(compile=True)``; its compilation falls in round 1,
+  so in ``startup_s``, not in ``per_client_fit_ms``).
 
 Per execution and repetition (run interleaved: flower, sequential, batched, flower, ...):
 
@@ -59,7 +61,7 @@ from benchmarks.run import WORKLOADS, _quiet, default_out, framework, machine, p
 from benchmarks.tree_memory import PeakTreeMemory  # noqa: E402
 
 WORKLOAD = "mlp"
-EXECUTIONS = ("flower", "sequential", "batched")
+EXECUTIONS = ("flower", "sequential", "batched", "batched_compiled")
 QUIET_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "RAY_USAGE_STATS_ENABLED": "0"}  # no telemetry: no network calls
 
 

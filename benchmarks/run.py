@@ -14,7 +14,10 @@ this file; ``sequential`` and ``batched`` run FedAvg through ``FederatedModule``
 and ``Trainer.fit``; ``ddp2`` is sequential execution with the round's clients
 split over 2 DDP processes (gloo); ``one_batch`` (opt-in: ``--executions
 bare,one_batch,...``) is the arithmetic floor of batched execution, K plain steps of one
-model over the round's S x B rows as one batch (``bare_loop``). The local executions of one workload run in
+model over the round's S x B rows as one batch (``bare_loop``); ``sequential_compiled``,
+``batched_compiled`` and ``one_batch_compiled`` (opt-in) are the same with the K local steps as one
+``torch.compile`` program (compiled execution; ``one_batch_compiled``: the ceiling of compiled
+batching; compilation falls in the untimed first round). The local executions of one workload run in
 one process, interleaved and repeated (the best of each is kept), so machine noise
 hits them alike; ``ratio_vs_bare`` divides a row's client-steps/s by the bare
 loop's of the same workload and S in this invocation. The first round of every
@@ -170,7 +173,27 @@ def build(workload: str, clients_per_round: int):
     return (MLP(32, 10, hidden=[64]) if workload.startswith("mlp") else SmallCNN()), data
 
 
-def bare_loop(workload: str, clients_per_round: int, rounds: int, one_batch: bool = False) -> float:
+def _compiled_one_batch(model, steps: int):
+    """``one_batch``'s K plain SGD steps as one ``torch.compile``d function of the parameters and the
+    ``(inputs, targets)`` of the K steps, ``[K, S x B, ...]`` (``torch.func.grad`` of the cross-entropy
+    through ``functional_call``): the ceiling of compiled batching, as ``one_batch`` is of eager batching."""
+    import torch
+    import torch.nn.functional as F
+    from torch.func import functional_call, grad
+
+    def loss_at(params, x, y):
+        return F.cross_entropy(functional_call(model, params, (x,)), y)
+
+    def k_steps(params, xs, ys):
+        for k in range(steps):
+            grads = grad(loss_at)(params, xs[k], ys[k])
+            params = {n: p - LR * grads[n] for n, p in params.items()}
+        return params
+
+    return torch.compile(k_steps, fullgraph=True, dynamic=False)
+
+
+def bare_loop(workload: str, clients_per_round: int, rounds: int, one_batch: bool = False, compiled: bool = False) -> float:
     """Hand-written sequential FedAvg: copy x in, K SGD steps, accumulate deltas, average.
 
     ``one_batch`` (the ``one_batch`` execution): each of the K steps is instead one ordinary
@@ -209,11 +232,22 @@ def bare_loop(workload: str, clients_per_round: int, rounds: int, one_batch: boo
             return F.cross_entropy(getattr(out, "logits", out), batch["labels"])
         return F.cross_entropy(model(batch[0]), batch[1])
 
+    if compiled and not isinstance(train, TensorDataset):
+        return None  # compiled one_batch: in-memory tensor workloads only
+    compiled_steps = _compiled_one_batch(model, spec["steps"]) if compiled else None
     start = None
     for round_idx in range(rounds):
         if round_idx == 1:
             start = time.perf_counter()
         clients = torch.randperm(data.num_clients, generator=generator)[:clients_per_round]
+        if compiled_steps is not None:
+            idx = torch.cat([data.client_train[c][torch.randint(len(data.client_train[c]), (spec["steps"], spec["batch"]), generator=generator)]
+                             for c in clients.tolist()], dim=1)  # fmt: skip
+            new = compiled_steps({n: p.detach() for n, p in model.named_parameters()}, *batch_of(idx))
+            with torch.no_grad():
+                for (n, p) in model.named_parameters():
+                    p.copy_(new[n])
+            continue
         if one_batch:
             for _ in range(spec["steps"]):
                 idx = torch.cat([data.client_train[c][torch.randint(len(data.client_train[c]), (spec["batch"],), generator=generator)]
@@ -268,7 +302,11 @@ def framework(workload: str, clients_per_round: int, rounds: int, execution: str
     spec = WORKLOADS[workload]
     timer = Timer()
     model, data = build(workload, clients_per_round)
+    from fl_lightning.executors import BatchedExecutor, SequentialExecutor
+
     kwargs = {"execution": "batched"} if execution == "batched" else {}
+    if execution.endswith("_compiled"):
+        kwargs = {"execution": (BatchedExecutor if execution.startswith("batched") else SequentialExecutor)(compile=True)}
     distributed = dict(devices=2, strategy="ddp") if execution == "ddp2" else {}
     module = FederatedModule(model, FedAvg(), LocalTraining(lr=LR, steps=spec["steps"], batch_size=spec["batch"]), **kwargs)
     trainer = L.Trainer(
@@ -317,8 +355,8 @@ def worker(workloads: list[str], executions: list[str], rounds: dict[str, int], 
     _quiet()
 
     def run_one(workload, execution, s, n):
-        if execution in ("bare", "one_batch"):
-            return bare_loop(workload, s, n, one_batch=execution == "one_batch")
+        if execution in ("bare", "one_batch", "one_batch_compiled"):
+            return bare_loop(workload, s, n, one_batch=execution.startswith("one_batch"), compiled=execution == "one_batch_compiled")
         return framework(workload, s, n, execution)
 
     runs = [(w, e, s) for w in workloads for s in WORKLOADS[w]["plan"] for e in executions]

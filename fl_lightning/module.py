@@ -514,6 +514,9 @@ class FederatedModule(L.LightningModule):
         metrics.update(loss_term_means([r.loss_terms for r in results if r.loss_terms]))
         metrics.update({k: float(v) for k, v in extra_metrics.items()})
         metrics["time/round_s"] = time.perf_counter() - self._round_started
+        compile_s = getattr(self.executor.inner, "compile_seconds", None)  # compiled execution: seconds compiling so far
+        if compile_s is not None:
+            metrics["time/compile_s"] = compile_s
         # Straight to the loggers (`self.log` costs milliseconds per key, a real share of a
         # small round), at the step Lightning gives this round's evaluation: the round index.
         for logger in self.loggers:

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.func import vmap
+from torch.func import grad_and_value, vmap
 
 from fl_lightning import params as P
 from fl_lightning.client_rows import ClientRows, UnsupportedLayer, model_declares
@@ -141,7 +141,8 @@ class Objective:
             return self(batch)
 
     def grad_fn(
-        self, batch: Any, weight_decay: float, record: StepRecord | None = None, stacked: bool = False, loss: ClientLoss | None = None
+        self, batch: Any, weight_decay: float, record: StepRecord | None = None, stacked: bool = False,
+        loss: ClientLoss | None = None, functional: bool = False,
     ) -> GradFn:
         """Loss and gradient of the minibatch loss plus ``weight_decay/2 ||w||^2`` at given parameters.
 
@@ -150,17 +151,26 @@ class Objective:
         *sum* of their losses is every client's own gradient, from one ordinary backward.
         ``loss``: an algorithm's local loss (``fl_lightning.local_loss``) in place of the model's.
         The first evaluation (loss without the decay term, its terms, outputs, targets) goes to ``record``.
+        ``functional``: the gradient by ``torch.func.grad_and_value`` instead of the autograd engine,
+        so that ``torch.compile`` and ``vmap`` can trace it (compiled execution); the same values.
         """
         local_loss = None if loss is None else (loss.stacked if stacked else loss.at)
 
-        def grad(params: TensorDict) -> tuple[Tensor, TensorDict]:
-            leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
+        def evaluate(params: TensorDict) -> tuple[Tensor, tuple[Tensor, dict[str, Tensor] | None, Tensor, Tensor]]:
             if local_loss is None:
-                value, out, target = self.stacked(leaves, batch) if stacked else self.at(leaves, batch)
+                value, out, target = self.stacked(params, batch) if stacked else self.at(params, batch)
                 terms = None
             else:
-                value, terms, out, target = local_loss(self, leaves, batch)
-            grads = dict(zip(leaves, loss_grads(value.sum() if stacked else value, list(leaves.values()))))
+                value, terms, out, target = local_loss(self, params, batch)
+            return (value.sum() if stacked else value), (value, terms, out, target)
+
+        def grad(params: TensorDict) -> tuple[Tensor, TensorDict]:
+            if functional:
+                grads, (_, (value, terms, out, target)) = grad_and_value(evaluate, has_aux=True)(params)
+            else:
+                leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
+                total, (value, terms, out, target) = evaluate(leaves)
+                grads = dict(zip(leaves, loss_grads(total, list(leaves.values()))))
             if weight_decay:
                 grads = P.add(grads, params, weight_decay)
             value = value.detach()

@@ -63,6 +63,7 @@ class RunSummary(Callback):
         self.rounds = 0
         self.accuracies: list[tuple[int, float]] = []  # (round, val/acc)
         self.bytes_total: float | None = None
+        self.compile_s: float | None = None  # compiled execution: seconds compiling (time/compile_s)
         self.name = ""
         self.start_round = 0
         self.test_acc: float | None = None  # the final model on the test set, once (with a validation split)
@@ -84,6 +85,7 @@ class RunSummary(Callback):
         self.seconds = time.perf_counter() - (self.start or time.perf_counter())
         self.rounds = trainer.global_step
         self.bytes_total = _value(trainer.callback_metrics, BYTES)
+        self.compile_s = _value(trainer.callback_metrics, "time/compile_s")
 
     @property
     def final_acc(self) -> float | None:
@@ -96,7 +98,8 @@ class RunSummary(Callback):
     def line(self) -> str:
         resumed = f" (resumed at round {self.start_round})" if self.start_round else ""
         threads = "" if self.threads is None else f" on {self.threads} thread{'s' if self.threads != 1 else ''}"
-        parts = [f"{self.name}: {self.rounds} rounds{resumed} in {self.seconds:.1f} s{threads}"]
+        compiled = f" ({self.compile_s:.1f} s compiling)" if self.compile_s is not None else ""
+        parts = [f"{self.name}: {self.rounds} rounds{resumed} in {self.seconds:.1f} s{threads}{compiled}"]
         if self.final_acc is not None:
             best_round, best_acc = self.best
             parts.append(f"final val acc {self.final_acc:.4f}")

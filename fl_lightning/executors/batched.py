@@ -20,6 +20,7 @@ error); if none fails, the batched path is wrong and ``BatchedExecutionError`` s
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections import Counter
 from collections.abc import Sequence
@@ -34,7 +35,8 @@ from fl_lightning.algorithms.base import ClientContext, ClientIdUnavailable, Rou
 from fl_lightning.client_data import Unstackable
 from fl_lightning.errors import FLError, interrupted, one_line
 from fl_lightning.executors.base import ClientRuntime, Executor, check_loss, seed_client, to_device
-from fl_lightning.executors.sequential import SequentialExecutor
+from fl_lightning.executors.compiled import DEFAULT_MAX_VARIANTS, CompiledPrograms, Uncompilable, log_fallback, tensor_lr
+from fl_lightning.executors.sequential import SequentialExecutor, compiled_unsupported_reason
 from fl_lightning.local_loss import client_loss
 from fl_lightning.objective import StepRecord
 from fl_lightning.params import TensorDict
@@ -65,6 +67,24 @@ def _unstack(state: Any, num_clients: int) -> list[Any]:
         per_key = {k: _unstack(v, num_clients) for k, v in state.items()}
         return [{k: parts[i] for k, parts in per_key.items()} for i in range(num_clients)]
     return list(state.unbind(0))
+
+
+def _pad_clients(extra: int, tree: Any) -> Any:
+    """``tree``'s tensors with ``extra`` copies of their last client appended (compiled execution's padding)."""
+    if not extra:
+        return tree
+    if isinstance(tree, dict):
+        return {k: _pad_clients(extra, v) for k, v in tree.items()}
+    if isinstance(tree, list | tuple):
+        return type(tree)(_pad_clients(extra, v) for v in tree)
+    return torch.cat([tree, tree[-1:].expand(extra, *tree.shape[1:])])
+
+
+def _cut(tree: Any, size: int) -> Any:
+    """The first ``size`` clients of ``tree``'s tensors (padding removed)."""
+    if isinstance(tree, dict):
+        return {k: _cut(v, size) for k, v in tree.items()}
+    return tree[:size]
 
 
 def _no_full_grad(params: TensorDict) -> TensorDict:
@@ -140,15 +160,27 @@ class BatchedExecutor(Executor):
             outside fl-lightning (a user's), run its first batched round sequentially too and stop
             with ``BatchedExecutionError`` if the uploads or client states differ (a reduction in a
             rule declared elementwise mixes the stacked clients). Costs one sequential round per run.
+        compile: run the stacked clients' K local steps as one compiled program (``torch.compile``
+            of ``vmap`` of the rule; ``fl_lightning.executors.compiled``, docs/performance.md);
+            rounds that run sequentially run sequential compiled execution. Results equal eager
+            execution's to float tolerance; what cannot be compiled runs eagerly (declared, logged).
+        max_variants: with ``compile``, the most compiled programs (shapes) before running eagerly.
+        backend: with ``compile``, ``torch.compile``'s backend (``inductor``, or ``aot_eager``: see ``SequentialExecutor``).
     """
 
-    def __init__(self, max_stacked_clients: int | None = None, verify_first_round: bool = False) -> None:
+    def __init__(
+        self, max_stacked_clients: int | None = None, verify_first_round: bool = False, compile: bool = False,
+        max_variants: int = DEFAULT_MAX_VARIANTS, backend: str = "inductor",
+    ) -> None:
         if max_stacked_clients is not None and (type(max_stacked_clients) is not int or max_stacked_clients < 1):
             raise ValueError(f"execution.max_stacked_clients must be an integer >= 1 or null, got {max_stacked_clients!r}")
         self.max_stacked_clients = max_stacked_clients
         self.verify_first_round = verify_first_round
         self._verified: set[type] = set()
-        self.sequential = SequentialExecutor()
+        self.sequential = SequentialExecutor(compile=compile, max_variants=max_variants, backend=backend)
+        self.compile = compile
+        self.programs = CompiledPrograms(stacked=True, max_variants=max_variants, backend=backend) if compile else None
+        self.compile_fallbacks: Counter[str] = Counter()  # compiled execution: stacked rounds run eagerly, by reason
         self.fallbacks: Counter[str] = Counter()  # rounds run sequentially, by reason
         self._finish_per_client: set[type] = set()  # rules whose client_finish reads ctx.client_id
 
@@ -221,6 +253,8 @@ class BatchedExecutor(Executor):
         ids, stacked_states = torch.tensor(clients), _stack(states)
         record = StepRecord()
         rule = self._elementwise_rule if declares_capability(runtime.algorithm, "elementwise") else self._vmapped_rule
+        if self.programs is not None:
+            rule = functools.partial(self._compiled_rule, rule)
         step_batches = (to_device(batch, runtime.device) for batch in batches)
         loss = client_loss(runtime.algorithm, ids, broadcast, stacked_states, info, runtime.data, runtime.device)
         params, local_state = rule(runtime, params, stacked_states, ids, broadcast, info, step_batches, record, loss)
@@ -253,6 +287,39 @@ class BatchedExecutor(Executor):
             ctx.grad = objective.grad_fn(batch, weight_decay, record, stacked=True, loss=loss)
             params, local_state = algorithm.client_step(params, local_state, ctx)
         return params, local_state
+
+    @property
+    def compile_seconds(self) -> float | None:
+        """Seconds spent compiling so far, stacked and sequential (None: not compiled execution)."""
+        return None if self.programs is None else self.programs.compile_seconds + self.sequential.compile_seconds
+
+    def _compiled_rule(self, eager_rule, runtime, params, client_state, ids, broadcast, info, batches, record, loss=None):
+        """The stacked clients' K steps as one compiled program, S padded up to a power of two (the
+        padding repeats the last client and is cut off: a bounded number of variants; the broadcast parameters
+        are copied out of their stride-0 views, so padded and unpadded rounds share a program); ``eager_rule``
+        for a declared reason (logged once)."""
+        batches = list(batches)
+        reason = compiled_unsupported_reason(runtime)
+        if reason is None:
+            if runtime.should_stop():
+                raise interrupted(info.round, int(ids[0]), 0, runtime.local.steps)
+            size = len(ids)
+            padded = 1 << (size - 1).bit_length()
+            pad = functools.partial(_pad_clients, padded - size)
+            try:
+                new_params, local_state, evaluations = self.programs(
+                    (len(batches), padded, False), False, runtime.algorithm, runtime.objective, runtime.local.weight_decay,
+                    pad({k: v.contiguous() for k, v in params.items()}), pad(client_state), pad(ids), tensor_lr(info), broadcast, {},
+                    pad(batches),
+                )  # fmt: skip
+            except Uncompilable as error:
+                reason = str(error)
+            else:
+                for loss, out, target in evaluations:
+                    record.add(loss[:size], out[:size], target[:size])
+                return _cut(new_params, size), _cut(local_state, size)
+        log_fallback(self.compile_fallbacks, reason, log)
+        return eager_rule(runtime, params, client_state, ids, broadcast, info, iter(batches), record, loss)
 
     def _vmapped_rule(self, runtime, params, client_state, ids, broadcast, info, batches, record, loss=None):
         """A rule with reductions (e.g. FedSAM's gradient norm): run per client under vmap."""

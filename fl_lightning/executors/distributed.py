@@ -363,15 +363,17 @@ def _distributed() -> bool:
 
 def _delta_moments(deltas: list[TensorDict], like: TensorDict) -> tuple[TensorDict, float]:
     """sum_i delta_i (float64) and sum_i ||delta_i||^2: ``train/consistency`` from sums (``consistency_from_sums``)."""
-    total = {k: torch.zeros(v.shape, dtype=torch.float64, device=v.device) for k, v in like.items()}
-    device = next(iter(like.values())).device
-    squares = torch.zeros((), dtype=torch.float64, device=device)  # on the tensors' device: one sync, at the end
-    for delta in deltas:
-        for k, v in delta.items():
-            v = v.double()
-            total[k] += v
-            squares += torch.dot(v.reshape(-1), v.reshape(-1))
-    return total, float(squares)
+    if not deltas:
+        return {k: torch.zeros(v.shape, dtype=torch.float64, device=v.device) for k, v in like.items()}, 0.0
+    # Vectorised over clients: per tensor name, one stack, one cast, one sum and one dot (a handful of
+    # ops a name instead of three a client and name: at S = 50 the per-client loop cost milliseconds).
+    total, squares = {}, []
+    for k in like:
+        stacked = torch.stack([delta[k] for delta in deltas]).double()
+        total[k] = stacked.sum(0)
+        flat = stacked.reshape(-1)
+        squares.append(torch.dot(flat, flat))
+    return total, float(torch.stack(squares).sum())  # on the tensors' device: one sync, at the end
 
 
 def _flatten(sums: Payload, delta_sum: TensorDict, delta_sq: float, device: torch.device) -> Tensor:

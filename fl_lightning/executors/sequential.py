@@ -6,15 +6,20 @@ copy is made) and its stored state; no per-client model copies exist.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
+from collections import Counter
 from collections.abc import Sequence
 
+import torch
+
 from fl_lightning import params as P
-from fl_lightning.algorithms.base import ClientContext, RoundInfo
+from fl_lightning.algorithms.base import ClientContext, ClientIdUnavailable, RoundInfo
 from fl_lightning.errors import FLError, interrupted
 from fl_lightning.executors.base import ClientRuntime, Executor, check_loss, seed_client, to_device
-from fl_lightning.local_loss import client_loss
+from fl_lightning.executors.compiled import DEFAULT_MAX_VARIANTS, CompiledPrograms, Uncompilable, log_fallback, tensor_lr
+from fl_lightning.local_loss import client_loss, defines_local_loss
 from fl_lightning.objective import StepRecord, round_means
 from fl_lightning.faults import TRANSIENT_ERRORS, ClientError, fatal_client_error
 from fl_lightning.params import TensorDict
@@ -24,16 +29,41 @@ log = logging.getLogger(__name__)
 
 
 class SequentialExecutor(Executor):
-    """Train the tasks' clients one after another."""
+    """Train the tasks' clients one after another.
+
+    Args:
+        compile: run each client's K local steps as one compiled program (``torch.compile``; see
+            ``fl_lightning.executors.compiled`` and docs/performance.md). Results equal eager
+            execution's to float tolerance; rules or models that cannot be compiled run eagerly
+            (a declared, logged reason).
+        max_variants: with ``compile``, the most compiled programs (shapes) before running eagerly.
+        backend: with ``compile``, ``torch.compile``'s backend: ``inductor`` (generated kernels), or
+            ``aot_eager`` (traced and differentiated, run by eager kernels: quick to compile, for checks).
+    """
+
+    def __init__(self, compile: bool = False, max_variants: int = DEFAULT_MAX_VARIANTS, backend: str = "inductor") -> None:
+        self.compile = _check_compile_settings(compile, max_variants, backend)
+        self.max_variants = max_variants
+        self.programs = CompiledPrograms(stacked=False, max_variants=max_variants, backend=backend) if compile else None
+        self.fallbacks: Counter[str] = Counter()  # compiled execution: clients run eagerly, by reason
+
+    @property
+    def compile_seconds(self) -> float | None:
+        """Seconds spent compiling so far (None: not compiled execution)."""
+        return self.programs.compile_seconds if self.programs is not None else None
 
     def run(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> list[ClientResult]:
         """Every task trained in turn under the client-failure policy (``run_task``)."""
         results, records = [], []
+        train = self._train_compiled if self.programs is not None else _train_client
         for task in tasks:
-            result = _run_with_policy(task, info, runtime, records)
+            result = _run_with_policy(task, info, runtime, records, train)
             if result is not None:
                 results.append(result)
         return _with_means(results, records, info)
+
+    def _train_compiled(self, task: ClientTask, info: RoundInfo, runtime: ClientRuntime, record: StepRecord) -> ClientResult:
+        return _train_compiled_or_eager(self.programs, self.fallbacks, task, info, runtime, record)
 
 
 def run_task(task: ClientTask, info: RoundInfo, runtime: ClientRuntime) -> ClientResult | None:
@@ -52,9 +82,9 @@ def run_task(task: ClientTask, info: RoundInfo, runtime: ClientRuntime) -> Clien
     return None if result is None else _with_means([result], records, info)[0]
 
 
-def _run_with_policy(task: ClientTask, info: RoundInfo, runtime: ClientRuntime, records: list) -> ClientResult | None:
+def _run_with_policy(task: ClientTask, info: RoundInfo, runtime: ClientRuntime, records: list, train=None) -> ClientResult | None:
     try:
-        return _run(task, info, runtime, records)
+        return _run(task, info, runtime, records, train)
     except (ValueError, FLError):
         raise
     except TRANSIENT_ERRORS as error:
@@ -71,11 +101,11 @@ def _run_with_policy(task: ClientTask, info: RoundInfo, runtime: ClientRuntime, 
         raise fatal_client_error(info.round, task.client_id, error) from error
 
 
-def _run(task: ClientTask, info: RoundInfo, runtime: ClientRuntime, records: list) -> ClientResult:
+def _run(task: ClientTask, info: RoundInfo, runtime: ClientRuntime, records: list, train=None) -> ClientResult:
     if task.warmup:
         return _warmup_client(task, info, runtime)
     record = StepRecord()
-    result = _train_client(task, info, runtime, record)
+    result = (train or _train_client)(task, info, runtime, record)
     records.append((result, record))
     return result
 
@@ -132,3 +162,75 @@ def _warmup_client(task: ClientTask, info: RoundInfo, runtime: ClientRuntime) ->
     ctx = ClientContext(cid, task.broadcast, client_state, info, task.num_steps, personal=personal, mean_grad=mean_grad)
     upload, new_state = algorithm.client_warmup({**P.detach_clone(x), **P.detach_clone(personal)}, ctx)
     return ClientResult(cid, upload, new_state, task.num_steps, math.nan)  # personal tensors unchanged: not stored
+
+
+# ---- compiled execution (``compile=True``) -------------------------------------------------------
+def _check_compile_settings(compile: bool, max_variants: int, backend: str) -> bool:
+    if type(compile) is not bool:
+        raise ValueError(f"execution.compile must be true or false, got {compile!r}")
+    if type(max_variants) is not int or max_variants < 1:
+        raise ValueError(f"execution.max_variants must be an integer >= 1, got {max_variants!r}")
+    if compile:
+        backends = torch._dynamo.list_backends(exclude_tags=())
+        if backend not in backends:
+            raise ValueError(f"execution.backend must be one of {sorted(backends)}, got {backend!r}")
+    return compile
+
+
+def compiled_unsupported_reason(runtime: ClientRuntime) -> str | None:
+    """Why client training cannot run compiled (known before running), or None."""
+    if runtime.local.steps is None:
+        return "local.epochs gives clients different numbers of steps and a short last batch; use local.steps"
+    if defines_local_loss(runtime.algorithm):
+        return f"{type(runtime.algorithm).__name__}'s local_loss (an algorithm's own objective) is not compiled yet"
+    if torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled(runtime.device.type):
+        return "mixed precision (autocast) is not compiled"
+    return None
+
+
+def _train_compiled_or_eager(
+    programs: CompiledPrograms, fallbacks: Counter, task: ClientTask, info: RoundInfo, runtime: ClientRuntime, record: StepRecord
+) -> ClientResult:
+    """``_train_client`` with the K local steps as one compiled program; eager for a declared reason (logged once)."""
+    reason = compiled_unsupported_reason(runtime)
+    if reason is None:
+        try:
+            return train_client_compiled(programs, task, info, runtime, record)
+        except Uncompilable as error:
+            reason = str(error)
+        except ClientIdUnavailable:  # the program's client is a tensor input (an int would recompile per client)
+            reason = f"{type(runtime.algorithm).__name__} reads ctx.client_id in its local steps"
+    log_fallback(fallbacks, reason, log)
+    return _train_client(task, info, runtime, record)
+
+
+def train_client_compiled(programs: CompiledPrograms, task: ClientTask, info: RoundInfo, runtime: ClientRuntime, record: StepRecord) -> ClientResult:
+    """One client trained by the compiled program of its K local steps (``fl_lightning.executors.compiled``)."""
+    algorithm, data, local, device = runtime.algorithm, runtime.data, runtime.local, runtime.device
+    cid, broadcast, steps = task.client_id, task.broadcast, task.num_steps
+    if runtime.should_stop():
+        raise interrupted(info.round, cid, 0, steps)
+    seed_client(task.seed, device)
+    client_state, personal = task.load_state()
+    batches = [to_device(b, device) for b in itertools.islice(data.client_batches(cid, task.seed, local.batch_size, local.steps), steps)]
+    short = _rows(batches[0]) < local.batch_size  # a client smaller than the batch: its whole set, a dynamic batch size
+    key = (steps, short)
+    params = {**broadcast["x"], **personal}
+    client = torch.tensor(cid)
+    params, local_state, evaluations = programs(
+        key, short, algorithm, runtime.objective, local.weight_decay, params, client_state, client, tensor_lr(info), broadcast, personal, batches
+    )
+    for loss, out, target in evaluations:
+        record.add(loss, out, target)
+    ctx = ClientContext(cid, broadcast, client_state, info, steps, personal=personal, step=steps - 1)
+    shared = {k: params[k] for k in broadcast["x"]} if personal else params
+    upload, new_state = algorithm.client_finish(shared, local_state, ctx)
+    if personal:
+        new_state = {**new_state, PERSONAL: algorithm.personal_finish(params, local_state, ctx)}
+    return ClientResult(cid, upload, new_state, steps, math.nan)
+
+
+def _rows(batch) -> int:
+    """The number of samples of a batch (its target's first dimension)."""
+    target = batch["labels"] if isinstance(batch, dict) else batch[-1]
+    return target.shape[0]

@@ -1,0 +1,211 @@
+"""Compiled client execution (``compile=True``): the same results as eager execution, to float tolerance.
+
+Compiling with inductor costs seconds to minutes a program on a small CPU, so the sweep over every
+built-in algorithm compiles with the ``eager`` backend (dynamo's single traced graph of the rule,
+the functional gradient and vmap, run by eager kernels; ``aot_eager`` elsewhere adds AOT autograd's
+functionalisation, inductor's input); the generated-code path (inductor)
+is checked on FedAvg (sequential), FedSAM (a reduction in the rule, batched under vmap) and SCAFFOLD
+(client state and a server payload; the bitwise resume).
+"""
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+import fl_lightning.algorithms as A
+from fl_lightning import FederatedModule, LocalTraining
+from fl_lightning.algorithms.base import Algorithm
+from fl_lightning.executors import BatchedExecutor, SequentialExecutor
+from fl_lightning.executors.compiled import CompileError
+from fl_lightning.faults import ClientFaults
+from lightning.pytorch.callbacks import ModelCheckpoint
+from models import MLP
+from tests.conftest import tiny_datamodule, tiny_trainer
+
+RTOL, ATOL = 1e-5, 1e-6  # float32, a few ulps of the model's parameters after 2 rounds
+REGISTRY = sorted(n for n in A.__all__ if isinstance(getattr(A, n), type) and issubclass(getattr(A, n), Algorithm) and n != "Algorithm")
+SWEEP_BACKEND = "eager"
+PERSONAL = {"FedAvgP", "FedAlt", "FedSim", "ScaffoldP"}  # partial personalization: a personal head
+
+
+def _fit(tmp_path, algorithm, execution, rounds=2, faults=ClientFaults(), local=None, data=None, model=None, **trainer):
+    torch.manual_seed(0)
+    personal = ["net.3"] if type(algorithm).__name__ in PERSONAL else []
+    module = FederatedModule(
+        (model or (lambda: MLP(8, 3, hidden=[16])))(), algorithm, local or LocalTraining(lr=0.1, steps=3, batch_size=8, weight_decay=1e-3),
+        execution=execution, faults=faults, personal=personal,
+    )  # fmt: skip
+    trainer = tiny_trainer(tmp_path, rounds, **trainer)
+    trainer.fit(module, datamodule=data or tiny_datamodule())
+    return module
+
+
+def _assert_close(eager, compiled, rtol=RTOL, atol=ATOL):
+    for a, b in zip(eager.model.parameters(), compiled.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
+    sa, sb = eager.store.state_dict(), compiled.store.state_dict()
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        torch.testing.assert_close(sa[k], sb[k], rtol=rtol, atol=atol)
+    for key in ("train/loss", "train/acc"):  # the per-step records' means
+        torch.testing.assert_close(eager.trainer.callback_metrics[key], compiled.trainer.callback_metrics[key], rtol=rtol, atol=atol)
+
+
+def _algorithm(name):
+    return A.FedAvgSVRG(snapshots=1, inner_steps=3) if name == "FedAvgSVRG" else getattr(A, name)()
+
+
+def _executor(kind, **kw):
+    return (BatchedExecutor if kind == "batched" else SequentialExecutor)(compile=True, **kw)
+
+
+@pytest.mark.parametrize("kind", ["sequential", "batched"])
+@pytest.mark.parametrize("name", REGISTRY)
+def test_every_algorithm_compiled_equals_eager(tmp_path, name, kind):
+    eager = _fit(tmp_path, _algorithm(name), "sequential")
+    executor = _executor(kind, backend=SWEEP_BACKEND)
+    compiled = _fit(tmp_path, _algorithm(name), executor)
+    _assert_close(eager, compiled)
+    inner = executor.sequential if kind == "batched" else executor
+    fallbacks = {**inner.fallbacks, **getattr(executor, "compile_fallbacks", {})}
+    if name == "FedAvgSVRG":  # full local gradients: declared, eager
+        assert any("full local gradients" in reason for reason in fallbacks)
+    else:
+        assert not fallbacks, fallbacks
+        assert executor.compile_seconds > 0
+
+
+@pytest.mark.parametrize("name, kind", [("FedAvg", "sequential"), ("FedSAM", "batched")])
+def test_inductor_compiled_equals_eager(tmp_path, name, kind):
+    eager = _fit(tmp_path, getattr(A, name)(), "sequential")
+    executor = _executor(kind)
+    compiled = _fit(tmp_path, getattr(A, name)(), executor)
+    _assert_close(eager, compiled)
+    assert not executor.compile_fallbacks if kind == "batched" else not executor.fallbacks
+    assert compiled.trainer.callback_metrics["time/compile_s"] > 0
+
+
+def test_compiled_runs_repeat_bitwise_and_variants_are_bounded(tmp_path):
+    """Dropout changes S every round: padded to a power of two, S in 0..4 needs at most 3 programs
+    (S = 1, 2, 4), and two runs with the same seed are bitwise equal (inductor's bitwise repeatability:
+    ``test_compiled_resume_is_bitwise_identical``)."""
+    runs = []
+    for _ in range(2):
+        executor = BatchedExecutor(compile=True, backend="aot_eager")
+        module = _fit(tmp_path, A.FedAvg(), executor, rounds=8, faults=ClientFaults(dropout=0.4), data=tiny_datamodule(clients_per_round=4))
+        assert executor.programs.compiled <= 3 and executor.sequential.programs.compiled == 0
+        runs.append(module)
+    for a, b in zip(runs[0].model.parameters(), runs[1].model.parameters()):
+        assert torch.equal(a, b)
+    assert {s for _, s, _ in executor.programs.variants} <= {1, 2, 4}
+
+
+def test_compiled_resume_is_bitwise_identical(tmp_path):
+    """6 rounds straight == 3 rounds + checkpoint + a fresh executor resumed to 6 (a decaying lr, stragglers)."""
+    local = LocalTraining(lr=0.1, steps=3, batch_size=8, lr_decay=0.9)
+    faults = ClientFaults(straggler=0.5)
+
+    def run(directory, rounds, ckpt=None):
+        checkpoint = ModelCheckpoint(dirpath=directory / "ckpt", save_last=True, every_n_train_steps=1, save_top_k=0)
+        torch.manual_seed(0)
+        module = FederatedModule(MLP(8, 3, hidden=[16]), A.SCAFFOLD(), local, execution=SequentialExecutor(compile=True), faults=faults)
+        trainer = tiny_trainer(directory, rounds, enable_checkpointing=True, callbacks=[checkpoint])
+        trainer.fit(module, datamodule=tiny_datamodule(num_clients=8, clients_per_round=3), ckpt_path=ckpt)
+        return module
+
+    straight = run(tmp_path / "a", 6)
+    run(tmp_path / "b", 3)
+    resumed = run(tmp_path / "c", 6, ckpt=str(tmp_path / "b" / "ckpt" / "last.ckpt"))
+    for a, b in zip(straight.model.parameters(), resumed.model.parameters()):
+        assert torch.equal(a, b)
+    assert straight.store.equal(resumed.store)
+
+
+class DataDependent(nn.Module):
+    """A forward that branches on a tensor's value: not traceable as one graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 3)
+
+    def forward(self, x):
+        out = self.linear(x)
+        return out if out.sum() > -1e9 else -out
+
+
+def test_an_untraceable_model_runs_eagerly_with_a_logged_reason(tmp_path, caplog):
+    eager = _fit(tmp_path, A.FedAvg(), "sequential", model=DataDependent)
+    executor = SequentialExecutor(compile=True, backend="aot_eager")
+    with caplog.at_level(logging.WARNING, logger="fl_lightning.executors.sequential"):
+        compiled = _fit(tmp_path, A.FedAvg(), executor, model=DataDependent)
+    assert "compiled execution falls back to eager: the rule or model cannot be compiled" in caplog.text
+    for a, b in zip(eager.model.parameters(), compiled.model.parameters()):
+        assert torch.equal(a, b)
+
+
+@torch._dynamo.register_backend
+def failing_backend(graph, example_inputs):
+    raise RuntimeError("the C++ compiler is missing\nand a second line")
+
+
+def test_any_other_compile_error_stops_the_run_with_one_line(tmp_path):
+    with pytest.raises(CompileError) as raised:
+        _fit(tmp_path, A.FedAvg(), SequentialExecutor(compile=True, backend="failing_backend"))
+    assert "\n" not in str(raised.value) and "compiling the local steps failed" in str(raised.value)
+
+
+def test_compiled_execution_detects_divergence(tmp_path):
+    from fl_lightning.faults import DivergenceError
+
+    with pytest.raises(DivergenceError, match="non-finite"):
+        _fit(tmp_path, A.FedAvg(), SequentialExecutor(compile=True, backend="aot_eager"), local=LocalTraining(lr=1e30, steps=3, batch_size=8))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(compile="yes"), "execution.compile must be true or false"),
+    (dict(compile=True, max_variants=0), "execution.max_variants must be an integer >= 1"),
+    (dict(compile=True, backend="nvcc"), "execution.backend must be one of"),
+])  # fmt: skip
+def test_bad_compile_settings_are_rejected(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SequentialExecutor(**kwargs)
+
+
+def test_compiled_quickstart_through_the_cli(tmp_path):
+    """``configs/quickstart_compiled.yaml`` runs from the CLI; compile time in the result line and as a metric."""
+    import csv
+
+    from tests.test_cli import ROOT, fl_lightning
+
+    proc = fl_lightning(
+        "fit", "--config", str(ROOT / "configs" / "quickstart_compiled.yaml"), "--trainer.max_steps", "2",
+        "--trainer.val_check_interval", "2", "--model.local.steps", "2", "--model.execution.init_args.backend", "aot_eager",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert "s compiling)" in proc.stdout + proc.stderr
+    with open(tmp_path / "runs" / "quickstart_compiled" / "version_0" / "metrics.csv") as f:
+        compile_s = [float(r["time/compile_s"]) for r in csv.DictReader(f) if r.get("time/compile_s")]
+    assert compile_s and compile_s[0] > 0 and compile_s[-1] >= compile_s[0]
+
+
+class ReadsClientId(A.FedAvg):
+    """FedAvg whose step reads ``ctx.client_id`` (a number per client: not a compiled program's input)."""
+
+    elementwise = True
+
+    def client_step(self, params, local, ctx):
+        ctx.client_id
+        return super().client_step(params, local, ctx)
+
+
+@pytest.mark.parametrize("kind", ["sequential", "batched"])
+def test_a_rule_reading_the_client_id_runs_eagerly_with_a_reason(tmp_path, caplog, kind):
+    eager = _fit(tmp_path, ReadsClientId(), "sequential")
+    executor = _executor(kind, backend="eager")
+    with caplog.at_level(logging.WARNING):
+        compiled = _fit(tmp_path, ReadsClientId(), executor)
+    assert "ReadsClientId reads ctx.client_id in its local steps" in caplog.text
+    for a, b in zip(eager.model.parameters(), compiled.model.parameters()):
+        assert torch.equal(a, b)
