@@ -162,7 +162,7 @@ class Objective:
                 terms = None
             else:
                 value, terms, out, target = local_loss(self, params, batch)
-            return (value.sum() if stacked else value), (value, terms, out, target)
+            return (value.sum() if stacked else value), (value, terms if terms is not None else {}, out, target)  # aux: tensors only
 
         def grad(params: TensorDict) -> tuple[Tensor, TensorDict]:
             if functional:
@@ -171,6 +171,7 @@ class Objective:
                 leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
                 total, (value, terms, out, target) = evaluate(leaves)
                 grads = dict(zip(leaves, loss_grads(total, list(leaves.values()))))
+            terms = terms or None
             if weight_decay:
                 grads = P.add(grads, params, weight_decay)
             value = value.detach()

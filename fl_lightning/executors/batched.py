@@ -316,7 +316,7 @@ class BatchedExecutor(Executor):
                 reason = str(error)
             else:
                 for loss, out, target in evaluations:
-                    record.add(loss[:size], out[:size], target[:size])
+                    record.add(loss[:size], None if out is None else out[:size], target[:size])
                 return _cut(new_params, size), _cut(local_state, size)
         log_fallback(self.compile_fallbacks, reason, log)
         return eager_rule(runtime, params, client_state, ids, broadcast, info, iter(batches), record, loss)

@@ -58,8 +58,8 @@ class _Recorder:
     def __init__(self, items: list) -> None:
         self.items = items
 
-    def add(self, loss: Tensor, out: Tensor, target: Tensor) -> None:
-        self.items.append((loss, out, target))
+    def add(self, loss: Tensor, out: Tensor | None, target: Tensor, terms: dict[str, Tensor] | None = None) -> None:
+        self.items.append((loss, out, target))  # no local_loss terms: such algorithms run eagerly (compiled_unsupported_reason)
 
 
 def _no_full_grad(params: TensorDict) -> TensorDict:
