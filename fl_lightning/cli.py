@@ -107,10 +107,16 @@ def main(args: list[str] | None = None) -> None:
     Set ``FL_LIGHTNING_TRACEBACK=1`` to see the full traceback instead.
     """
     argv = sys.argv[1:] if args is None else list(args)
-    debug = "--debug" in argv or bool(os.environ.get("FL_LIGHTNING_TRACEBACK"))
+    if "--debug" in argv and not os.environ.get("FL_LIGHTNING_TRACEBACK"):
+        # For the parsers' errors too (fl_lightning/config_errors.py), for this call only: an in-process
+        # caller's later calls keep their one-line errors.
+        os.environ["FL_LIGHTNING_TRACEBACK"] = "1"
+        try:
+            return main([a for a in argv if a != "--debug"])
+        finally:
+            del os.environ["FL_LIGHTNING_TRACEBACK"]
+    debug = bool(os.environ.get("FL_LIGHTNING_TRACEBACK"))
     argv = [a for a in argv if a != "--debug"]
-    if debug:
-        os.environ["FL_LIGHTNING_TRACEBACK"] = "1"  # for the parsers' errors too (fl_lightning/config_errors.py)
     try:
         from fl_lightning.user_modules import import_user_modules, take_import_option
 
