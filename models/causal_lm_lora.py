@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from .gpt2_lora import _CONV1D_MODEL_TYPES, causal_padding_mask
+from .gpt2_lora import causal_padding_mask, peft_lora_model
 
 IGNORE_INDEX = -100
 
@@ -71,44 +71,10 @@ class LoRACausalLM(nn.Module):
         trust_remote_code: bool = False,
     ) -> None:
         super().__init__()
-        if rank < 1:
-            raise ValueError(f"LoRACausalLM rank must be >= 1, got {rank}")
-        if not alpha > 0:
-            raise ValueError(f"LoRACausalLM alpha must be > 0, got {alpha}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"LoRACausalLM dropout must be in [0, 1), got {dropout}")
-        from peft import LoraConfig, get_peft_model
-        from transformers import AutoModelForCausalLM
-        from transformers.utils import logging as hf_logging
-
-        verbosity = hf_logging.get_verbosity()
-        hf_logging.set_verbosity_error()  # no load report of the (expected) untied/missing heads
-        try:
-            base = AutoModelForCausalLM.from_pretrained(model_name_or_path, trust_remote_code=trust_remote_code)
-        except OSError as error:  # not downloadable (offline, no such repo) and not a local model directory
-            from fl_lightning.hub import hub_error
-
-            raise hub_error(
-                "model.model.init_args.model_name_or_path", model_name_or_path, "base model", error,
-                "a local directory with config.json and the weights (save_pretrained)",
-            ) from error
-        finally:
-            hf_logging.set_verbosity(verbosity)
-        if base.config.pad_token_id is None:
-            eos = base.config.eos_token_id
-            base.config.pad_token_id = eos[0] if isinstance(eos, list) else eos
-        if fan_in_fan_out is None:
-            fan_in_fan_out = base.config.model_type in _CONV1D_MODEL_TYPES
-        config = LoraConfig(
-            task_type="CAUSAL_LM", r=rank, lora_alpha=alpha, lora_dropout=dropout,
-            target_modules=target_modules, fan_in_fan_out=fan_in_fan_out,
+        self.net = peft_lora_model(
+            "LoRACausalLM", "AutoModelForCausalLM", "CAUSAL_LM", model_name_or_path, rank, alpha, dropout,
+            target_modules, fan_in_fan_out, freeze_a, trust_remote_code,
         )  # fmt: skip
-        self.net = get_peft_model(base, config)
-        if freeze_a:
-            for name, p in self.net.named_parameters():
-                if ".lora_A." in name:
-                    p.requires_grad_(False)
-        self.net.train()
         self.model_name_or_path = model_name_or_path
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:

@@ -34,6 +34,52 @@ def causal_padding_mask(attention_mask: Tensor) -> Tensor:
     return causal & attention_mask.bool()[:, None, None, :]
 
 
+def peft_lora_model(
+    owner: str, auto_class_name: str, task_type: str, model_name_or_path: str, rank: int, alpha: float, dropout: float,
+    target_modules: list[str] | None, fan_in_fan_out: bool | None, freeze_a: bool, trust_remote_code: bool, **load_kwargs,
+) -> nn.Module:
+    """A pretrained ``transformers`` model (``auto_class_name``, e.g. ``AutoModelForCausalLM``) wrapped by peft
+    with LoRA adapters, in training mode: the settings checked (one line naming ``owner``'s setting), the
+    hub's errors as one line, a pad token where the model has none, ``freeze_a`` applied."""
+    if rank < 1:
+        raise ValueError(f"{owner} rank must be >= 1, got {rank}")
+    if not alpha > 0:
+        raise ValueError(f"{owner} alpha must be > 0, got {alpha}")
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"{owner} dropout must be in [0, 1), got {dropout}")
+    import transformers
+    from peft import LoraConfig, get_peft_model
+
+    from fl_lightning.hub import hub_error, quiet_hub
+
+    quiet_hub()  # no load report of the (expected) new or untied heads, no download bars
+    try:
+        base = getattr(transformers, auto_class_name).from_pretrained(
+            model_name_or_path, trust_remote_code=trust_remote_code, **load_kwargs
+        )
+    except OSError as error:  # not downloadable (offline, no such repo) and not a local model directory
+        raise hub_error(
+            "model.model.init_args.model_name_or_path", model_name_or_path, "base model", error,
+            "a local directory with config.json and the weights (save_pretrained)",
+        ) from error
+    if base.config.pad_token_id is None:  # causal LMs have no pad token (the classifier's head finds the last non-pad one)
+        eos = base.config.eos_token_id
+        base.config.pad_token_id = eos[0] if isinstance(eos, list) else eos
+    if fan_in_fan_out is None:
+        fan_in_fan_out = base.config.model_type in _CONV1D_MODEL_TYPES
+    config = LoraConfig(
+        task_type=task_type, r=rank, lora_alpha=alpha, lora_dropout=dropout,
+        target_modules=target_modules, fan_in_fan_out=fan_in_fan_out,
+    )  # fmt: skip
+    net = get_peft_model(base, config)
+    if freeze_a:
+        for name, p in net.named_parameters():
+            if ".lora_A." in name:
+                p.requires_grad_(False)
+    net.train()  # from_pretrained returns eval mode; a freshly built module trains (dropout on)
+    return net
+
+
 class LoRAClassifier(nn.Module):
     """A pretrained causal LM with a classification head and LoRA adapters.
 
@@ -71,48 +117,11 @@ class LoRAClassifier(nn.Module):
         super().__init__()
         if num_labels < 2:
             raise ValueError(f"LoRAClassifier num_labels must be >= 2, got {num_labels}")
-        if rank < 1:
-            raise ValueError(f"LoRAClassifier rank must be >= 1, got {rank}")
-        if not alpha > 0:
-            raise ValueError(f"LoRAClassifier alpha must be > 0, got {alpha}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"LoRAClassifier dropout must be in [0, 1), got {dropout}")
-        from peft import LoraConfig, get_peft_model
-        from fl_lightning.hub import quiet_hub
-
-        quiet_hub()  # no "score.weight MISSING" load report (the new head) nor download bars
-        from transformers import AutoModelForSequenceClassification
-
-        try:
-            base = AutoModelForSequenceClassification.from_pretrained(
-                model_name_or_path, num_labels=num_labels, trust_remote_code=trust_remote_code
-            )
-        except OSError as error:  # not downloadable (offline, no such repo) and not a local model directory
-            from fl_lightning.hub import hub_error
-
-            raise hub_error(
-                "model.model.init_args.model_name_or_path", model_name_or_path, "base model", error,
-                "a local directory with config.json and the weights (save_pretrained)",
-            ) from error
-        if base.config.pad_token_id is None:  # causal LMs have no pad token; the head finds the last non-pad token
-            eos = base.config.eos_token_id
-            base.config.pad_token_id = eos[0] if isinstance(eos, list) else eos
-        if fan_in_fan_out is None:
-            fan_in_fan_out = base.config.model_type in _CONV1D_MODEL_TYPES
-        config = LoraConfig(
-            task_type="SEQ_CLS",  # makes peft keep the head ``score`` trainable and save it with the adapter
-            r=rank,
-            lora_alpha=alpha,
-            lora_dropout=dropout,
-            target_modules=target_modules,
-            fan_in_fan_out=fan_in_fan_out,
-        )
-        self.net = get_peft_model(base, config)
-        if freeze_a:
-            for name, p in self.net.named_parameters():
-                if ".lora_A." in name:
-                    p.requires_grad_(False)
-        self.net.train()  # from_pretrained returns eval mode; a freshly built module trains (dropout on)
+        # task_type SEQ_CLS makes peft keep the head ``score`` trainable and save it with the adapter
+        self.net = peft_lora_model(
+            "LoRAClassifier", "AutoModelForSequenceClassification", "SEQ_CLS", model_name_or_path, rank, alpha, dropout,
+            target_modules, fan_in_fan_out, freeze_a, trust_remote_code, num_labels=num_labels,
+        )  # fmt: skip
         self.model_name_or_path = model_name_or_path
         self.num_labels = num_labels
 
