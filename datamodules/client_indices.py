@@ -46,11 +46,7 @@ class ClientIndices(Sequence):
     def __getitem__(self, client: int) -> Tensor:  # type: ignore[override]
         if isinstance(client, slice):
             return [self[i] for i in range(*client.indices(len(self)))]  # type: ignore[return-value]
-        client = int(client)
-        if client < 0:
-            client += len(self)
-        if not 0 <= client < len(self):
-            raise IndexError(f"client {client} out of range for {len(self)} clients")
+        client = _client_position(client, len(self))
         start, end = self.offsets[client : client + 2].tolist()
         return self.flat[start:end]
 
@@ -130,13 +126,19 @@ class _Part(Sequence):
     def __getitem__(self, client: int) -> Tensor:  # type: ignore[override]
         if isinstance(client, slice):
             return [self[i] for i in range(*client.indices(len(self)))]  # type: ignore[return-value]
-        client = int(client)
-        if client < 0:
-            client += len(self)
-        if not 0 <= client < len(self):
-            raise IndexError(f"client {client} out of range for {len(self)} clients")
+        client = _client_position(client, len(self))
         if client not in self._cache:
             if len(self._cache) >= self.CACHED:
                 self._cache.pop(next(iter(self._cache)))
             self._cache[client] = self.split.split(client)[self.position]
         return self._cache[client]
+
+
+def _client_position(client: int, count: int) -> int:
+    """``client`` as a position in ``range(count)`` (negative counts from the end), or IndexError."""
+    client = int(client)
+    if client < 0:
+        client += count
+    if not 0 <= client < count:
+        raise IndexError(f"client {client} out of range for {count} clients")
+    return client

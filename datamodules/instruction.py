@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,7 @@ from torch.utils.data import Dataset
 from .federated import FederatedDataModule
 from .partition import Partitioner
 from .sources import DataSource
-from .text import _FILE_BUILDERS, load_tokenizer, _tokenizer_digest
+from .text import _FILE_BUILDERS, TokenSequences, _tokenizer_digest, load_tokenizer
 from fl_lightning.participation import Participation
 
 log = logging.getLogger(__name__)
@@ -130,11 +129,7 @@ class InstructionSequences(Dataset):
         labels = torch.where(response[..., 1:], input_ids[..., 1:], IGNORE_INDEX)
         return {"input_ids": input_ids, "attention_mask": mask.long(), "labels": labels}
 
-    def gather_steps(self, index: Tensor, step_dim: int) -> Iterator[dict[str, Tensor]]:
-        others = [d for d in range(index.dim()) if d != step_dim]
-        widths = self._lengths[index].amax(dim=others).tolist() if index.numel() else [0] * index.shape[step_dim]
-        for step, width in enumerate(widths):
-            yield self.gather(index.select(step_dim, step), width)
+    gather_steps = TokenSequences.gather_steps  # the same per-step widths over ``_lengths`` and ``gather``
 
     def to(self, device: torch.device) -> InstructionSequences:
         return InstructionSequences(self.ids.to(device), self.offsets, self.prompt_lengths, self.labels, self.pad_id)

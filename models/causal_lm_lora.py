@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from .gpt2_lora import causal_padding_mask, peft_lora_model
+from .gpt2_lora import peft_lora_model, prepared_mask
 
 IGNORE_INDEX = -100
 
@@ -79,14 +79,12 @@ class LoRACausalLM(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         """Logits of the next token at positions ``0 .. T-2`` (``[B, T-1, V]``), aligned with ``labels``."""
-        if attention_mask is not None and attention_mask.dim() == 2 and self.net.config._attn_implementation == "sdpa":
-            attention_mask = causal_padding_mask(attention_mask)
+        attention_mask = prepared_mask(self.net, attention_mask)
         return self.net(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
 
     def representation(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         """The last hidden state at positions ``0 .. T-2`` (``[B, T-1, H]``): what the LM head reads."""
-        if attention_mask is not None and attention_mask.dim() == 2 and self.net.config._attn_implementation == "sdpa":
-            attention_mask = causal_padding_mask(attention_mask)
+        attention_mask = prepared_mask(self.net, attention_mask)
         lm = self.net.get_base_model()
         body = getattr(lm, lm.base_model_prefix)
         return body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, :-1]

@@ -34,6 +34,14 @@ def causal_padding_mask(attention_mask: Tensor) -> Tensor:
     return causal & attention_mask.bool()[:, None, None, :]
 
 
+def prepared_mask(net: nn.Module, attention_mask: Tensor | None) -> Tensor | None:
+    """The mask ``net`` gets: the built 4D causal+padding mask for SDPA attention (no host read of
+    the padding, see ``causal_padding_mask``), otherwise ``attention_mask`` as it is."""
+    if attention_mask is not None and attention_mask.dim() == 2 and net.config._attn_implementation == "sdpa":
+        return causal_padding_mask(attention_mask)
+    return attention_mask
+
+
 def peft_lora_model(
     owner: str, auto_class_name: str, task_type: str, model_name_or_path: str, rank: int, alpha: float, dropout: float,
     target_modules: list[str] | None, fan_in_fan_out: bool | None, freeze_a: bool, trust_remote_code: bool, **load_kwargs,
@@ -126,8 +134,7 @@ class LoRAClassifier(nn.Module):
         self.num_labels = num_labels
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
-        if attention_mask is not None and attention_mask.dim() == 2 and self.net.config._attn_implementation == "sdpa":
-            attention_mask = causal_padding_mask(attention_mask)
+        attention_mask = prepared_mask(self.net, attention_mask)
         return self.net(input_ids=input_ids, attention_mask=attention_mask).logits
 
     # The representation convention (docs/architecture.md): forward(...) = head(representation(...)) to float
@@ -135,8 +142,7 @@ class LoRAClassifier(nn.Module):
     def representation(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         """The hidden state of each sequence's last non-padding token: the one the ``score`` head's logits are read at."""
         classifier = self.net.get_base_model()
-        if attention_mask is not None and attention_mask.dim() == 2 and self.net.config._attn_implementation == "sdpa":
-            attention_mask = causal_padding_mask(attention_mask)
+        attention_mask = prepared_mask(self.net, attention_mask)
         body = getattr(classifier, classifier.base_model_prefix)
         hidden = body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         # transformers' pooling: the rightmost token that is not padding

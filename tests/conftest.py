@@ -10,6 +10,7 @@ import torch
 
 from datamodules import IID, Dirichlet, FederatedDataModule
 from fl_lightning import FederatedModule, LocalTraining, UniformSampling
+from fl_lightning.objective import Objective
 from models import MLP
 
 
@@ -68,3 +69,17 @@ def wandb_offline(tmp_path, monkeypatch):
 # (measured: a 2-round fit 5x slower). Subprocesses started by tests inherit the variable.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
+
+
+@pytest.fixture
+def rows_calls(monkeypatch):
+    """How many stacked evaluations ran as client rows."""
+    calls = []
+    as_rows = Objective._as_rows
+
+    def counting(self, params, batch):
+        calls.append(batch["input_ids"].shape)
+        return as_rows(self, params, batch)
+
+    monkeypatch.setattr(Objective, "_as_rows", counting)
+    return calls

@@ -18,7 +18,6 @@ from datamodules.instruction import IGNORE_INDEX, detect_schema, format_prompt
 from fl_lightning import FederatedModule, LocalTraining, UniformSampling
 from fl_lightning.algorithms import FAdamGT, FedAvg
 from fl_lightning.export import ExportPretrained
-from fl_lightning.objective import Objective
 from models import LoRACausalLM
 from tests.conftest import tiny_trainer
 from tests.instruction_fixtures import DOLLY_CATEGORIES, shared_instruction_assets
@@ -54,19 +53,6 @@ def lm(assets, algorithm, execution="sequential", **local) -> FederatedModule:
     settings.update(local)
     model = LoRACausalLM(str(assets.gpt2), rank=4, alpha=8.0, dropout=0.0)
     return FederatedModule(model=model, algorithm=algorithm, local=LocalTraining(**settings), execution=execution)
-
-
-@pytest.fixture
-def rows_calls(monkeypatch):
-    calls = []
-    as_rows = Objective._as_rows
-
-    def counting(self, params, batch):
-        calls.append(batch["input_ids"].shape)
-        return as_rows(self, params, batch)
-
-    monkeypatch.setattr(Objective, "_as_rows", counting)
-    return calls
 
 
 # ---- data -----------------------------------------------------------------------------------

@@ -40,20 +40,6 @@ def assets(tmp_path_factory):
     return shared_assets(tmp_path_factory)
 
 
-@pytest.fixture
-def rows_calls(monkeypatch):
-    """How many stacked evaluations ran as client rows."""
-    calls = []
-    as_rows = Objective._as_rows
-
-    def counting(self, params, batch):
-        calls.append(batch["input_ids"].shape)
-        return as_rows(self, params, batch)
-
-    monkeypatch.setattr(Objective, "_as_rows", counting)
-    return calls
-
-
 def lora(algorithm, execution: str, **local) -> FederatedModule:
     torch.manual_seed(0)
     model = LoRAClassifier(local.pop("path"), num_labels=2, rank=2, alpha=4.0, dropout=0.0)
