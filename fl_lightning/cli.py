@@ -95,6 +95,25 @@ def _existing_config(value: str) -> str:
     raise ValueError(f"--config {value}: no such file, and no bundled config of that name{hint}")
 
 
+def _lightning_subcommand(argv: list[str], stored: bool) -> None:
+    """``fit``/``validate``/``test``/``predict``; a help or ``--print_config`` answer seen before is
+    printed from the store without importing Lightning (fl_lightning/answer_cache.py)."""
+    from contextlib import nullcontext
+
+    from fl_lightning import answer_cache
+
+    name = answer_cache.request_key(argv) if stored and answer_cache.is_read_only(argv) else None
+    if name is not None and (answer := answer_cache.lookup(name)) is not None:
+        sys.stdout.write(answer)
+        return
+    saved, sys.argv = sys.argv, sys.argv[:1]  # the arguments are passed explicitly
+    try:
+        with answer_cache.recording(name) if name is not None else nullcontext():
+            build_cli(argv)
+    finally:
+        sys.argv = saved
+
+
 def _version() -> str:
     from fl_lightning import __version__
 
@@ -164,11 +183,7 @@ def main(args: list[str] | None = None) -> None:
                 raise ValueError(
                     f"unknown subcommand {argv[0]!r}; allowed: {', '.join((*LIGHTNING_SUBCOMMANDS, *OTHER_SUBCOMMANDS))}"
                 )
-            saved, sys.argv = sys.argv, sys.argv[:1]  # the arguments are passed explicitly
-            try:
-                build_cli(argv)
-            finally:
-                sys.argv = saved
+            _lightning_subcommand(argv, stored=not user_modules)
     except pickle.UnpicklingError as error:  # torch.load(weights_only=True) refused an object in the checkpoint
         if debug:
             raise
