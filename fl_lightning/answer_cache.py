@@ -50,8 +50,8 @@ def key(argv: list[str]) -> str:
     parts = {
         "argv": expanded,
         "files": {a: _digest(Path(a)) for a in expanded if Path(a).is_file()},
-        "source": _source_state(),
-        "versions": _versions(),
+        "source": source_state(),
+        "versions": versions(),
         "columns": shutil.get_terminal_size().columns,
         "python": sys.version,
         "cwd": os.getcwd(),
@@ -64,7 +64,7 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _source_state() -> list:
+def source_state() -> list:
     """Path, size and modification time of every source file of the package (an edit changes the key)."""
     package = Path(__file__).resolve().parent
     roots = [package] + [package.parent / name for name in SOURCE_FOLDERS[1:] if (package.parent / name).is_dir()]
@@ -77,7 +77,7 @@ def _source_state() -> list:
     return state
 
 
-def _versions() -> dict[str, str]:
+def versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     found = {}
@@ -124,14 +124,17 @@ def recording(name: str) -> Iterator[None]:
 
 
 def _save(folder: Path, name: str, text: str) -> None:
-    """Atomic (a concurrent reader sees the whole answer or none); a store that cannot be written is skipped."""
-    if not text:
-        return
+    if text:
+        save_text(folder / f"{name}.txt", text)
+
+
+def save_text(path: Path, text: str) -> None:
+    """Atomic (a concurrent reader sees the whole file or none); a store that cannot be written is skipped."""
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        partial = folder / f"{name}.{os.getpid()}.tmp"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         partial.write_text(text)
-        os.replace(partial, folder / f"{name}.txt")
+        os.replace(partial, path)
     except OSError:
         pass  # only the next request's speed depends on it
 

@@ -102,6 +102,8 @@ def _lightning_subcommand(argv: list[str], stored: bool) -> None:
 
     from fl_lightning import answer_cache
 
+    if stored and not os.environ.get("FL_LIGHTNING_TRACEBACK"):
+        _check_settings(argv)
     name = answer_cache.request_key(argv) if stored and answer_cache.is_read_only(argv) else None
     if name is not None and (answer := answer_cache.lookup(name)) is not None:
         sys.stdout.write(answer)
@@ -112,6 +114,19 @@ def _lightning_subcommand(argv: list[str], stored: bool) -> None:
             build_cli(argv)
     finally:
         sys.argv = saved
+
+
+def _check_settings(argv: list[str]) -> None:
+    """An unknown key or class name is one line at once when an earlier command stored the parser's
+    schema (fl_lightning/setting_check.py); everything else is the parser's to judge."""
+    from fl_lightning.config_files import expand_bases
+    from fl_lightning.setting_check import check, load_schema
+
+    schema = load_schema(argv[0])
+    if schema is not None:
+        line = check(expand_bases(list(argv)), schema)
+        if line is not None:
+            raise ValueError(line)
 
 
 def _version() -> str:

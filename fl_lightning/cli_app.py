@@ -283,6 +283,7 @@ class FLCli(LightningCLI):
             any(_is_optimizer_flag(a) for a in args) or any(_sets_optimizer(f) for f in _config_files(args))
         ):
             raise ValueError(OPTIMIZER_ERROR)
+        _save_schema(parser, self.command_line)
         super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")  # checked before LightningCLI reads the checkpoint's hparams
         config = self.config.get(subcommand) if subcommand else None
@@ -519,6 +520,15 @@ class FLCli(LightningCLI):
             self.summary.test_acc = None if test_acc is None else float(test_acc)
         if self.trainer.is_global_zero:
             print(self.summary.line(), flush=True)
+
+
+def _save_schema(parser: Any, args: list[str]) -> None:
+    """What this subcommand accepts, for the next command's check before Lightning (fl_lightning/setting_check.py)."""
+    from fl_lightning.setting_check import save_schema
+
+    action = getattr(parser, "_subcommands_action", None)
+    if action is not None and args and args[0] in action.choices:
+        save_schema(args[0], action.choices[args[0]])
 
 
 def build(args: list[str] | None = None, run: bool = True, exit_on_error: bool = True) -> FLCli:

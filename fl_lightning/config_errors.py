@@ -26,6 +26,8 @@ import yaml
 from lightning.pytorch.cli import LightningArgumentParser
 
 from fl_lightning.errors import did_you_mean
+from fl_lightning.setting_check import class_kind, config_files, nearest_key, unknown_class_line, unknown_key_line
+from fl_lightning.setting_check import source as _source_in
 
 PROJECT_PACKAGES = ("fl_lightning", "models", "datamodules")
 _ARGS: list[str] = []  # the command's arguments (bases expanded): where a setting came from
@@ -64,6 +66,9 @@ def explain(parser: Any, message: str) -> str:
         if flags:
             return _unknown_key(parser, flags[0][2:].split("=", 1)[0], yaml_only=False)
         return f"unrecognized arguments: {unrecognized[1]}"
+    helped = re.search(r"(?:--)?([\w.]+)\.help: Expected a dot import path string: (\S+)", message)
+    if helped and _action_classes(parser, helped[1]):  # --model.algorithm.help FedProxx
+        return _unknown_class(helped[1], helped[2], _action_classes(parser, helped[1]))
     keys = re.findall(r'Parser key "([^"]+)"', message)
     if keys:
         key = ".init_args.".join(keys)
@@ -95,27 +100,14 @@ def _subcommand_parser(parser: Any) -> Any:
     return action.choices[name]
 
 
-def _known_keys(parser: Any) -> list[str]:
+def known_keys(parser: Any) -> list[str]:
     keys = {a.dest for a in parser._actions if a.dest and a.dest not in ("help", "config", "print_config")}
     return sorted(k for k in keys if not k.startswith("_") and "==SUPPRESS==" not in k)
 
 
-def nearest_key(key: str, known: list[str]) -> str | None:
-    """The known key nearest to ``key``: a sibling (same parent) first, then any key."""
-    parent, _, leaf = key.rpartition(".")
-    siblings = [k for k in known if k.rpartition(".")[0] == parent]
-    near = did_you_mean(leaf, [k.rpartition(".")[2] for k in siblings], quiet=True)
-    if near:
-        return f"{parent}.{near}" if parent else near
-    return did_you_mean(key, known, quiet=True)
-
-
 def _unknown_key(parser: Any, key: str, yaml_only: bool) -> str:
-    near = nearest_key(key, _known_keys(parser))
     where = _source(key, None) if yaml_only or f"--{key}" not in " ".join(_ARGS) else None
-    if where is not None:
-        return f"{where}: unknown key {key}; " + (f"did you mean {near}?" if near else "see `fl-lightning fit --help` for the settings")
-    return f"--{key}: unknown setting; " + (f"did you mean --{near}?" if near else "see `fl-lightning fit --help` for the settings")
+    return unknown_key_line(key, known_keys(parser), where)
 
 
 def _unknown_init_arg(class_path: str, key: str, option: str) -> str:
@@ -196,46 +188,11 @@ def allowed_classes(bases: list[type]) -> list[str]:
 
 
 def _unknown_class(key: str, value: str, bases: list[type]) -> str:
-    names = allowed_classes(bases)
-    short = value.rsplit(".", 1)[-1]
-    near = did_you_mean(short, names, quiet=True)
-    kind = " or ".join(sorted({"model (torch.nn.Module)" if b.__name__ == "Module" else b.__name__ for b in bases}))
     where = "" if f"{value}" in _ARGS else (f" (in {_source(key, value)})" if _source(key, value) else "")
-    hint = f"did you mean {near}? " if near else ""
-    return (f"--{key}: no {kind} named {value!r}{where}; {hint}allowed: {', '.join(names)} "
-            "(or the full import path of your own subclass)")  # fmt: skip
+    return unknown_class_line(key, value, allowed_classes(bases), class_kind(bases), where)
 
 
 # ---- where a setting came from ----------------------------------------------------------------------
-def config_files(args: list[str]) -> list[Path]:
-    files = []
-    for i, arg in enumerate(args):
-        if arg in ("--config", "-c") and i + 1 < len(args):
-            files.append(Path(args[i + 1]))
-        elif arg.startswith("--config="):
-            files.append(Path(arg.split("=", 1)[1]))
-    return [f for f in files if f.is_file()]
-
-
 def _source(key: str, value: Any) -> Path | None:
-    """The last config file (later files override earlier ones) that sets ``key`` (to ``value``)."""
-    found = None
-    for path in config_files(_ARGS):
-        try:
-            data = yaml.safe_load(path.read_text())
-        except (OSError, yaml.YAMLError):
-            continue
-        for section in (data, data.get("fit") if isinstance(data, dict) else None):
-            node: Any = section
-            for part in key.split("."):
-                if isinstance(node, dict) and part == "init_args" and "init_args" not in node:
-                    continue  # a YAML short form without init_args
-                node = node.get(part, _MISSING) if isinstance(node, dict) else _MISSING
-            if isinstance(node, dict) and value is not None:
-                node = node.get("class_path", _MISSING)
-            if node is not _MISSING and (value is None or str(node) == str(value)):
-                found = path
-    return found
-
-
-_MISSING = object()
+    """The last config file of the command (later files override earlier ones) that sets ``key`` (to ``value``)."""
+    return _source_in(key, value, _ARGS)
