@@ -57,7 +57,7 @@ class ClipStage(ClientStage):
 
     def __init__(self, privacy: ClientPrivacy) -> None:
         self.privacy = privacy
-        self.unclipped = 0  # this round's clients whose update was within C (adaptive clipping's count, one process)
+        self.unclipped = 0  # this process's clients of the round whose update was within C (adaptive clipping's count)
 
     def begin_round(self, info: RoundInfo) -> None:
         self.unclipped = 0
@@ -114,6 +114,19 @@ class GaussianSumNoise(AggregateStage):
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         self.privacy.load_state_dict(state)
+
+
+def _summed_over_processes(count: int) -> int:
+    """Under DDP each process clips its own clients: the round's count is the sum over the processes
+    (every process runs the server step, so every one reaches this all_reduce)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return count
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    total = torch.tensor(float(count), dtype=torch.float64, device=device)
+    dist.all_reduce(total)
+    return int(total.item())
 
 
 class ClientPrivacy:
@@ -236,10 +249,6 @@ class ClientPrivacy:
             )  # fmt: skip
         self.seed = seed
         if self.adaptive_clipping:
-            import torch.distributed as dist
-
-            if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-                raise ValueError("privacy.adaptive_clipping runs in one process: the unclipped count is not summed across DDP processes")
             self.sigma_b = self.count_noise if self.count_noise is not None else self.scheme.expected_cohort(0) / 20
             if not 2 * self.sigma_b * self.noise_multiplier > 1:
                 raise ValueError(
@@ -270,7 +279,7 @@ class ClientPrivacy:
         metrics = {"privacy/epsilon": float(epsilons.max()), "privacy/noise_multiplier": self.noise_multiplier}
         if self.adaptive_clipping:
             metrics["privacy/clip_norm"] = self.current_clip  # the C this round clipped with
-            self.current_clip = self.next_clip(self._stages[0].unclipped, info)
+            self.current_clip = self.next_clip(_summed_over_processes(self._stages[0].unclipped), info)
         if self.scheme.kind == "poisson":  # clients differ when their probabilities do
             metrics["privacy/epsilon_median"] = float(torch.tensor(epsilons).median())
             metrics["privacy/epsilon_min"] = float(epsilons.min())

@@ -313,6 +313,18 @@ def test_ddp_equals_one_process_under_dp(tmp_path):
     assert single["metrics"]["comm/round_bytes_up"] == ddp["metrics"]["comm/round_bytes_up"]
 
 
+def test_ddp_equals_one_process_under_adaptive_clipping(tmp_path):
+    """The unclipped count is summed across the processes: the same C_t, model and epsilon as one process."""
+    from tests.test_distributed import _assert_close, _train
+
+    # C = 10 leaves every update unclipped: the count is the whole cohort, not one process's share
+    single = _train(tmp_path, 1, "fedavg", False, "--privacy", "10", "1.0", "--adaptive-clipping")
+    ddp = _train(tmp_path, 2, "fedavg", False, "--privacy", "10", "1.0", "--adaptive-clipping")
+    _assert_close(single, ddp, rtol=1e-5, atol=1e-6)
+    assert single["metrics"]["privacy/clip_norm"] == ddp["metrics"]["privacy/clip_norm"] != 10  # C moved, identically
+    assert single["metrics"]["privacy/epsilon"] == ddp["metrics"]["privacy/epsilon"] > 0
+
+
 def _halving_run(tmp_path, rounds, ckpt_path=None, store_dir="store"):
     from fl_lightning.state import DiskClientStore
 
