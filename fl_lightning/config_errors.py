@@ -50,6 +50,10 @@ class OneLineParser(LightningArgumentParser):
         sys.stderr.write(f"fl-lightning: error: {line}\n")
         self.exit(2)
 
+    def schema(self) -> dict[str, Any]:
+        """What this (subcommand) parser accepts, for the early check (fl_lightning/setting_check.py)."""
+        return schema_of(self)
+
 
 def explain(parser: Any, message: str) -> str:
     """One line for a jsonargparse error ``message`` raised while ``parser`` parsed the command."""
@@ -196,3 +200,27 @@ def _unknown_class(key: str, value: str, bases: list[type]) -> str:
 def _source(key: str, value: Any) -> Path | None:
     """The last config file of the command (later files override earlier ones) that sets ``key`` (to ``value``)."""
     return _source_in(key, value, _ARGS)
+
+
+# ---- the schema of the early check (fl_lightning/setting_check.py) ---------------------------------
+def schema_of(parser: Any) -> dict[str, Any]:
+    """What a subcommand parser accepts: keys, closed groups, class settings' names (see the module)."""
+    known = known_keys(parser)
+    closed = sorted(a.dest for a in parser._actions if type(a).__name__ == "_ActionConfigLoad" and a.dest)
+    classes = {}
+    for action in parser._actions:
+        bases = _action_classes(parser, action.dest) if getattr(action, "_typehint", None) is not None else []
+        if bases and _only_project_classes(action._typehint, bases):
+            classes[action.dest] = {"names": allowed_classes(bases), "kind": class_kind(bases)}
+    return {"known": known, "closed": closed, "classes": classes}
+
+
+def _only_project_classes(hint: Any, bases: list[type]) -> bool:
+    """A setting whose value can only be a class of this project or None (no strings, lists, torch modules)."""
+    from typing import get_args
+
+    members = get_args(hint) or (hint,)
+    return all(
+        m is type(None) or (isinstance(m, type) and not get_args(m) and m.__module__.startswith(("fl_lightning.", "models.", "datamodules.")))
+        for m in members
+    ) and all(b.__module__.startswith(("fl_lightning.", "models.", "datamodules.")) for b in bases)

@@ -3,7 +3,7 @@
 Building the ``fit`` parser imports Lightning (about 5.5 s of CPU on a 2-core machine), so a typo
 used to cost that long before its one-line error. Every command that builds the parser stores the
 parser's *schema* (its keys, which of them are closed groups whose every member is known, and the
-class names each class setting accepts) under a key of the package's source and installed versions
+class names each class setting accepts; ``OneLineParser.schema``) under a key of the package's source and installed versions
 (fl_lightning/answer_cache.py). Later commands check their arguments and config files against it
 first and stop with the same line the parser would print (fl_lightning/config_errors.py):
 
@@ -32,31 +32,6 @@ _MISSING = object()
 
 
 # ---- the schema -------------------------------------------------------------------------------------
-def schema_of(parser: Any) -> dict[str, Any]:
-    """What a subcommand parser accepts: keys, closed groups, class settings' names (see the module)."""
-    from fl_lightning.config_errors import _action_classes, allowed_classes, known_keys
-
-    known = known_keys(parser)
-    closed = sorted(a.dest for a in parser._actions if type(a).__name__ == "_ActionConfigLoad" and a.dest)
-    classes = {}
-    for action in parser._actions:
-        bases = _action_classes(parser, action.dest) if getattr(action, "_typehint", None) is not None else []
-        if bases and _only_project_classes(action._typehint, bases):
-            classes[action.dest] = {"names": allowed_classes(bases), "kind": class_kind(bases)}
-    return {"known": known, "closed": closed, "classes": classes}
-
-
-def _only_project_classes(hint: Any, bases: list[type]) -> bool:
-    """A setting whose value can only be a class of this project or None (no strings, lists, torch modules)."""
-    from typing import get_args
-
-    members = get_args(hint) or (hint,)
-    return all(
-        m is type(None) or (isinstance(m, type) and not get_args(m) and m.__module__.startswith(("fl_lightning.", "models.", "datamodules.")))
-        for m in members
-    ) and all(b.__module__.startswith(("fl_lightning.", "models.", "datamodules.")) for b in bases)
-
-
 def class_kind(bases: list[type]) -> str:
     return " or ".join(sorted({"model (torch.nn.Module)" if b.__name__ == "Module" else b.__name__ for b in bases}))
 
@@ -73,11 +48,12 @@ def _schema_path(subcommand: str) -> Path | None:
 
 
 def save_schema(subcommand: str, parser: Any) -> None:
+    """Stores what ``parser`` accepts (``schema_of``, fl_lightning/config_errors.py) once per source and versions."""
     from fl_lightning import answer_cache
 
     path = _schema_path(subcommand)
     if path is not None and not path.exists():
-        answer_cache.save_text(path, json.dumps(schema_of(parser)))
+        answer_cache.save_text(path, json.dumps(parser.schema()))
 
 
 def load_schema(subcommand: str) -> dict[str, Any] | None:
