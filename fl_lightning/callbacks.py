@@ -19,9 +19,9 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import WandbLogger
 from lightning.fabric.utilities.apply_func import apply_to_collection, move_data_to_device
 
-from fl_lightning import params as P
-from fl_lightning.objective import Objective
-from fl_lightning.params import TensorDict
+from fl_lightning.core import params as P
+from fl_lightning.core.objective import Objective
+from fl_lightning.core.params import TensorDict
 
 
 def target_key(target: float, monitor: str = "val/acc") -> str:

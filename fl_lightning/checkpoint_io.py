@@ -33,7 +33,7 @@ from typing import Any, Iterable
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from fl_lightning.errors import CheckpointError, write_failure
+from fl_lightning.core.errors import CheckpointError, write_failure
 
 _TEMPORARY = re.compile(r"^\..+\.tmp-(?P<host>[A-Za-z0-9_.-]+)-(?P<pid>\d+)$")
 

@@ -14,8 +14,8 @@ import os
 import pickle
 import sys
 
-from fl_lightning.errors import KNOWN_ERRORS, RunInterrupted
-from fl_lightning.errors import essential as _essential
+from fl_lightning.core.errors import KNOWN_ERRORS, RunInterrupted
+from fl_lightning.core.errors import essential as _essential
 
 LIGHTNING_SUBCOMMANDS = ("fit", "validate", "test", "predict")
 OTHER_SUBCOMMANDS = ("compare", "montecarlo", "partition", "fixture", "lora-fixture", "configs")
@@ -182,7 +182,7 @@ def main(args: list[str] | None = None) -> None:
         print(f"fl-lightning: error: {_essential(str(error))}", file=sys.stderr)
         raise SystemExit(error.exit_code if isinstance(error, RunInterrupted) else 2) from None  # 128 + the signal
     except Exception as error:  # Lightning's refused settings, a full or read-only folder, memory
-        from fl_lightning.errors import explain
+        from fl_lightning.core.errors import explain
 
         line = None if debug else explain(error)
         if line is None:

@@ -107,7 +107,7 @@ class ServerLRSchedule(Callback):
                 try:
                     scheduler.step()
                 except (ZeroDivisionError, ValueError, OverflowError) as error:
-                    from fl_lightning.errors import one_line
+                    from fl_lightning.core.errors import one_line
 
                     raise ValueError(f"--lr_scheduler {type(scheduler).__name__} failed at its first step ({one_line(error)}); check its settings") from None
 
@@ -427,7 +427,7 @@ class FLCli(LightningCLI):
         return callbacks
 
     def instantiate_classes(self) -> None:
-        from fl_lightning.errors import is_out_of_memory, memory_failure
+        from fl_lightning.core.errors import is_out_of_memory, memory_failure
 
         try:
             super().instantiate_classes()
@@ -471,7 +471,7 @@ class FLCli(LightningCLI):
     def _run_subcommand(self, subcommand: str) -> None:
         from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-        from fl_lightning.errors import FLError, is_out_of_memory, memory_failure
+        from fl_lightning.core.errors import FLError, is_out_of_memory, memory_failure
 
         try:
             if subcommand != "fit":

@@ -39,7 +39,7 @@ def model_bytes(module: Any) -> int:
 
 def describe_failure(error: BaseException) -> str:
     """One line for a failed run: ``diverged at round r`` or ``failed: <first line of the error>``."""
-    from fl_lightning.errors import essential as _essential
+    from fl_lightning.core.errors import essential as _essential
 
     if type(error).__name__ == "DivergenceError":
         match = re.search(r"round (\d+)", str(error))

@@ -25,7 +25,7 @@ from typing import Any, Optional, get_args
 import yaml
 from lightning.pytorch.cli import LightningArgumentParser
 
-from fl_lightning.errors import did_you_mean
+from fl_lightning.core.errors import did_you_mean
 
 PROJECT_PACKAGES = ("fl_lightning", "models", "datamodules")
 _ARGS: list[str] = []  # the command's arguments (bases expanded): where a setting came from

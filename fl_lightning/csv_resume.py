@@ -24,7 +24,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from fl_lightning.errors import write_failure
+from fl_lightning.core.errors import write_failure
 
 Rows = dict[str, tuple[list[str], list[dict[str, str]]]]
 

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from fl_lightning import params as P
-from fl_lightning.errors import FLError, one_line
-from fl_lightning.params import TensorDict
-from fl_lightning.participation import derive_seed
+from fl_lightning.core import params as P
+from fl_lightning.core.errors import FLError, one_line
+from fl_lightning.core.params import TensorDict
+from fl_lightning.core.participation import derive_seed
 
 _FAULT_STREAM = 0xFA17
 

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fl_lightning.params import TensorDict
+from fl_lightning.core.params import TensorDict
 
 
 def schema(algorithm: Any, model: nn.Module, x: TensorDict) -> dict[str, Any]:

@@ -37,7 +37,7 @@ from typing import Any
 from lightning.fabric.utilities.distributed import _set_num_threads_if_needed
 from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
 
-from fl_lightning.errors import KNOWN_ERRORS, RankFailed, one_line
+from fl_lightning.core.errors import KNOWN_ERRORS, RankFailed, one_line
 
 TIMEOUT_ENV = "FL_LIGHTNING_RENDEZVOUS_TIMEOUT"
 DEFAULT_TIMEOUT_S = 300.0

@@ -141,7 +141,7 @@ def main(argv: list[str]) -> None:
     )
     parser.add_argument("dest", help="output folder (created)")
     ns = parser.parse_args(argv)
-    from fl_lightning.hub import quiet_hub
+    from fl_lightning.core.hub import quiet_hub
 
     quiet_hub()
     paths = write_all(Path(ns.dest).resolve())

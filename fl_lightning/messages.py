@@ -29,9 +29,9 @@ from torch import Tensor
 
 from fl_lightning.algorithms.base import RoundInfo
 from fl_lightning.executors.base import ClientRuntime, Executor
-from fl_lightning.participation import derive_seed
-from fl_lightning.state import NestedState, flatten_state, unflatten_state
-from fl_lightning.tasks import ClientResult, ClientTask, Payload, SummedRound
+from fl_lightning.core.participation import derive_seed
+from fl_lightning.core.state import NestedState, flatten_state, unflatten_state
+from fl_lightning.core.tasks import ClientResult, ClientTask, Payload, SummedRound
 
 CLIP, COMPRESS, NOISE = 0, 1, 2
 """``Stage.order`` values: the pipeline applies clip, then compress, then noise."""
@@ -135,7 +135,7 @@ def upload_like(algorithm: Any, x: Any) -> Payload:
     """The structure of the algorithm's upload: ``{entry: x}`` for each name in its declared
     ``upload_entries`` (each entry shaped like the federated tensors x), or ``{}`` if the class that
     wrote ``client_finish`` declares none (``declares_capability``)."""
-    from fl_lightning.capabilities import declared
+    from fl_lightning.core.capabilities import declared
 
     if not declared(algorithm, "upload_entries", ("client_finish",)):
         return {}

@@ -16,24 +16,24 @@ from torch import nn
 from torchmetrics import MeanMetric
 
 from fl_lightning import csv_resume, fingerprint
-from fl_lightning import params as P
+from fl_lightning.core import params as P
 from fl_lightning.algorithms import Algorithm, FedAvg, RoundInfo
 from fl_lightning.algorithms.base import declares_capability
-from fl_lightning.client_data import ClientData
+from fl_lightning.core.client_data import ClientData
 from fl_lightning.compression.stages import Compression
-from fl_lightning.config import MAX_LOCAL_STEPS, LocalTraining
-from fl_lightning.errors import CheckpointError
+from fl_lightning.core.config import MAX_LOCAL_STEPS, LocalTraining
+from fl_lightning.core.errors import CheckpointError
 from fl_lightning.executors import ClientRuntime, Executor, resolve_executor
 from fl_lightning.faults import ClientError, ClientFaults, DivergenceError, all_finite, first_non_finite, survivor_weights
-from fl_lightning.local_loss import check_label_counts, check_local_loss
+from fl_lightning.core.local_loss import check_label_counts, check_local_loss
 from fl_lightning.messages import MessageExecutor, MessagePipeline, Stage, add_sums, is_message_state, upload_like
-from fl_lightning.metrics import consistency_from_sums, count_messages, loss_term_means, payload_bytes, round_metrics
-from fl_lightning.objective import Objective
+from fl_lightning.core.metrics import consistency_from_sums, count_messages, loss_term_means, payload_bytes, round_metrics
+from fl_lightning.core.objective import Objective
 from fl_lightning.privacy import ClientPrivacy
-from fl_lightning.params import TensorDict
-from fl_lightning.participation import RoundPlan, derive_seeds
-from fl_lightning.state import ClientStore, NestedState, flatten_state, unflatten_state
-from fl_lightning.tasks import PERSONAL, ClientState, ClientTask, Payload, SummedRound
+from fl_lightning.core.params import TensorDict
+from fl_lightning.core.participation import RoundPlan, derive_seeds
+from fl_lightning.core.state import ClientStore, NestedState, flatten_state, unflatten_state
+from fl_lightning.core.tasks import PERSONAL, ClientState, ClientTask, Payload, SummedRound
 
 log = logging.getLogger(__name__)
 _CKPT_KEY = "federated"

@@ -62,7 +62,7 @@ class SeriesResult:
 
     @property
     def cep(self) -> float:
-        from fl_lightning.metrics import cep_radius  # imports torch: not needed for --help
+        from fl_lightning.core.metrics import cep_radius  # imports torch: not needed for --help
 
         return cep_radius(self.final)
 

@@ -29,6 +29,8 @@ from pathlib import Path
 BUNDLED = ("models", "datamodules")
 # package -> the modules that moved there from fl_lightning/ (old name fl_lightning.<module>)
 MOVED: dict[str, tuple[str, ...]] = {
+    "core": ("params", "state", "tasks", "errors", "capabilities", "config", "participation", "client_data",
+        "metrics", "objective", "local_loss", "client_rows", "hub"),
 }
 PACKAGE = Path(__file__).resolve().parent
 REPOSITORY = PACKAGE.parent

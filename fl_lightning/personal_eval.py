@@ -15,7 +15,7 @@ import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from fl_lightning import params as P
+from fl_lightning.core import params as P
 
 
 def worst_fraction_mean(values: torch.Tensor, fraction: float = 0.1) -> float:

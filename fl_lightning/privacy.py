@@ -25,7 +25,7 @@ import torch
 from fl_lightning.algorithms.base import RoundInfo, declares_capability
 from fl_lightning.messages import CLIP, NOISE, AggregateStage, ClientStage, Sent, StageKey, upload_like
 from fl_lightning.privacy_accounting import ClientAccountant, SamplingScheme, calibrate_noise, epsilon_after
-from fl_lightning.tasks import Payload
+from fl_lightning.core.tasks import Payload
 
 log = logging.getLogger(__name__)
 NOISE_STREAM, COUNT_STREAM = 0xD9, 0xDA
@@ -280,7 +280,7 @@ class ClientPrivacy:
         """C_{t+1} = C_t exp(-eta_C (b~ - gamma)), b~ = (unclipped + N(0, sigma_b^2)) / D (Andrew et al., Alg. 1),
         the noise drawn on the server from (seed, round)."""
         from fl_lightning.messages import SERVER_STREAM
-        from fl_lightning.participation import derive_seed
+        from fl_lightning.core.participation import derive_seed
 
         generator = StageKey(derive_seed(self.seed, info.round, SERVER_STREAM), info.round).generator(COUNT_STREAM)
         noise = float(torch.randn((), generator=generator, dtype=torch.float64)) * self.sigma_b

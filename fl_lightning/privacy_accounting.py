@@ -47,7 +47,7 @@ class SamplingScheme:
     @classmethod
     def of(cls, participation: Any, num_clients: int) -> SamplingScheme:
         """The scheme of a ``Participation`` (others are refused: their events are not stated)."""
-        from fl_lightning.participation import BernoulliParticipation, FixedProbabilities, UniformRandomProbabilities, UniformSampling
+        from fl_lightning.core.participation import BernoulliParticipation, FixedProbabilities, UniformRandomProbabilities, UniformSampling
 
         if isinstance(participation, BernoulliParticipation):
             fixed = isinstance(participation.probabilities, (FixedProbabilities, UniformRandomProbabilities))

@@ -20,7 +20,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from fl_lightning.errors import RunInterrupted, one_line
+from fl_lightning.core.errors import RunInterrupted, one_line
 
 
 class StopCheckpoint(Callback):

@@ -22,10 +22,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from fl_lightning import params as P
+from fl_lightning.core import params as P
 from fl_lightning.algorithms.base import Algorithm, ClientContext, Payload, RoundInfo, declares_capability
-from fl_lightning.params import TensorDict
-from fl_lightning.state import NestedState
+from fl_lightning.core.params import TensorDict
+from fl_lightning.core.state import NestedState
 
 __all__ = ["BatchedCheck", "BatchedMismatch", "RoundResult", "check_batched", "one_round"]
 
@@ -150,7 +150,7 @@ def check_batched(
     (float32 runs agree to about 1e-7) and ``ValueError`` if the batched run fell back to sequential
     execution (nothing would be compared; the message says why).
     """
-    from fl_lightning.config import LocalTraining
+    from fl_lightning.core.config import LocalTraining
     from fl_lightning.executors import BatchedExecutor
 
     local = local or LocalTraining(lr=0.1, steps=3, batch_size=8)
@@ -184,7 +184,7 @@ def _fit_small(algorithm, local, execution, rounds, num_clients, clients_per_rou
 
     from fl_lightning.datamodules import Dirichlet, FederatedDataModule
     from fl_lightning.module import FederatedModule
-    from fl_lightning.participation import UniformSampling
+    from fl_lightning.core.participation import UniformSampling
     from fl_lightning.terminal import quiet_lightning
     from fl_lightning.models import MLP
 

@@ -14,7 +14,7 @@ import importlib
 import os
 import sys
 
-from fl_lightning.errors import one_line
+from fl_lightning.core.errors import one_line
 
 OPTION = "--import"
 

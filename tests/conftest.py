@@ -10,7 +10,7 @@ import torch
 
 from datamodules import IID, Dirichlet, FederatedDataModule
 from fl_lightning import FederatedModule, LocalTraining, UniformSampling
-from fl_lightning.objective import Objective
+from fl_lightning.core.objective import Objective
 from models import MLP
 
 

@@ -39,7 +39,7 @@ BASE = {
             "dataset_args": {"num_samples": 300, "num_features": 8, "num_classes": 3, "seed": 1},
             "num_clients": 6,
             "partition": {"class_path": "datamodules.Dirichlet", "init_args": {"alpha": 0.5, "min_size": 5}},
-            "participation": {"class_path": "fl_lightning.participation.UniformSampling", "init_args": {"clients_per_round": 3}},
+            "participation": {"class_path": "fl_lightning.core.participation.UniformSampling", "init_args": {"clients_per_round": 3}},
         },
     },
 }

@@ -20,7 +20,7 @@ from fl_lightning.algorithms.base import Algorithm
 from fl_lightning.executors import BatchedExecutor, SequentialExecutor
 from fl_lightning.executors.compiled import CompileError
 from fl_lightning.faults import ClientFaults
-from fl_lightning.local_loss import defines_local_loss
+from fl_lightning.core.local_loss import defines_local_loss
 from lightning.pytorch.callbacks import ModelCheckpoint
 from models import MLP
 from tests.conftest import tiny_datamodule, tiny_trainer

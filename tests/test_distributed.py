@@ -14,7 +14,7 @@ import torch
 from fl_lightning import algorithms as A
 from fl_lightning.algorithms.base import declares_capability
 from fl_lightning.executors.distributed import assign_clients
-from fl_lightning.metrics import consistency_from_sums, payload_bytes, round_metrics
+from fl_lightning.core.metrics import consistency_from_sums, payload_bytes, round_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -15,7 +15,7 @@ import torch
 
 from fl_lightning import checkpoint_io
 from fl_lightning.cli import main
-from fl_lightning.errors import CheckpointError
+from fl_lightning.core.errors import CheckpointError
 
 ROOT = Path(__file__).resolve().parents[1]
 EXE = str(Path(sys.executable).with_name("fl-lightning"))

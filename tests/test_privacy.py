@@ -14,7 +14,7 @@ from fl_lightning import FederatedModule, LocalTraining
 from fl_lightning import algorithms as A
 from fl_lightning.algorithms.base import RoundInfo
 from fl_lightning.messages import COMPRESS, ClientStage, MessagePipeline, Sent, upload_like
-from fl_lightning.participation import BernoulliParticipation, UniformSampling
+from fl_lightning.core.participation import BernoulliParticipation, UniformSampling
 from fl_lightning.privacy import ClientPrivacy, GaussianSumNoise, clip
 from fl_lightning.privacy_accounting import SamplingScheme, epsilon_after
 from models import MLP
@@ -314,7 +314,7 @@ def test_ddp_equals_one_process_under_dp(tmp_path):
 
 
 def _halving_run(tmp_path, rounds, ckpt_path=None, store_dir="store"):
-    from fl_lightning.state import DiskClientStore
+    from fl_lightning.core.state import DiskClientStore
 
     torch.manual_seed(0)
     store = DiskClientStore(str(tmp_path / store_dir))

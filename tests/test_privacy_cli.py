@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fl_lightning.participation import BernoulliParticipation
+from fl_lightning.core.participation import BernoulliParticipation
 from fl_lightning.privacy_accounting import SamplingScheme, epsilon_after
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -44,7 +44,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 
 from fl_lightning import FedAvg, FederatedModule, LocalTraining  # noqa: E402
 from fl_lightning.algorithms import SCAFFOLD  # noqa: E402
-from fl_lightning.errors import FLError  # noqa: E402
+from fl_lightning.core.errors import FLError  # noqa: E402
 from models import MLP  # noqa: E402
 from tests.conftest import tiny_datamodule, tiny_trainer  # noqa: E402
 
@@ -372,7 +372,7 @@ def test_a_checkpoint_write_peaks_well_below_2x_its_size(tmp_path):
 def test_a_stop_checkpoint_of_a_disk_store_run_resumes_in_its_folder(tmp_path):
     """The stop checkpoint names a snapshot of the store (kept, not rotated away) and resumes into the same folder."""
     common = ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path),
-              "--model.algorithm", "fl_lightning.algorithms.SCAFFOLD", "--model.store", "fl_lightning.state.DiskClientStore",
+              "--model.algorithm", "fl_lightning.algorithms.SCAFFOLD", "--model.store", "fl_lightning.core.state.DiskClientStore",
               "--model.store.directory", str(tmp_path / "store"), "--model.store.keep_snapshots", "1"]  # fmt: skip
     stopped = _cli_line(tmp_path, "--trainer.max_steps", "4", *common, "--trainer.callbacks+", "tests.test_reliability.SigtermAfterRound2")
     assert stopped.returncode == 143, stopped.stderr[-2000:]

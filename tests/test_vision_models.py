@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from fl_lightning import params as P
+from fl_lightning.core import params as P
 from models import FedAvgCNN, ResNet18, ResNet18x64
 from tests.vision_fixture import write_fixture
 

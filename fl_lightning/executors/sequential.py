@@ -14,16 +14,16 @@ from collections.abc import Sequence
 
 import torch
 
-from fl_lightning import params as P
+from fl_lightning.core import params as P
 from fl_lightning.algorithms.base import ClientContext, ClientIdUnavailable, RoundInfo
-from fl_lightning.errors import FLError, interrupted
+from fl_lightning.core.errors import FLError, interrupted
 from fl_lightning.executors.base import ClientRuntime, Executor, check_loss, seed_client, to_device
 from fl_lightning.executors.compiled import DEFAULT_MAX_VARIANTS, CompiledPrograms, Uncompilable, log_fallback, tensor_lr
-from fl_lightning.local_loss import client_loss, defines_local_loss
-from fl_lightning.objective import StepRecord, round_means
+from fl_lightning.core.local_loss import client_loss, defines_local_loss
+from fl_lightning.core.objective import StepRecord, round_means
 from fl_lightning.faults import TRANSIENT_ERRORS, ClientError, fatal_client_error
-from fl_lightning.params import TensorDict
-from fl_lightning.tasks import PERSONAL, ClientResult, ClientTask
+from fl_lightning.core.params import TensorDict
+from fl_lightning.core.tasks import PERSONAL, ClientResult, ClientTask
 
 log = logging.getLogger(__name__)
 

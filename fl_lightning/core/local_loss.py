@@ -28,11 +28,11 @@ import torch
 from torch import Tensor
 from torch.func import vmap
 
-from fl_lightning.params import TensorDict
+from fl_lightning.core.params import TensorDict
 
 if TYPE_CHECKING:
     from fl_lightning.algorithms.base import Algorithm, RoundInfo
-    from fl_lightning.objective import Objective
+    from fl_lightning.core.objective import Objective
 
 Payload = dict[str, TensorDict]
 
@@ -165,5 +165,5 @@ def check_label_counts(algorithm: Algorithm, data: Any) -> None:
     if needs and not callable(getattr(data, "client_label_counts", None)):
         raise ValueError(
             f"algorithm {type(algorithm).__name__} reads the clients' label counts, but the data {type(data).__name__} defines no "
-            "client_label_counts(client_id) (fl_lightning/client_data.py); use a FederatedDataModule"
+            "client_label_counts(client_id) (fl_lightning/core/client_data.py); use a FederatedDataModule"
         )

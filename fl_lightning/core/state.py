@@ -22,8 +22,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fl_lightning.errors import CheckpointError, StoreError
-from fl_lightning.params import TensorDict
+from fl_lightning.core.errors import CheckpointError, StoreError
+from fl_lightning.core.params import TensorDict
 
 log = logging.getLogger(__name__)
 
@@ -270,7 +270,7 @@ class DiskClientStore(ClientStore):
             os.replace(tmp, self._path(client_id))
         except OSError as error:  # a full or read-only store folder: one line naming it
             tmp.unlink(missing_ok=True)
-            from fl_lightning.errors import write_failure
+            from fl_lightning.core.errors import write_failure
 
             after = f"client {client_id}'s previous state and the last checkpoint are intact"
             raise write_failure(error, "DiskClientStore client file", tmp.with_suffix(".safetensors"), len(data), after) from error

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from fl_lightning import params as P
-from fl_lightning.params import TensorDict
+from fl_lightning.core import params as P
+from fl_lightning.core.params import TensorDict
 
 Payload = dict[str, TensorDict]
 

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from fl_lightning.params import TensorDict
-from fl_lightning.state import NestedState
+from fl_lightning.core.params import TensorDict
+from fl_lightning.core.state import NestedState
 
 Payload = dict[str, TensorDict]
 """A message between server and client: ``{"x": params, "c": control variate, ...}``."""

@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fl_lightning.capabilities import declared
-from fl_lightning.params import TensorDict
+from fl_lightning.core.capabilities import declared
+from fl_lightning.core.params import TensorDict
 
 
 class UnsupportedLayer(Exception):
@@ -36,7 +36,7 @@ def model_declares(model: nn.Module, capability: str) -> bool:
     """Whether ``model`` declares ``capability`` (e.g. ``independent_rows``): set on the instance (a model
     whose independence depends on its configuration, e.g. its normalisation) or by a class that is
     (a subclass of) the class defining ``forward``, so a subclass with its own ``forward`` does not
-    inherit the claim by accident (``fl_lightning.capabilities``)."""
+    inherit the claim by accident (``fl_lightning.core.capabilities``)."""
     return declared(model, capability, ("forward",))
 
 

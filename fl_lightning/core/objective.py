@@ -8,7 +8,7 @@ parameters, computed in ``forward`` so that substituted parameters are penalised
 Outputs are a tensor of logits or an object with ``.logits``.
 
 Clients stacked on a leading dimension (batched execution) are evaluated in one of two ways:
-as *client rows* (``fl_lightning.client_rows``) for a model that declares ``independent_rows``
+as *client rows* (``fl_lightning.core.client_rows``) for a model that declares ``independent_rows``
 and whose substituted parameters lie in layers with a rule (Linear, Conv2d, GroupNorm): the
 clients' batches concatenated into one batch through the shared model; or by ``vmap`` of the
 forward (any model).
@@ -25,10 +25,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import grad_and_value, vmap
 
-from fl_lightning import params as P
-from fl_lightning.client_rows import ClientRows, UnsupportedLayer, model_declares
-from fl_lightning.local_loss import ClientLoss, ModelOutputs
-from fl_lightning.params import TensorDict
+from fl_lightning.core import params as P
+from fl_lightning.core.client_rows import ClientRows, UnsupportedLayer, model_declares
+from fl_lightning.core.local_loss import ClientLoss, ModelOutputs
+from fl_lightning.core.params import TensorDict
 
 GradFn = Callable[[TensorDict], tuple[Tensor, TensorDict]]
 
@@ -149,7 +149,7 @@ class Objective:
         ``stacked``: parameters and batch hold clients on a leading dimension; the loss is then
         ``[S]`` and the gradients ``[S, ...]``: clients are independent, so the gradient of the
         *sum* of their losses is every client's own gradient, from one ordinary backward.
-        ``loss``: an algorithm's local loss (``fl_lightning.local_loss``) in place of the model's.
+        ``loss``: an algorithm's local loss (``fl_lightning.core.local_loss``) in place of the model's.
         The first evaluation (loss without the decay term, its terms, outputs, targets) goes to ``record``.
         ``functional``: the gradient by ``torch.func.grad_and_value`` instead of the autograd engine,
         so that ``torch.compile`` and ``vmap`` can trace it (compiled execution); the same values.
@@ -183,7 +183,7 @@ class Objective:
         grad.recorded = False
         return grad
 
-    # ---- outputs for a local loss (fl_lightning.local_loss) ---------------------------------------
+    # ---- outputs for a local loss (fl_lightning.core.local_loss) ---------------------------------------
     def outputs(self, batch: Any, features: bool = False) -> tuple[ModelOutputs, Tensor]:
         """The model's outputs on ``batch`` (with its representation where ``features``) and the target."""
         if isinstance(batch, dict):
