@@ -31,7 +31,7 @@ import torch  # noqa: E402
 from datamodules import IID, FederatedDataModule, QuantitySkew  # noqa: E402
 from fl_lightning import FederatedModule, LocalTraining, UniformSampling  # noqa: E402
 from fl_lightning.algorithms import MOON, SCAFFOLD, FAdamET, FedAvg, ScaffoldP  # noqa: E402
-from fl_lightning.faults import ClientFailure, ClientFaults  # noqa: E402
+from fl_lightning.reliability.faults import ClientFailure, ClientFaults  # noqa: E402
 from fl_lightning.core.participation import BernoulliParticipation  # noqa: E402
 from fl_lightning.privacy import ClientPrivacy  # noqa: E402
 from fl_lightning.core.state import flatten_state  # noqa: E402

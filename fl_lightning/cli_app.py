@@ -231,7 +231,7 @@ def _checked_checkpoint(config: Any) -> str:
         raise ValueError(f"--ckpt_path {ckpt}: no such checkpoint file (or `last` for this experiment's newest)")
     if not zipfile.is_zipfile(ckpt):  # torch.save writes a zip archive: anything else is damaged or not a checkpoint
         raise ValueError(f"--ckpt_path {ckpt}: not a readable checkpoint (truncated, damaged, or not written by torch.save)")
-    from fl_lightning.checkpoint_io import verify
+    from fl_lightning.reliability.checkpoint_io import verify
 
     verify(ckpt)  # its recorded SHA-256 (or its archive's CRCs): a damaged checkpoint is refused before anything starts
     return ckpt
@@ -364,7 +364,7 @@ class FLCli(LightningCLI):
             if init_args.get("version") is None and root.resolve() == run_dir.parent:
                 init_args["version"] = int(run_dir.name[len("version_"):])
                 # Lightning warns "Previous log files in this directory will be deleted": the rows are kept
-                # (fit: fl_lightning/csv_resume.py; validate/test/predict: FLCli._keep_metrics)
+                # (fit: fl_lightning/reliability/csv_resume.py; validate/test/predict: FLCli._keep_metrics)
                 warnings.filterwarnings("ignore", message=".*Previous log files in this directory will be deleted.*")
 
     @staticmethod
@@ -494,7 +494,7 @@ class FLCli(LightningCLI):
     def _keep_metrics(self) -> None:
         """``validate``/``test``/``predict`` in a run's folder append to its ``metrics.csv`` (Lightning's CSV
         writer would start the file anew)."""
-        from fl_lightning import csv_resume
+        from fl_lightning.reliability import csv_resume
 
         previous = csv_resume.read(self.trainer.loggers)
         if previous:

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torchmetrics import MeanMetric
 
-from fl_lightning import csv_resume, fingerprint
+from fl_lightning.reliability import csv_resume, fingerprint
 from fl_lightning.core import params as P
 from fl_lightning.algorithms import Algorithm, FedAvg, RoundInfo
 from fl_lightning.algorithms.base import declares_capability
@@ -24,7 +24,7 @@ from fl_lightning.compression.stages import Compression
 from fl_lightning.core.config import MAX_LOCAL_STEPS, LocalTraining
 from fl_lightning.core.errors import CheckpointError
 from fl_lightning.executors import ClientRuntime, Executor, resolve_executor
-from fl_lightning.faults import ClientError, ClientFaults, DivergenceError, all_finite, first_non_finite, survivor_weights
+from fl_lightning.reliability.faults import ClientError, ClientFaults, DivergenceError, all_finite, first_non_finite, survivor_weights
 from fl_lightning.core.local_loss import check_label_counts, check_local_loss
 from fl_lightning.messages import MessageExecutor, MessagePipeline, Stage, add_sums, is_message_state, upload_like
 from fl_lightning.core.metrics import consistency_from_sums, count_messages, loss_term_means, payload_bytes, round_metrics
@@ -202,11 +202,11 @@ class FederatedModule(L.LightningModule):
     def setup(self, stage: str) -> None:
         from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-        from fl_lightning.checkpoint_io import StreamingCheckpointIO
+        from fl_lightning.reliability.checkpoint_io import StreamingCheckpointIO
 
         strategy = self._trainer.strategy if self._trainer is not None else None
         if strategy is not None and type(strategy.checkpoint_io) is TorchCheckpointIO:  # not a user's own
-            strategy.checkpoint_io = StreamingCheckpointIO()  # streamed, beside the checkpoint (fl_lightning/checkpoint_io.py)
+            strategy.checkpoint_io = StreamingCheckpointIO()  # streamed, beside the checkpoint (fl_lightning/reliability/checkpoint_io.py)
         if self.server_state is None:
             self.server_state = self.algorithm.server_state_init(P.detach_clone(self.global_params()))
 
@@ -226,7 +226,7 @@ class FederatedModule(L.LightningModule):
             participation = getattr(self.datamodule, "participation", None)
             self.privacy.prepare(participation, self.datamodule.num_clients, self.trainer.max_steps, self.datamodule.seed)
         if self.global_rank == 0:  # temporary files of killed checkpoint writes
-            from fl_lightning.checkpoint_io import remove_stale_temporaries
+            from fl_lightning.reliability.checkpoint_io import remove_stale_temporaries
 
             for path in remove_stale_temporaries(c.dirpath for c in self.trainer.checkpoint_callbacks if getattr(c, "dirpath", None)):
                 log.info("removed %s, left by a checkpoint write that did not finish", path)
@@ -298,7 +298,7 @@ class FederatedModule(L.LightningModule):
             )
 
     def configure_callbacks(self) -> list[L.Callback]:
-        from fl_lightning.stopping import StopCheckpoint
+        from fl_lightning.reliability.stopping import StopCheckpoint
 
         return [StopCheckpoint()]  # SIGTERM/SIGINT end the run with a checkpoint of the last completed round
 
@@ -559,7 +559,7 @@ class FederatedModule(L.LightningModule):
 
     # ---- checkpoints: everything a resume needs ------------------------------------------------
     def fingerprint(self) -> dict[str, Any]:
-        """What a resume must match (``fl_lightning/fingerprint.py``)."""
+        """What a resume must match (``fl_lightning/reliability/fingerprint.py``)."""
         if self._schema is None:
             self._schema = fingerprint.schema(self.algorithm, self.model, self.global_params())
         data = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None

@@ -5,7 +5,7 @@ import torch
 
 from fl_lightning.core import params as P
 from fl_lightning.core.objective import loss_grads
-from fl_lightning.faults import all_finite, first_non_finite, is_finite
+from fl_lightning.reliability.faults import all_finite, first_non_finite, is_finite
 from fl_lightning.core.metrics import local_consistency
 from fl_lightning.optim import sgd_step
 

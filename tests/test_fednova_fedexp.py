@@ -10,7 +10,7 @@ import torch
 from datamodules import Dirichlet, FederatedDataModule
 from fl_lightning import FederatedModule, LocalTraining, UniformSampling
 from fl_lightning.algorithms import FedAvg, FedExP, FedNova
-from fl_lightning.faults import ClientFaults
+from fl_lightning.reliability.faults import ClientFaults
 from fl_lightning.testing import one_round
 from models import LinearLeastSquares
 from tests.conftest import tiny_datamodule, tiny_module, tiny_trainer

@@ -324,7 +324,7 @@ def test_a_checkpoint_write_leaves_no_temporary_file_outside_its_folder(tmp_path
 def test_temporary_checkpoint_files_of_killed_runs_are_removed_on_the_next_start(tmp_path):
     import socket
 
-    from fl_lightning.checkpoint_io import temporary_name
+    from fl_lightning.reliability.checkpoint_io import temporary_name
 
     folder = tmp_path / "ckpt"
     folder.mkdir()
@@ -348,7 +348,7 @@ def test_temporary_checkpoint_files_of_killed_runs_are_removed_on_the_next_start
 
 CHECKPOINT_MEMORY = """
 import resource, sys, torch
-from fl_lightning.checkpoint_io import StreamingCheckpointIO
+from fl_lightning.reliability.checkpoint_io import StreamingCheckpointIO
 size_mb = 200
 checkpoint = {"state_dict": {f"w{i}": torch.randn(1 << 18) for i in range(size_mb)}, "global_step": 3}
 rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -18,7 +18,7 @@ from torch import Tensor
 from fl_lightning.algorithms.base import Algorithm, RoundInfo
 from fl_lightning.core.client_data import ClientData
 from fl_lightning.core.config import LocalTraining
-from fl_lightning.faults import DivergenceError
+from fl_lightning.reliability.faults import DivergenceError
 from fl_lightning.core.objective import Objective
 from fl_lightning.core.tasks import ClientResult, ClientTask, SummedRound
 

@@ -52,7 +52,7 @@ from torch import Tensor
 from fl_lightning.algorithms.base import RoundInfo, declares_capability, defines_local_loss
 from fl_lightning.core.errors import RankFailed, RunInterrupted, one_line
 from fl_lightning.executors.base import ClientRuntime, Executor
-from fl_lightning.faults import all_finite
+from fl_lightning.reliability.faults import all_finite
 from fl_lightning.core.metrics import payload_bytes
 from fl_lightning.core.params import TensorDict
 from fl_lightning.core.tasks import ClientResult, ClientTask, Payload, SummedRound
