@@ -26,10 +26,10 @@ from fl_lightning.core.errors import CheckpointError
 from fl_lightning.executors import ClientRuntime, Executor, resolve_executor
 from fl_lightning.reliability.faults import ClientError, ClientFaults, DivergenceError, all_finite, first_non_finite, survivor_weights
 from fl_lightning.core.local_loss import check_label_counts, check_local_loss
-from fl_lightning.messages import MessageExecutor, MessagePipeline, Stage, add_sums, is_message_state, upload_like
+from fl_lightning.pipeline.messages import MessageExecutor, MessagePipeline, Stage, add_sums, is_message_state, upload_like
 from fl_lightning.core.metrics import consistency_from_sums, count_messages, loss_term_means, payload_bytes, round_metrics
 from fl_lightning.core.objective import Objective
-from fl_lightning.privacy import ClientPrivacy
+from fl_lightning.pipeline.privacy import ClientPrivacy
 from fl_lightning.core.params import TensorDict
 from fl_lightning.core.participation import RoundPlan, derive_seeds
 from fl_lightning.core.state import ClientStore, NestedState, flatten_state, unflatten_state
@@ -82,10 +82,10 @@ class FederatedModule(L.LightningModule):
         store: where per-client state lives: in memory (default) or a
             ``DiskClientStore`` for large populations.
         faults: simulated client dropout, stragglers and failure handling.
-        uplink: message stages on the clients' uploads (``fl_lightning.messages``: clip, compress,
+        uplink: message stages on the clients' uploads (``fl_lightning.pipeline.messages``: clip, compress,
             noise); default none.
         downlink: message stages on the broadcast; default none.
-        privacy: client-level differential privacy (``fl_lightning.privacy.ClientPrivacy``): contributes
+        privacy: client-level differential privacy (``fl_lightning.pipeline.privacy.ClientPrivacy``): contributes
             its clip and noise stages to the uplink and logs ``privacy/epsilon``.
         compression: compressors of the uploads and of the broadcast, with error feedback
             (``fl_lightning.compression.Compression``, docs/compression.md); default none.
@@ -181,7 +181,7 @@ class FederatedModule(L.LightningModule):
         return ClientState(state, self._personal(stored))
 
     def message_state(self, client_id: int) -> NestedState:
-        """Client ``client_id``'s stored message-stage state (``fl_lightning.messages``), on this device."""
+        """Client ``client_id``'s stored message-stage state (``fl_lightning.pipeline.messages``), on this device."""
         stored = self.store.get(client_id, dict)
         return {n: {k: v.to(self.device) for k, v in td.items()} for n, td in stored.items() if is_message_state(n)}
 
@@ -321,7 +321,7 @@ class FederatedModule(L.LightningModule):
             server_state = self._warmup(x, server_state, info)
         broadcast = self.algorithm.broadcast(x, server_state, info)
         broadcast_bytes = None
-        if self.messages:  # the message pipeline's round (fl_lightning/messages.py); absent: nothing of it runs
+        if self.messages:  # the message pipeline's round (fl_lightning/pipeline/messages.py); absent: nothing of it runs
             self.messages.begin_round(info)
             if self.messages.broadcast_stages:
                 broadcast, broadcast_bytes = self.messages.transform_broadcast(broadcast, info, self.datamodule.seed)

@@ -32,6 +32,7 @@ MOVED: dict[str, tuple[str, ...]] = {
     "core": ("params", "state", "tasks", "errors", "capabilities", "config", "participation", "client_data",
         "metrics", "objective", "local_loss", "client_rows", "hub"),
     "reliability": ("faults", "checkpoint_io", "csv_resume", "fingerprint", "stopping"),
+    "pipeline": ("messages", "privacy", "privacy_accounting"),
 }
 PACKAGE = Path(__file__).resolve().parent
 REPOSITORY = PACKAGE.parent

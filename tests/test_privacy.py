@@ -1,5 +1,5 @@
 """Client-level DP (DP-FedAvg) on the message pipeline: clipping, noise, fixed denominator,
-executors, resume, refusals (docs/privacy.md; (DP.1) in fl_lightning/privacy.py)."""
+executors, resume, refusals (docs/privacy.md; (DP.1) in fl_lightning/pipeline/privacy.py)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from fl_lightning import FederatedModule, LocalTraining
 from fl_lightning import algorithms as A
 from fl_lightning.algorithms.base import RoundInfo
-from fl_lightning.messages import COMPRESS, ClientStage, MessagePipeline, Sent, upload_like
+from fl_lightning.pipeline.messages import COMPRESS, ClientStage, MessagePipeline, Sent, upload_like
 from fl_lightning.core.participation import BernoulliParticipation, UniformSampling
-from fl_lightning.privacy import ClientPrivacy, GaussianSumNoise, clip
-from fl_lightning.privacy_accounting import SamplingScheme, epsilon_after
+from fl_lightning.pipeline.privacy import ClientPrivacy, GaussianSumNoise, clip
+from fl_lightning.pipeline.privacy_accounting import SamplingScheme, epsilon_after
 from models import MLP
 from tests.conftest import tiny_datamodule, tiny_trainer
 

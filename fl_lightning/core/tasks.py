@@ -45,7 +45,7 @@ class ClientTask:
     broadcast: Payload
     load_state: Callable[[], ClientState]
     warmup: bool = False
-    load_message_state: Callable[[], NestedState] | None = None  # the message stages' stored state (``fl_lightning.messages``)
+    load_message_state: Callable[[], NestedState] | None = None  # the message stages' stored state (``fl_lightning.pipeline.messages``)
 
 
 @dataclass

@@ -353,7 +353,7 @@ def _gather_bytes(
 
 
 def _upload_bytes(result: ClientResult) -> int:
-    """The upload's encoded size (message stages, ``fl_lightning.messages``), else the bytes of its tensors."""
+    """The upload's encoded size (message stages, ``fl_lightning.pipeline.messages``), else the bytes of its tensors."""
     return result.upload_bytes if result.upload_bytes is not None else payload_bytes(result.upload)
 
 

@@ -10,7 +10,7 @@ fixed denominator D, the expected cohort size (``GaussianSumNoise``):
     sum_i w u_i  ->  (1/D) (sum_i clip_C(u_i) + z),        clip_C(u) = u min(1, C / ||u||)   (DP.1)
 
 fed to the algorithm's ``upload_sum`` as the clients' uploads with weight 1/D plus one
-pseudo-upload z with weight 1/D. The accountant (``fl_lightning.privacy_accounting``) logs
+pseudo-upload z with weight 1/D. The accountant (``fl_lightning.pipeline.privacy_accounting``) logs
 ``privacy/epsilon`` every round.
 """
 
@@ -23,8 +23,8 @@ from typing import Any, Literal
 import torch
 
 from fl_lightning.algorithms.base import RoundInfo, declares_capability
-from fl_lightning.messages import CLIP, NOISE, AggregateStage, ClientStage, Sent, StageKey, upload_like
-from fl_lightning.privacy_accounting import ClientAccountant, SamplingScheme, calibrate_noise, epsilon_after
+from fl_lightning.pipeline.messages import CLIP, NOISE, AggregateStage, ClientStage, Sent, StageKey, upload_like
+from fl_lightning.pipeline.privacy_accounting import ClientAccountant, SamplingScheme, calibrate_noise, epsilon_after
 from fl_lightning.core.tasks import Payload
 
 log = logging.getLogger(__name__)
@@ -279,7 +279,7 @@ class ClientPrivacy:
     def next_clip(self, unclipped: int, info: RoundInfo) -> float:
         """C_{t+1} = C_t exp(-eta_C (b~ - gamma)), b~ = (unclipped + N(0, sigma_b^2)) / D (Andrew et al., Alg. 1),
         the noise drawn on the server from (seed, round)."""
-        from fl_lightning.messages import SERVER_STREAM
+        from fl_lightning.pipeline.messages import SERVER_STREAM
         from fl_lightning.core.participation import derive_seed
 
         generator = StageKey(derive_seed(self.seed, info.round, SERVER_STREAM), info.round).generator(COUNT_STREAM)
