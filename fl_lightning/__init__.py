@@ -16,7 +16,7 @@ _package_names.install()  # a repository checkout: fl_lightning.models/.datamodu
 if TYPE_CHECKING:
     from fl_lightning.algorithms import Algorithm, FedAvg
     from fl_lightning.core.config import LocalTraining
-    from fl_lightning.module import FederatedModule
+    from fl_lightning.engine.module import FederatedModule
     from fl_lightning.core.participation import Participation, RoundPlan, UniformSampling
     from fl_lightning.core.state import ClientStore
 
@@ -31,7 +31,7 @@ _EXPORTS = {
     "Algorithm": "fl_lightning.algorithms",
     "ClientStore": "fl_lightning.core.state",
     "FedAvg": "fl_lightning.algorithms",
-    "FederatedModule": "fl_lightning.module",
+    "FederatedModule": "fl_lightning.engine.module",
     "LocalTraining": "fl_lightning.core.config",
     "Participation": "fl_lightning.core.participation",
     "RoundPlan": "fl_lightning.core.participation",

@@ -76,7 +76,7 @@ def run_one(config: str, overrides: dict, seed: int) -> tuple[list[float], float
     import torch
     from lightning.pytorch import Callback
 
-    from fl_lightning.callbacks import GlobalCost
+    from fl_lightning.engine.callbacks import GlobalCost
     from fl_lightning.cli_app import build as build_cli
 
     torch.set_num_threads(1)

@@ -33,6 +33,7 @@ MOVED: dict[str, tuple[str, ...]] = {
         "metrics", "objective", "local_loss", "client_rows", "hub"),
     "reliability": ("faults", "checkpoint_io", "csv_resume", "fingerprint", "stopping"),
     "pipeline": ("messages", "privacy", "privacy_accounting"),
+    "engine": ("module", "callbacks", "personal_eval", "instruction_eval"),
 }
 PACKAGE = Path(__file__).resolve().parent
 REPOSITORY = PACKAGE.parent

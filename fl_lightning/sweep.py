@@ -213,6 +213,6 @@ def run_args(sweep: Sweep, name: str, seed: int, out: Path) -> list[str]:
         "--trainer.logger", json.dumps(loggers if len(loggers) > 1 else loggers[0]),
     ]  # fmt: skip
     if sweep.targets:
-        target = {"class_path": "fl_lightning.callbacks.TargetAccuracy", "init_args": {"targets": sweep.targets}}
+        target = {"class_path": "fl_lightning.engine.callbacks.TargetAccuracy", "init_args": {"targets": sweep.targets}}
         args += ["--trainer.callbacks+", json.dumps(target)]
     return args

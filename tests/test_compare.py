@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
-from fl_lightning.callbacks import target_key
+from fl_lightning.engine.callbacks import target_key
 from fl_lightning.cli import main
 from fl_lightning.compare import INFO, run_one
 from fl_lightning.history import History

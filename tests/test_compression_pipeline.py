@@ -19,7 +19,7 @@ from fl_lightning.cli import main
 from fl_lightning.compression import QSGD, Cast, Compression, RandomK, ScaledSign, TopK, sparse_bytes
 from fl_lightning.compression.stages import CompressBroadcast, CompressUploads
 from fl_lightning.pipeline.messages import StageKey
-from fl_lightning.module import FederatedModule
+from fl_lightning.engine.module import FederatedModule
 from models import MLP
 from tests.conftest import tiny_datamodule, tiny_trainer
 

@@ -209,7 +209,7 @@ def test_fedit_dolly_config_trains_and_evaluates_by_category_and_generation_from
     callbacks = tmp_path / "callbacks.yaml"
     callbacks.write_text(
         "trainer:\n  callbacks:\n"
-        "    - class_path: fl_lightning.instruction_eval.InstructionEvaluation\n"
+        "    - class_path: fl_lightning.engine.instruction_eval.InstructionEvaluation\n"
         "      init_args: {num_samples: 3, max_new_tokens: 6}\n"
         f"    - class_path: fl_lightning.export.ExportPretrained\n      init_args: {{dirpath: {tmp_path / 'adapter'}}}\n"
     )

@@ -12,12 +12,12 @@ from datamodules import IID, Dirichlet, FederatedDataModule
 from fl_lightning import FedAvg, FederatedModule, LocalTraining, UniformSampling
 from fl_lightning.core import params as P
 from fl_lightning.algorithms import FedAlt, FedAvgP, FedSim, ScaffoldP
-from fl_lightning.module import WARMUP_STREAM as _WARMUP_STREAM
+from fl_lightning.engine.module import WARMUP_STREAM as _WARMUP_STREAM
 from fl_lightning.core.tasks import PERSONAL
 from fl_lightning.core.objective import Objective
 from fl_lightning.core.state import ClientStore
 from fl_lightning.core.participation import derive_seed
-from fl_lightning.personal_eval import GradientNorm, PersonalizedEvaluation, worst_fraction_mean
+from fl_lightning.engine.personal_eval import GradientNorm, PersonalizedEvaluation, worst_fraction_mean
 from models import MLP, SplitLogistic
 from tests.conftest import tiny_datamodule, tiny_module, tiny_trainer
 
