@@ -36,9 +36,9 @@ _EXPORTS = {
     "Participation": "fl_lightning.core.participation",
     "RoundPlan": "fl_lightning.core.participation",
     "UniformSampling": "fl_lightning.core.participation",
-    "apply_threads": "fl_lightning.threads",
-    "RoundProgressBar": "fl_lightning.terminal",
-    "quiet_lightning": "fl_lightning.terminal",
+    "apply_threads": "fl_lightning.run.threads",
+    "RoundProgressBar": "fl_lightning.run.terminal",
+    "quiet_lightning": "fl_lightning.run.terminal",
 }
 
 __all__ = sorted(_EXPORTS)

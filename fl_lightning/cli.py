@@ -1,7 +1,7 @@
 """The ``fl-lightning`` command.
 
 ``fit``, ``validate``, ``test`` and ``predict`` are LightningCLI subcommands over FederatedModule
-and any FederatedDataModule (fl_lightning/cli_app.py); ``compare`` runs a sweep
+and any FederatedDataModule (fl_lightning/run/cli_app.py); ``compare`` runs a sweep
 (fl_lightning/compare.py), ``montecarlo`` a Monte Carlo experiment (fl_lightning/montecarlo.py)
 and ``partition`` draws a config's partition (fl_lightning/partition_plot.py).
 Lightning is imported only by the subcommand that needs it: ``fl-lightning --help`` and
@@ -62,14 +62,14 @@ def build_cli(args: list[str] | None = None, run: bool = True, exit_on_error: bo
 
     ``exit_on_error=False`` raises jsonargparse's ArgumentError on a bad setting instead of exiting.
     """
-    from fl_lightning.cli_app import build
+    from fl_lightning.run.cli_app import build
 
     return build(args, run=run, exit_on_error=exit_on_error)
 
 
 def _bundled_config_names(argv: list[str]) -> list[str]:
     """``--config NAME`` naming no file but a bundled config (``quickstart``) becomes that config's path."""
-    from fl_lightning.bundled_configs import resolve
+    from fl_lightning.run.bundled_configs import resolve
 
     out = list(argv)
     for i, arg in enumerate(out):
@@ -88,7 +88,7 @@ def _existing_config(value: str) -> str:
 
     if Path(value).exists() or any(c in value for c in "{}:\n"):
         return value
-    from fl_lightning.bundled_configs import names
+    from fl_lightning.run.bundled_configs import names
 
     near = difflib.get_close_matches(Path(value).stem, names(), n=1)
     hint = f"; did you mean {near[0]}?" if near else "; `fl-lightning configs` lists the bundled ones"
@@ -108,7 +108,7 @@ def main(args: list[str] | None = None) -> None:
     """
     argv = sys.argv[1:] if args is None else list(args)
     if "--debug" in argv and not os.environ.get("FL_LIGHTNING_TRACEBACK"):
-        # For the parsers' errors too (fl_lightning/config_errors.py), for this call only: an in-process
+        # For the parsers' errors too (fl_lightning/run/config_errors.py), for this call only: an in-process
         # caller's later calls keep their one-line errors.
         os.environ["FL_LIGHTNING_TRACEBACK"] = "1"
         try:
@@ -136,7 +136,7 @@ def main(args: list[str] | None = None) -> None:
     try:
         argv = _bundled_config_names(argv)
         if argv[0] == "configs":
-            from fl_lightning.bundled_configs import main as configs_main
+            from fl_lightning.run.bundled_configs import main as configs_main
 
             configs_main(argv[1:])
         elif argv[0] == "lora-fixture":

@@ -27,7 +27,7 @@ INFO = "run_info.json"
 
 
 def _build(args: list[str]):
-    from fl_lightning.cli_app import build as build_cli
+    from fl_lightning.run.cli_app import build as build_cli
 
     return build_cli(args, run=False, exit_on_error=False)
 
@@ -201,7 +201,7 @@ def print_summary(sweep: Sweep, out: Path) -> None:
 
 def _config_errors(sweep: Sweep, out: Path) -> dict[str, str]:
     """Every run's config parsed before anything trains: run name -> its config error."""
-    from fl_lightning.cli_app import SeveralProcesses
+    from fl_lightning.run.cli_app import SeveralProcesses
 
     errors = {}
     for name in sweep.runs:

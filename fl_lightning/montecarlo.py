@@ -77,7 +77,7 @@ def run_one(config: str, overrides: dict, seed: int) -> tuple[list[float], float
     from lightning.pytorch import Callback
 
     from fl_lightning.engine.callbacks import GlobalCost
-    from fl_lightning.cli_app import build as build_cli
+    from fl_lightning.run.cli_app import build as build_cli
 
     torch.set_num_threads(1)
     args = ["--config", config, "--seed_everything", str(seed), "--data.init_args.seed", str(seed), *_QUIET]

@@ -34,6 +34,8 @@ MOVED: dict[str, tuple[str, ...]] = {
     "reliability": ("faults", "checkpoint_io", "csv_resume", "fingerprint", "stopping"),
     "pipeline": ("messages", "privacy", "privacy_accounting"),
     "engine": ("module", "callbacks", "personal_eval", "instruction_eval"),
+    "run": ("cli_app", "config_files", "config_errors", "bundled_configs", "launch", "threads", "terminal",
+        "export"),
 }
 PACKAGE = Path(__file__).resolve().parent
 REPOSITORY = PACKAGE.parent

@@ -75,7 +75,7 @@ def main(argv: list[str]) -> None:
     if out.suffix.lower() != ".png":
         raise ValueError(f"partition --out must be a .png file, got {ns.out!r}")
 
-    from fl_lightning.cli_app import build as build_cli
+    from fl_lightning.run.cli_app import build as build_cli
 
     cli = build_cli(["--config", ns.config, "--trainer.logger", "false", *rest], run=False)
     data = cli.datamodule

@@ -85,7 +85,7 @@ def _resolve_base(path: Path, base: Any) -> Path:
     for candidate in candidates:
         if candidate.is_file():
             return candidate.resolve()
-    from fl_lightning.bundled_configs import find
+    from fl_lightning.run.bundled_configs import find
 
     if find(base) is not None:  # a config shipped with the package, by name
         return find(base).resolve()
@@ -97,7 +97,7 @@ def load_sweep(path: str | Path) -> Sweep:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"sweep file {path} not found")
-    from fl_lightning.config_files import load_yaml
+    from fl_lightning.run.config_files import load_yaml
 
     raw = load_yaml(path)  # a syntax error or a duplicate key: one line naming the file and line
     if not isinstance(raw, dict):

@@ -185,7 +185,7 @@ def _fit_small(algorithm, local, execution, rounds, num_clients, clients_per_rou
     from fl_lightning.datamodules import Dirichlet, FederatedDataModule
     from fl_lightning.engine.module import FederatedModule
     from fl_lightning.core.participation import UniformSampling
-    from fl_lightning.terminal import quiet_lightning
+    from fl_lightning.run.terminal import quiet_lightning
     from fl_lightning.models import MLP
 
     quiet_lightning()

@@ -12,7 +12,7 @@ import torch
 
 from fl_lightning import FederatedModule, LocalTraining
 from fl_lightning.algorithms import SCAFFOLD, FAdamET, FAdamGT, FedAvg, FedProx, LocalAdam
-from fl_lightning.export import ExportPretrained
+from fl_lightning.run.export import ExportPretrained
 from fl_lightning.core.objective import Objective
 from models import LoRAClassifier
 from tests.conftest import tiny_trainer

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fl_lightning.bundled_configs import configs_dir, find, resolve
+from fl_lightning.run.bundled_configs import configs_dir, find, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
@@ -54,7 +54,7 @@ def test_configs_are_found_by_name():
 
 
 def test_a_base_by_name_resolves_to_the_bundled_config(tmp_path, monkeypatch):
-    from fl_lightning.config_files import expand_bases
+    from fl_lightning.run.config_files import expand_bases
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "mine.yaml").write_text("base: quickstart\nmodel: {local: {lr: 0.02}}\n")

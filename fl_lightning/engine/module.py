@@ -595,7 +595,7 @@ class FederatedModule(L.LightningModule):
         if self.messages:  # only then: a run without message stages writes the checkpoint it always wrote
             checkpoint[_CKPT_KEY]["messages"] = self.messages.state_dict()
         wandb_ids = [str(logger.version) for logger in self.loggers if type(logger).__name__ == "WandbLogger" and logger.version]
-        if wandb_ids:  # a resume continues this wandb run (fl_lightning/cli_app.py)
+        if wandb_ids:  # a resume continues this wandb run (fl_lightning/run/cli_app.py)
             checkpoint["loggers"] = {"wandb_run_id": wandb_ids[0]}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -101,7 +101,7 @@ def _resolve(path: Path, base: object) -> Path:
     for candidate in (path.parent / base, Path.cwd() / base):
         if candidate.is_file():
             return candidate.resolve()
-    from fl_lightning.bundled_configs import find
+    from fl_lightning.run.bundled_configs import find
 
     bundled = find(base)  # a config shipped with the package, by name
     if bundled is not None:

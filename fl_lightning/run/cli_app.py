@@ -10,7 +10,7 @@ What it adds to LightningCLI:
 - a default wandb run name ``<experiment>-<Algorithm>-seed<s>``;
 - ``data.seed`` follows ``--seed_everything`` unless set explicitly;
 - checkpoints load with ``weights_only=True`` unless ``--weights_only false``;
-- a progress bar counted in rounds and a one-line result after ``fit`` (fl_lightning/terminal.py).
+- a progress bar counted in rounds and a one-line result after ``fit`` (fl_lightning/run/terminal.py).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.cli import LightningCLI, LRSchedulerTypeTuple, SaveConfigCallback, instantiate_class
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 
-from fl_lightning.terminal import RoundProgressBar, RunSummary, quiet_lightning
-from fl_lightning.threads import apply_threads, parse_threads
+from fl_lightning.run.terminal import RoundProgressBar, RunSummary, quiet_lightning
+from fl_lightning.run.threads import apply_threads, parse_threads
 
 SERVER_LR = "train/server_lr"
 OPTIMIZER_ERROR = (
@@ -265,17 +265,17 @@ class FLCli(LightningCLI):
 
     def __init__(self, *args: Any, launch_args: list[Any] | None = None, **kwargs: Any) -> None:
         self.summary = RunSummary()
-        self.launch_args = launch_args  # the command line other DDP ranks run (fl_lightning/launch.py)
+        self.launch_args = launch_args  # the command line other DDP ranks run (fl_lightning/run/launch.py)
         super().__init__(*args, auto_configure_optimizers=False, **kwargs)
 
     def add_arguments_to_parser(self, parser) -> None:
         # Only the scheduler: it is built on the algorithm's server optimizer (see after_instantiate_classes).
         parser.add_lr_scheduler_args(LRSchedulerTypeTuple)
         parser.add_argument("--base", type=Optional[str], default=None,
-                            help="the config file this one overrides (fl_lightning/config_files.py)")  # fmt: skip
+                            help="the config file this one overrides (fl_lightning/run/config_files.py)")  # fmt: skip
         parser.add_argument("--threads", type=Union[int, str], default="auto",
                             help="torch intra-op threads: auto (1 for models below 1M parameters, else all cores) "
-                                 "or a count; results are bitwise reproducible per thread count (fl_lightning/threads.py)")  # fmt: skip
+                                 "or a count; results are bitwise reproducible per thread count (fl_lightning/run/threads.py)")  # fmt: skip
 
     def parse_arguments(self, parser, args) -> None:
         self.command_line = [a for a in args if isinstance(a, str)] if isinstance(args, list) else []
@@ -389,7 +389,7 @@ class FLCli(LightningCLI):
                 init_args["id"] = str(run_id)
 
     def _experiment(self, config: Any) -> str:
-        from fl_lightning.config_files import bases_named
+        from fl_lightning.run.config_files import bases_named
 
         files = [Path(str(getattr(f, "relative", f))) for f in config.get("config") or [] if f is not None]
         bases = bases_named(files)  # inserted by `base:` expansion: the run is named after the file that names them
@@ -439,7 +439,7 @@ class FLCli(LightningCLI):
 
     # ---- after instantiation: the server lr scheduler --------------------------------------
     def after_instantiate_classes(self) -> None:
-        from fl_lightning.launch import install
+        from fl_lightning.run.launch import install
 
         if self.subcommand is None and self.trainer.world_size > 1:
             raise SeveralProcesses(SEVERAL_PROCESSES_ERROR.format(processes=self.trainer.world_size))
@@ -526,8 +526,8 @@ def build(args: list[str] | None = None, run: bool = True, exit_on_error: bool =
     from fl_lightning.datamodules import FederatedDataModule  # and the datamodule subclasses and partitioners
     from fl_lightning.engine.module import FederatedModule, quiet_known_warnings
 
-    from fl_lightning.config_errors import OneLineParser, remember_args
-    from fl_lightning.config_files import expand_bases
+    from fl_lightning.run.config_errors import OneLineParser, remember_args
+    from fl_lightning.run.config_files import expand_bases
     from fl_lightning.package_names import refuse_old_names
 
     quiet_known_warnings()
