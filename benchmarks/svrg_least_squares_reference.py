@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from datamodules.sources import least_squares
-from fl_lightning.montecarlo import SeriesResult, plot_case, write_tables
+from fl_lightning.experiments.montecarlo import SeriesResult, plot_case, write_tables
 from fl_lightning.core.participation import UniformRandomProbabilities
 
 

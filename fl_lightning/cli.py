@@ -2,8 +2,8 @@
 
 ``fit``, ``validate``, ``test`` and ``predict`` are LightningCLI subcommands over FederatedModule
 and any FederatedDataModule (fl_lightning/run/cli_app.py); ``compare`` runs a sweep
-(fl_lightning/compare.py), ``montecarlo`` a Monte Carlo experiment (fl_lightning/montecarlo.py)
-and ``partition`` draws a config's partition (fl_lightning/partition_plot.py).
+(fl_lightning/experiments/compare.py), ``montecarlo`` a Monte Carlo experiment (fl_lightning/experiments/montecarlo.py)
+and ``partition`` draws a config's partition (fl_lightning/experiments/partition_plot.py).
 Lightning is imported only by the subcommand that needs it: ``fl-lightning --help`` and
 ``--version`` answer at once.
 """
@@ -143,12 +143,12 @@ def main(args: list[str] | None = None) -> None:
             from fl_lightning.lora_fixture import main as lora_fixture_main
 
             lora_fixture_main(argv[1:])
-        elif argv[0] == "compare":  # not a LightningCLI subcommand: runs many fits, see fl_lightning/compare.py
-            from fl_lightning.compare import main as compare_main
+        elif argv[0] == "compare":  # not a LightningCLI subcommand: runs many fits, see fl_lightning/experiments/compare.py
+            from fl_lightning.experiments.compare import main as compare_main
 
             compare_main(argv[1:])
         elif argv[0] == "partition":
-            from fl_lightning.partition_plot import main as partition_main
+            from fl_lightning.experiments.partition_plot import main as partition_main
 
             partition_main(argv[1:])
         elif argv[0] == "fixture":
@@ -156,7 +156,7 @@ def main(args: list[str] | None = None) -> None:
 
             fixture_main(argv[1:])
         elif argv[0] == "montecarlo":
-            from fl_lightning.montecarlo import main as montecarlo_main
+            from fl_lightning.experiments.montecarlo import main as montecarlo_main
 
             montecarlo_main(argv[1:])
         else:

@@ -36,6 +36,8 @@ MOVED: dict[str, tuple[str, ...]] = {
     "engine": ("module", "callbacks", "personal_eval", "instruction_eval"),
     "run": ("cli_app", "config_files", "config_errors", "bundled_configs", "launch", "threads", "terminal",
         "export"),
+    "experiments": ("compare", "sweep", "tables", "plots", "history", "montecarlo", "partition_plot",
+        "testing"),
 }
 PACKAGE = Path(__file__).resolve().parent
 REPOSITORY = PACKAGE.parent

@@ -12,9 +12,9 @@ import yaml
 
 from fl_lightning.engine.callbacks import target_key
 from fl_lightning.cli import main
-from fl_lightning.compare import INFO, run_one
-from fl_lightning.history import History
-from fl_lightning.sweep import load_sweep
+from fl_lightning.experiments.compare import INFO, run_one
+from fl_lightning.experiments.history import History
+from fl_lightning.experiments.sweep import load_sweep
 
 BASE = {
     "seed_everything": 0,
@@ -238,8 +238,8 @@ def test_history_merges_training_and_evaluation_rows(tmp_path):
 def test_sweep_wandb_key_adds_a_wandb_logger_next_to_the_csv_logger(tmp_path):
     from lightning.pytorch.loggers import CSVLogger, WandbLogger
 
-    from fl_lightning.compare import _build
-    from fl_lightning.sweep import run_args
+    from fl_lightning.experiments.compare import _build
+    from fl_lightning.experiments.sweep import run_args
 
     sweep = load_sweep(write_sweep(tmp_path, wandb={"project": "fl-test", "offline": True}))
     cli = _build(run_args(sweep, "K=1 lr=0.3", 1, tmp_path / "out"))

@@ -301,7 +301,7 @@ def test_compare_and_montecarlo_refuse_a_multi_process_fit_in_one_line(tmp_path,
     would relaunch ranks that outlive it and reuse its process group. Refused, for the whole sweep."""
     from fl_lightning.cli import build_cli
     from fl_lightning.run.cli_app import SeveralProcesses
-    from fl_lightning.compare import compare
+    from fl_lightning.experiments.compare import compare
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SeveralProcesses, match=r"--trainer.devices x --trainer.num_nodes = 2 processes: compare and montecarlo"):

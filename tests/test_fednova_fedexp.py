@@ -11,7 +11,7 @@ from datamodules import Dirichlet, FederatedDataModule
 from fl_lightning import FederatedModule, LocalTraining, UniformSampling
 from fl_lightning.algorithms import FedAvg, FedExP, FedNova
 from fl_lightning.reliability.faults import ClientFaults
-from fl_lightning.testing import one_round
+from fl_lightning.experiments.testing import one_round
 from models import LinearLeastSquares
 from tests.conftest import tiny_datamodule, tiny_module, tiny_trainer
 

@@ -363,8 +363,8 @@ def test_adaptive_clipping_refuses_a_count_noise_that_spends_the_budget(tmp_path
 
 
 def test_compare_plots_accuracy_against_epsilon():
-    from fl_lightning.history import History
-    from fl_lightning.plots import curves, figures_for
+    from fl_lightning.experiments.history import History
+    from fl_lightning.experiments.plots import curves, figures_for
 
     records = [{"round": float(r), "privacy/epsilon": 0.5 * (r + 1), "val/acc": 0.1 * r} for r in range(4)]
     histories = {"DP": [History(records)]}

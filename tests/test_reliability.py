@@ -107,7 +107,7 @@ def test_val_check_interval_0_is_named(tmp_path, capsys):
 
 @pytest.mark.parametrize("name", ["..", ".", "../..", "/.."])
 def test_a_run_name_never_leaves_the_runs_folder(tmp_path, name):
-    from fl_lightning.sweep import Sweep, dir_name
+    from fl_lightning.experiments.sweep import Sweep, dir_name
 
     run_dir = Sweep(path=tmp_path, base=tmp_path, runs={name: {}}).run_dir(tmp_path / "out", name, 0)
     assert run_dir.resolve().parent.parent == (tmp_path / "out" / "runs").resolve(), dir_name(name)

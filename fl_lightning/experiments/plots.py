@@ -22,7 +22,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from fl_lightning.history import ACC, BYTES, PER_CLIENT, ROUND, UPLOADS, History, seed_curve  # noqa: E402
+from fl_lightning.experiments.history import ACC, BYTES, PER_CLIENT, ROUND, UPLOADS, History, seed_curve  # noqa: E402
 
 LABELS = {
     ACC: "validation accuracy",  # the test set when the data has no validation split (data.val_fraction)

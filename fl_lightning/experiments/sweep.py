@@ -36,7 +36,7 @@ RESERVED = {  # set by compare itself for every run
     "trainer.logger": "compare logs every run with a CSVLogger in OUT/runs/<name>/seed<s>; use `wandb` for wandb",
     "trainer.default_root_dir": "compare places every run in OUT/runs/<name>/seed<s>",
 }
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass

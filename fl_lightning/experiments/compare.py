@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fl_lightning.history import History
-from fl_lightning.sweep import Sweep, dir_name, load_sweep, run_args
+from fl_lightning.experiments.history import History
+from fl_lightning.experiments.sweep import Sweep, dir_name, load_sweep, run_args
 
 INFO = "run_info.json"
 
@@ -179,8 +179,8 @@ def load_per_client(sweep: Sweep, out: Path, statuses: dict[str, list[str | None
 
 def report(sweep: Sweep, out: Path) -> list[Path]:
     """Plots and tables from the logged runs in ``out/runs``."""
-    from fl_lightning.plots import plot_all, plot_per_client
-    from fl_lightning.tables import write_summary
+    from fl_lightning.experiments.plots import plot_all, plot_per_client
+    from fl_lightning.experiments.tables import write_summary
 
     histories = load_histories(sweep, out)
     statuses, seconds = load_statuses(sweep, out)
@@ -193,7 +193,7 @@ def report(sweep: Sweep, out: Path) -> list[Path]:
 
 
 def print_summary(sweep: Sweep, out: Path) -> None:
-    from fl_lightning.tables import first_table_markdown
+    from fl_lightning.experiments.tables import first_table_markdown
 
     statuses, seconds = load_statuses(sweep, out)
     print(first_table_markdown(load_histories(sweep, out), sweep.seeds, statuses, seconds), flush=True)

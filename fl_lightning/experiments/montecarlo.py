@@ -11,8 +11,8 @@ federated objective f(theta^k) after every round and f* (L-BFGS on all data). Re
 
 Usage::
 
-    python -m fl_lightning.montecarlo --config configs/svrg_least_squares.yaml --runs 20 --out DIR
-    python -m fl_lightning.montecarlo --spec configs/svrg_least_squares_mc.yaml --out DIR
+    python -m fl_lightning.experiments.montecarlo --config configs/svrg_least_squares.yaml --runs 20 --out DIR
+    python -m fl_lightning.experiments.montecarlo --spec configs/svrg_least_squares_mc.yaml --out DIR
 
 ``--config`` (repeatable) compares fit configs in one case; ``--spec`` is a YAML file of several
 cases (see ``configs/svrg_least_squares_mc.yaml``). Writes ``summary.md``, ``rounds.csv`` and, per
@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> dict[str, list[SeriesResult]]:
             print(f"[montecarlo] {case} / {s.label}: {runs} runs of {s.config}", file=sys.stderr, flush=True)
             results[case].append(run_series(Series(s.label, s.config, {**s.overrides, **extra}), runs, base_seed, args.workers))
         plot_case(case, results[case], out)
-        command = "python -m fl_lightning.montecarlo " + " ".join(argv if argv is not None else sys.argv[1:])
+        command = "python -m fl_lightning.experiments.montecarlo " + " ".join(argv if argv is not None else sys.argv[1:])
         summary = write_tables(results, out, command)  # rewritten after every case: partial results survive
     print(summary.read_text())
     return results

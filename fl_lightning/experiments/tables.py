@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fl_lightning.history import ACC, BYTES, COSTS, PER_CLIENT, ROUND, TEST_ACC, UPLOADS, History, cost_to_target, mean_std
+from fl_lightning.experiments.history import ACC, BYTES, COSTS, PER_CLIENT, ROUND, TEST_ACC, UPLOADS, History, cost_to_target, mean_std
 
 SCALE = {BYTES: 1e-6}  # bytes are reported in MB
 DIGITS = {ROUND: 1, PER_CLIENT: 1, UPLOADS: 1, BYTES: 2}
