@@ -38,6 +38,7 @@ MOVED: dict[str, tuple[str, ...]] = {
         "export"),
     "experiments": ("compare", "sweep", "tables", "plots", "history", "montecarlo", "partition_plot",
         "testing"),
+    "commands": ("cli", "user_modules", "lora_fixture"),
 }
 PACKAGE = Path(__file__).resolve().parent
 REPOSITORY = PACKAGE.parent

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from fl_lightning.engine.callbacks import target_key
-from fl_lightning.cli import main
+from fl_lightning.commands.cli import main
 from fl_lightning.experiments.compare import INFO, run_one
 from fl_lightning.experiments.history import History
 from fl_lightning.experiments.sweep import load_sweep

@@ -15,7 +15,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from fl_lightning import FedAvg, LocalTraining
 from fl_lightning.core import params as P
 from fl_lightning.algorithms import SCAFFOLD, FAdamGT, FedDyn
-from fl_lightning.cli import main
+from fl_lightning.commands.cli import main
 from fl_lightning.compression import QSGD, Cast, Compression, RandomK, ScaledSign, TopK, sparse_bytes
 from fl_lightning.compression.stages import CompressBroadcast, CompressUploads
 from fl_lightning.pipeline.messages import StageKey

@@ -299,7 +299,7 @@ def test_the_rendezvous_timeout_setting_is_checked_and_an_address_in_use_is_name
 def test_compare_and_montecarlo_refuse_a_multi_process_fit_in_one_line(tmp_path, monkeypatch):
     """They run fits one after another inside their own process (build without a subcommand); a DDP fit there
     would relaunch ranks that outlive it and reuse its process group. Refused, for the whole sweep."""
-    from fl_lightning.cli import build_cli
+    from fl_lightning.commands.cli import build_cli
     from fl_lightning.run.cli_app import SeveralProcesses
     from fl_lightning.experiments.compare import compare
 

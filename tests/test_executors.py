@@ -11,7 +11,7 @@ import torch
 from fl_lightning import FedAvg, LocalTraining
 from fl_lightning.algorithms import FAdamET, FedAvgP, LocalAdam
 from fl_lightning.algorithms.base import ClientContext, ClientIdUnavailable, RoundInfo, declares_capability
-from fl_lightning.cli import build_cli
+from fl_lightning.commands.cli import build_cli
 from fl_lightning.executors import BatchedExecutionError, BatchedExecutor, Executor, SequentialExecutor
 from models import MLP
 from tests.test_execution import _assert_same_training, _fit

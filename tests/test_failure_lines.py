@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from fl_lightning.reliability import checkpoint_io
-from fl_lightning.cli import main
+from fl_lightning.commands.cli import main
 from fl_lightning.core.errors import CheckpointError
 
 ROOT = Path(__file__).resolve().parents[1]

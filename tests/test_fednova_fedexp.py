@@ -192,7 +192,7 @@ def test_the_digits_configs_run(tmp_path, config, name):
     """The shipped configs, 2 rounds (FedNova's: one local epoch, so clients run different step counts)."""
     from pathlib import Path
 
-    from fl_lightning.cli import build_cli
+    from fl_lightning.commands.cli import build_cli
 
     root = Path(__file__).resolve().parents[1]
     cli = build_cli(

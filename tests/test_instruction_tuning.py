@@ -191,7 +191,7 @@ def test_exported_adapter_generates_the_text_of_the_model_in_the_framework(asset
 # ---- the command line -------------------------------------------------------------------------
 def _cli(args, cwd, timeout=300):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
-    return subprocess.run([sys.executable, "-m", "fl_lightning.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "fl_lightning.commands.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def _local(assets) -> list[str]:

@@ -47,7 +47,7 @@ def test_iid_is_numpys_array_split_of_one_permutation():
 def test_a_million_clients_reach_round_one_without_a_tensor_per_client(tmp_path, monkeypatch):
     """configs/large_population.yaml (10^6 clients, 10 a round): the partition took 100+ s of per-client
     tensors and permutations before round 0; now the setup is a few vectorised operations."""
-    from fl_lightning.cli import build_cli
+    from fl_lightning.commands.cli import build_cli
 
     monkeypatch.chdir(tmp_path)
     cli = build_cli(["--config", str(ROOT / "configs" / "large_population.yaml"), "--trainer.max_steps", "1",

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from datamodules import Shards
 from fl_lightning import FedAvg, FederatedModule, LocalTraining
 from fl_lightning.algorithms import MOON, FedDecorr, FedLC, FedNTD, FedRS
-from fl_lightning.cli import build_cli
+from fl_lightning.commands.cli import build_cli
 from fl_lightning.core.participation import derive_seed
 from models import MLP, SmallCNN
 from tests.conftest import tiny_datamodule, tiny_trainer

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fl_lightning.cli import build_cli
+from fl_lightning.commands.cli import build_cli
 from fl_lightning.core.config import LocalTraining
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -381,7 +381,7 @@ def test_personalization_config_runs_and_logs_the_gradient_norm(tmp_path, monkey
     import sys
     from pathlib import Path
 
-    from fl_lightning.cli import build_cli
+    from fl_lightning.commands.cli import build_cli
 
     monkeypatch.setattr(sys, "argv", sys.argv[:1])
     config = Path(__file__).resolve().parents[1] / "configs" / "personalization_logistic.yaml"

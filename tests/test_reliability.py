@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fl_lightning.cli import main
+from fl_lightning.commands.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = [

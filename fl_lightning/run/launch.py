@@ -3,7 +3,7 @@
 Lightning's ``_SubprocessScriptLauncher`` starts local ranks 1..P-1 by running ``sys.argv``
 again. ``fl-lightning`` hands LightningCLI its arguments explicitly (and ``compare`` runs fits
 inside its own process), so that command line is not the fit: ``RelaunchCommand`` starts
-``python -m fl_lightning.cli <the fit's own arguments>`` instead, with Lightning's environment
+``python -m fl_lightning.commands.cli <the fit's own arguments>`` instead, with Lightning's environment
 (MASTER_ADDR, MASTER_PORT, NODE_RANK, LOCAL_RANK, WORLD_SIZE). Ranks started by torchrun or
 SLURM (``creates_processes_externally``) start nothing, as with Lightning's launcher.
 
@@ -149,7 +149,7 @@ class RelaunchCommand(_SubprocessScriptLauncher):
         self.watch: RankWatch | None = None
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "fl_lightning.cli", *self.args]
+        return [sys.executable, "-m", "fl_lightning.commands.cli", *self.args]
 
     def _call_children_scripts(self) -> None:
         self._check_can_spawn_children()

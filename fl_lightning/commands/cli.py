@@ -118,9 +118,9 @@ def main(args: list[str] | None = None) -> None:
     debug = bool(os.environ.get("FL_LIGHTNING_TRACEBACK"))
     argv = [a for a in argv if a != "--debug"]
     try:
-        from fl_lightning.user_modules import import_user_modules, take_import_option
+        from fl_lightning.commands.user_modules import import_user_modules, take_import_option
 
-        argv, user_modules = take_import_option(argv)  # before any config is parsed (fl_lightning/user_modules.py)
+        argv, user_modules = take_import_option(argv)  # before any config is parsed (fl_lightning/commands/user_modules.py)
         import_user_modules(user_modules)
     except ValueError as error:
         if debug:
@@ -140,7 +140,7 @@ def main(args: list[str] | None = None) -> None:
 
             configs_main(argv[1:])
         elif argv[0] == "lora-fixture":
-            from fl_lightning.lora_fixture import main as lora_fixture_main
+            from fl_lightning.commands.lora_fixture import main as lora_fixture_main
 
             lora_fixture_main(argv[1:])
         elif argv[0] == "compare":  # not a LightningCLI subcommand: runs many fits, see fl_lightning/experiments/compare.py
