@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CHILD = """
 import resource, sys, time, torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
-from fl_lightning.checkpoint_io import StreamingCheckpointIO
+from fl_lightning.reliability.checkpoint_io import StreamingCheckpointIO
 mb, kind, path = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 checkpoint = {"state_dict": {f"w{i}": torch.randn(1 << 18) for i in range(mb)}}
 rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

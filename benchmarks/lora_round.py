@@ -82,7 +82,7 @@ def one_round(args) -> dict:
         torch.set_num_threads(args.threads)
     from datamodules import IID, TextDataModule
     from fl_lightning import FederatedModule, LocalTraining, UniformSampling
-    from fl_lightning import params as P
+    from fl_lightning.core import params as P
     from fl_lightning.algorithms import Algorithm
     from fl_lightning.executors import BatchedExecutor
     from models import LoRAClassifier

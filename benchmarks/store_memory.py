@@ -24,7 +24,7 @@ import torch  # noqa: E402
 from datamodules import IID, FederatedDataModule  # noqa: E402
 from fl_lightning import FederatedModule, LocalTraining, UniformSampling  # noqa: E402
 from fl_lightning.algorithms import SCAFFOLD  # noqa: E402
-from fl_lightning.state import DiskClientStore  # noqa: E402
+from fl_lightning.core.state import DiskClientStore  # noqa: E402
 from models import MLP  # noqa: E402
 
 

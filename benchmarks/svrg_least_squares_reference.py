@@ -22,8 +22,8 @@ import numpy as np
 import torch
 
 from datamodules.sources import least_squares
-from fl_lightning.montecarlo import SeriesResult, plot_case, write_tables
-from fl_lightning.participation import UniformRandomProbabilities
+from fl_lightning.experiments.montecarlo import SeriesResult, plot_case, write_tables
+from fl_lightning.core.participation import UniformRandomProbabilities
 
 
 def simulate(kind: str, S: int, M: int, lr: float, rounds: int, runs: int, seed: int, data, p: torch.Tensor):

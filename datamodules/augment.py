@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from fl_lightning.participation import derive_seed
+from fl_lightning.core.participation import derive_seed
 
 _COLOR_STREAM = 0xC010
 

@@ -102,7 +102,7 @@ class HeldOutSplit:
 
     def split(self, client: int) -> tuple[Tensor, Tensor, Tensor]:
         """(train, holdout, validation) indices of ``client``; train and holdout sorted."""
-        from fl_lightning.participation import derive_seed
+        from fl_lightning.core.participation import derive_seed
 
         idx = self.parts[client]
         generator = torch.Generator().manual_seed(derive_seed(self.seed, client, self.stream))

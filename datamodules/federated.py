@@ -16,8 +16,8 @@ from torch.utils.data import DataLoader, IterableDataset, Subset, TensorDataset,
 from .client_indices import HeldOutSplit, NoIndices
 from .partition import Dirichlet, Partitioner
 from .sources import SOURCES, DataSource, load_source
-from fl_lightning.client_data import Unstackable
-from fl_lightning.participation import Participation, RoundPlan, UniformSampling, derive_seed
+from fl_lightning.core.client_data import Unstackable
+from fl_lightning.core.participation import Participation, RoundPlan, UniformSampling, derive_seed
 
 _HOLDOUT_STREAM = 0x401D
 _AUGMENT_STREAM = 0xA06
@@ -48,7 +48,7 @@ class RoundPlans(IterableDataset):
 
 
 class FederatedDataModule(L.LightningDataModule):
-    """A dataset partitioned among ``num_clients`` clients; implements ``fl_lightning.client_data.ClientData``.
+    """A dataset partitioned among ``num_clients`` clients; implements ``fl_lightning.core.client_data.ClientData``.
 
     The train "dataloader" yields one ``RoundPlan`` per round; the module pulls
     each active client's batches through ``client_batches``. Validation and test

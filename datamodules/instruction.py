@@ -35,7 +35,7 @@ from .federated import FederatedDataModule
 from .partition import Partitioner
 from .sources import DataSource
 from .text import _FILE_BUILDERS, TokenSequences, _tokenizer_digest, load_tokenizer
-from fl_lightning.participation import Participation
+from fl_lightning.core.participation import Participation
 
 log = logging.getLogger(__name__)
 
@@ -240,7 +240,7 @@ class InstructionDataModule(FederatedDataModule):
     def _load_raw(self):
         from datasets import DatasetDict, load_dataset, load_from_disk
 
-        from fl_lightning.hub import hub_error
+        from fl_lightning.core.hub import hub_error
 
         try:
             if self.data_files is not None:

@@ -23,7 +23,7 @@ from torch.utils.data import Dataset
 from .federated import FederatedDataModule
 from .partition import Partitioner
 from .sources import DataSource
-from fl_lightning.participation import Participation
+from fl_lightning.core.participation import Participation
 
 _CACHE_VERSION = "1"
 
@@ -127,7 +127,7 @@ class PadCollate:
 
 def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
     """A tokenizer with a pad token (causal LMs lack one; the end-of-text token is used)."""
-    from fl_lightning.hub import quiet_hub
+    from fl_lightning.core.hub import quiet_hub
 
     quiet_hub()  # no download or "Generating split" progress bars
     from transformers import AutoTokenizer
@@ -135,7 +135,7 @@ def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
     except OSError as error:
-        from fl_lightning.hub import hub_error
+        from fl_lightning.core.hub import hub_error
 
         raise hub_error(
             "data.init_args.tokenizer", name_or_path, "tokenizer", error, "a local directory with the tokenizer files"
@@ -231,12 +231,12 @@ class TextDataModule(FederatedDataModule):
         self.pair_separator, self.trust_remote_code = pair_separator, trust_remote_code
 
     def _load_raw(self):
-        from fl_lightning.hub import quiet_hub
+        from fl_lightning.core.hub import quiet_hub
 
         quiet_hub()  # no download or "Generating split" progress bars
         from datasets import load_dataset
 
-        from fl_lightning.hub import hub_error
+        from fl_lightning.core.hub import hub_error
 
         if self.data_files is not None:
             builder = _FILE_BUILDERS[Path(next(iter(self.data_files.values()))).suffix]

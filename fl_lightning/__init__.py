@@ -15,10 +15,10 @@ _package_names.install()  # a repository checkout: fl_lightning.models/.datamodu
 
 if TYPE_CHECKING:
     from fl_lightning.algorithms import Algorithm, FedAvg
-    from fl_lightning.config import LocalTraining
-    from fl_lightning.module import FederatedModule
-    from fl_lightning.participation import Participation, RoundPlan, UniformSampling
-    from fl_lightning.state import ClientStore
+    from fl_lightning.core.config import LocalTraining
+    from fl_lightning.engine.module import FederatedModule
+    from fl_lightning.core.participation import Participation, RoundPlan, UniformSampling
+    from fl_lightning.core.state import ClientStore
 
 try:
     from importlib.metadata import PackageNotFoundError, version
@@ -29,16 +29,16 @@ except PackageNotFoundError:  # running from a source tree that is not installed
 
 _EXPORTS = {
     "Algorithm": "fl_lightning.algorithms",
-    "ClientStore": "fl_lightning.state",
+    "ClientStore": "fl_lightning.core.state",
     "FedAvg": "fl_lightning.algorithms",
-    "FederatedModule": "fl_lightning.module",
-    "LocalTraining": "fl_lightning.config",
-    "Participation": "fl_lightning.participation",
-    "RoundPlan": "fl_lightning.participation",
-    "UniformSampling": "fl_lightning.participation",
-    "apply_threads": "fl_lightning.threads",
-    "RoundProgressBar": "fl_lightning.terminal",
-    "quiet_lightning": "fl_lightning.terminal",
+    "FederatedModule": "fl_lightning.engine.module",
+    "LocalTraining": "fl_lightning.core.config",
+    "Participation": "fl_lightning.core.participation",
+    "RoundPlan": "fl_lightning.core.participation",
+    "UniformSampling": "fl_lightning.core.participation",
+    "apply_threads": "fl_lightning.run.threads",
+    "RoundProgressBar": "fl_lightning.run.terminal",
+    "quiet_lightning": "fl_lightning.run.terminal",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,4 +1,13 @@
-"""Import names of the bundled model and data packages: ``fl_lightning.models`` and ``fl_lightning.datamodules``.
+"""Import names that are not where the files are: the bundled model and data packages, and the modules
+that moved into the package's folders.
+
+``MOVED``: the package's modules once lay flat in ``fl_lightning/``; each now lies in the folder of its
+part (docs/architecture.md, "Layout"). The old name (``fl_lightning.module``, a YAML ``class_path``
+``fl_lightning.callbacks.GlobalCost``, a checkpoint whose pickles name ``fl_lightning.state``) keeps
+working as the *same* module object as the new one (``fl_lightning.engine.module``): ``MovedModules``,
+installed when ``fl_lightning`` is imported, in a checkout and in the wheel alike.
+
+The bundled model and data packages: ``fl_lightning.models`` and ``fl_lightning.datamodules``.
 
 The repository keeps them as top-level folders (``models/``, ``datamodules/``); the wheel installs
 them inside ``fl_lightning`` (setup.py maps the folders), so a user's own ``models/`` package is
@@ -18,6 +27,19 @@ import sys
 from pathlib import Path
 
 BUNDLED = ("models", "datamodules")
+# package -> the modules that moved there from fl_lightning/ (old name fl_lightning.<module>)
+MOVED: dict[str, tuple[str, ...]] = {
+    "core": ("params", "state", "tasks", "errors", "capabilities", "config", "participation", "client_data",
+        "metrics", "objective", "local_loss", "client_rows", "hub"),
+    "reliability": ("faults", "checkpoint_io", "csv_resume", "fingerprint", "stopping"),
+    "pipeline": ("messages", "privacy", "privacy_accounting"),
+    "engine": ("module", "callbacks", "personal_eval", "instruction_eval"),
+    "run": ("cli_app", "config_files", "config_errors", "bundled_configs", "launch", "threads", "terminal",
+        "export"),
+    "experiments": ("compare", "sweep", "tables", "plots", "history", "montecarlo", "partition_plot",
+        "testing"),
+    "commands": ("cli", "user_modules", "lora_fixture"),
+}
 PACKAGE = Path(__file__).resolve().parent
 REPOSITORY = PACKAGE.parent
 
@@ -33,7 +55,18 @@ def new_name(old: str) -> str:
     return f"fl_lightning.{old}" if top in BUNDLED else old
 
 
-class _Alias(importlib.abc.Loader):
+def moved_name(old: str) -> str | None:
+    """``fl_lightning.module[.x]`` -> ``fl_lightning.engine.module[.x]``; None for a name that did not move."""
+    top, _, rest = old.partition(".")
+    module, dot, tail = rest.partition(".")
+    package = _MOVED_TO.get(module) if top == "fl_lightning" else None
+    return f"fl_lightning.{package}.{module}{dot}{tail}" if package else None
+
+
+_MOVED_TO = {module: package for package, modules in MOVED.items() for module in modules}
+
+
+class _Alias(importlib.abc.InspectLoader):
     def __init__(self, target: str) -> None:
         self.target = target
 
@@ -42,6 +75,25 @@ class _Alias(importlib.abc.Loader):
 
     def exec_module(self, module) -> None:
         pass
+
+    def get_source(self, fullname):
+        return None
+
+    def get_code(self, fullname):
+        """``python -m <old name>`` (runpy reads the code): the new module's code."""
+        spec = importlib.util.find_spec(self.target)
+        return spec.loader.get_code(self.target) if spec and spec.loader else None
+
+    def is_package(self, fullname) -> bool:
+        return False
+
+
+class MovedModules(importlib.abc.MetaPathFinder):
+    """Finds a moved module's old name: the module loaded under its new name (``MOVED``)."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        new = moved_name(fullname)
+        return importlib.machinery.ModuleSpec(fullname, _Alias(new)) if new else None
 
 
 class RepositoryPackages(importlib.abc.MetaPathFinder):
@@ -67,6 +119,8 @@ class RepositoryPackages(importlib.abc.MetaPathFinder):
 
 
 def install() -> None:
+    if not any(isinstance(f, MovedModules) for f in sys.meta_path):
+        sys.meta_path.insert(0, MovedModules())
     if in_repository() and not any(isinstance(f, RepositoryPackages) for f in sys.meta_path):
         sys.meta_path.insert(0, RepositoryPackages())
 

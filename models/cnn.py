@@ -17,7 +17,7 @@ class SmallCNN(nn.Module):
     """
 
     # Each sample's output depends on that sample alone: batched execution runs the clients'
-    # batches as rows of one batch (``fl_lightning.client_rows``).
+    # batches as rows of one batch (``fl_lightning.core.client_rows``).
     independent_rows = True
 
     def __init__(

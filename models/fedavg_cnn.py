@@ -18,7 +18,7 @@ class FedAvgCNN(nn.Module):
     """
 
     # Each sample's output depends on that sample alone: batched execution runs the clients'
-    # batches as rows of one batch (``fl_lightning.client_rows``).
+    # batches as rows of one batch (``fl_lightning.core.client_rows``).
     independent_rows = True
 
     def __init__(self, in_channels: int = 1, num_classes: int = 10, image_size: int = 28) -> None:

@@ -58,7 +58,7 @@ def peft_lora_model(
     import transformers
     from peft import LoraConfig, get_peft_model
 
-    from fl_lightning.hub import hub_error, quiet_hub
+    from fl_lightning.core.hub import hub_error, quiet_hub
 
     quiet_hub()  # no load report of the (expected) new or untied heads, no download bars
     try:
@@ -107,7 +107,7 @@ class LoRAClassifier(nn.Module):
 
     # Every sample's logits depend on that sample alone (no batch statistics) and the adapters and
     # head are nn.Linear layers fed batch-first: batched execution runs all clients' rows through
-    # one forward of the shared frozen base (``fl_lightning.objective.ClientRows``).
+    # one forward of the shared frozen base (``fl_lightning.core.objective.ClientRows``).
     independent_rows = True
 
     def __init__(

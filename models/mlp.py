@@ -15,7 +15,7 @@ class MLP(nn.Module):
     """
 
     # Each sample's output depends on that sample alone: batched execution runs the clients'
-    # batches as rows of one batch (``fl_lightning.client_rows``).
+    # batches as rows of one batch (``fl_lightning.core.client_rows``).
     independent_rows = True
 
     def __init__(self, in_features: int = 64, num_classes: int = 10, hidden: list[int] | None = None) -> None:

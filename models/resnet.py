@@ -104,7 +104,7 @@ class ResNet18(nn.Module):
         self.fc = nn.Linear(512, num_classes)
         self.channels_last = channels_last
         # GroupNorm normalises each sample alone, so batched execution can run the clients' batches
-        # as rows of one batch (``fl_lightning.client_rows``); BatchNorm's batch statistics mix them.
+        # as rows of one batch (``fl_lightning.core.client_rows``); BatchNorm's batch statistics mix them.
         self.independent_rows = norm == "group"
         if channels_last:
             self.to(memory_format=torch.channels_last)

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 @dataclass
 class PenalizedLogits:
-    """Model output: ``logits`` plus a parameter ``penalty`` that the objective (``fl_lightning/objective.py``) adds to the loss."""
+    """Model output: ``logits`` plus a parameter ``penalty`` that the objective (``fl_lightning/core/objective.py``) adds to the loss."""
 
     logits: Tensor
     penalty: Tensor

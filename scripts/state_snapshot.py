@@ -25,7 +25,7 @@ import torch
 
 
 def dump(out: Path, configs: list[str], rounds: int) -> None:
-    from fl_lightning.cli import build_cli
+    from fl_lightning.commands.cli import build_cli
 
     warnings.filterwarnings("ignore")
     out.mkdir(parents=True, exist_ok=True)

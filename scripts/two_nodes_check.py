@@ -57,7 +57,7 @@ def main() -> None:
     out = Path(args.out).resolve()
     shutil.rmtree(out, ignore_errors=True)
     fit = fit_args(args.rounds)
-    cli = [sys.executable, "-m", "fl_lightning.cli", *fit]
+    cli = [sys.executable, "-m", "fl_lightning.commands.cli", *fit]
     ddp = ["--trainer.strategy", "ddp", "--trainer.accelerator", "cpu", "--trainer.num_nodes", "2", "--trainer.devices", "1"]
     torchrun = str(Path(sys.executable).with_name("torchrun"))
     runs = {}
@@ -67,7 +67,7 @@ def main() -> None:
     port = str(free_port())
     runs["torchrun_2_nodes"] = run_nodes(
         [[torchrun, "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(r), "--master-addr", "127.0.0.1",
-          "--master-port", port, "-m", "fl_lightning.cli", *fit[0:], *ddp] for r in (0, 1)],
+          "--master-port", port, "-m", "fl_lightning.commands.cli", *fit[0:], *ddp] for r in (0, 1)],
         [{}, {}], out / "torchrun_2_nodes",
     )  # fmt: skip
     port = str(free_port())

@@ -10,7 +10,7 @@ import torch
 
 from datamodules import IID, Dirichlet, FederatedDataModule
 from fl_lightning import FederatedModule, LocalTraining, UniformSampling
-from fl_lightning.objective import Objective
+from fl_lightning.core.objective import Objective
 from models import MLP
 
 
@@ -69,7 +69,7 @@ def wandb_offline(tmp_path, monkeypatch):
 # (measured: a 2-round fit 5x slower). Subprocesses started by tests inherit the variable.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
-# Tests exercise the parser itself, not stored answers (fl_lightning/answer_cache.py; its own tests opt in).
+# Tests exercise the parser itself, not stored answers (fl_lightning/run/answer_cache.py; its own tests opt in).
 os.environ.setdefault("FL_LIGHTNING_CACHE_DIR", "off")
 
 

@@ -19,7 +19,7 @@ import torch.distributed as dist  # noqa: E402
 from datamodules import IID, FederatedDataModule  # noqa: E402
 from fl_lightning import FederatedModule, LocalTraining, UniformSampling  # noqa: E402
 from fl_lightning.algorithms import FedAvg  # noqa: E402
-from fl_lightning.errors import interrupted  # noqa: E402
+from fl_lightning.core.errors import interrupted  # noqa: E402
 from models import MLP  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""Stored answers of ``fit --help`` / ``--print_config`` (fl_lightning/answer_cache.py): the same text,
+"""Stored answers of ``fit --help`` / ``--print_config`` (fl_lightning/run/answer_cache.py): the same text,
 without importing Lightning, and a new answer whenever an input of it changes."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from fl_lightning import answer_cache
-from fl_lightning.cli import main
+from fl_lightning.run import answer_cache
+from fl_lightning.commands.cli import main
 
 PROBE = """
 import sys
-from fl_lightning.cli import main
+from fl_lightning.commands.cli import main
 try:
     main(sys.argv[1:])
 except SystemExit as done:
@@ -56,7 +56,7 @@ def test_errors_and_runs_are_never_stored(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit) as done:
         main(["fit", "--model.algorithm.help", "FedProxx"])
     assert done.value.code == 2
-    assert not list((tmp_path / "answers").glob("*.txt"))  # only the parser's schema (fl_lightning/setting_check.py)
+    assert not list((tmp_path / "answers").glob("*.txt"))  # only the parser's schema (fl_lightning/run/setting_check.py)
     assert not answer_cache.is_read_only(["fit", "--config", "quickstart", "--trainer.max_steps", "2"])
     assert answer_cache.is_read_only(["fit", "--config", "quickstart", "--print_config=skip_null"])
 

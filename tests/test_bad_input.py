@@ -6,7 +6,7 @@ import pytest
 
 from datamodules import IID, Dirichlet, FederatedDataModule
 from fl_lightning import FedAvg, LocalTraining, UniformSampling
-from fl_lightning.cli import build_cli
+from fl_lightning.commands.cli import build_cli
 from tests.conftest import tiny_datamodule, tiny_module, tiny_trainer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,7 +8,7 @@ import torch
 from datamodules import IID, FederatedDataModule
 from fl_lightning import FedAvg, LocalTraining
 from fl_lightning.algorithms import RoundInfo
-from fl_lightning.participation import (
+from fl_lightning.core.participation import (
     BernoulliParticipation,
     FixedProbabilities,
     Participation,

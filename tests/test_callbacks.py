@@ -7,9 +7,9 @@ import pytest
 import torch
 from lightning.pytorch.loggers import CSVLogger
 
-from fl_lightning.callbacks import PerClientEvaluation, TargetAccuracy, target_key
-from fl_lightning.objective import Objective
-from fl_lightning.history import History
+from fl_lightning.engine.callbacks import PerClientEvaluation, TargetAccuracy, target_key
+from fl_lightning.core.objective import Objective
+from fl_lightning.experiments.history import History
 from tests.conftest import tiny_datamodule, tiny_module, tiny_trainer
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-from fl_lightning.cli import build_cli, main
+from fl_lightning.commands.cli import build_cli, main
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = str(ROOT / "configs" / "quickstart.yaml")
@@ -22,7 +22,7 @@ QUICKSTART = str(ROOT / "configs" / "quickstart.yaml")
 
 def _cli(*args: str):
     return subprocess.run(
-        [sys.executable, "-m", "fl_lightning.cli", *args],
+        [sys.executable, "-m", "fl_lightning.commands.cli", *args],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "offline", "WANDB_SILENT": "true"},
         capture_output=True,

@@ -1,4 +1,4 @@
-"""Clients as rows of one batch (fl_lightning/client_rows.py): every layer rule gives each client
+"""Clients as rows of one batch (fl_lightning/core/client_rows.py): every layer rule gives each client
 exactly what its own model gives on its own batch, values and gradients."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from fl_lightning.client_rows import ClientRows, model_declares
-from fl_lightning.objective import Objective
+from fl_lightning.core.client_rows import ClientRows, model_declares
+from fl_lightning.core.objective import Objective
 from models import MLP, ResNet18
 
 

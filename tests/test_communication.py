@@ -7,7 +7,7 @@ import torch
 
 from fl_lightning import FederatedModule, LocalTraining
 from fl_lightning import algorithms as A
-from fl_lightning.params import num_bytes
+from fl_lightning.core.params import num_bytes
 from models import MLP
 from tests.conftest import tiny_datamodule, tiny_module, tiny_trainer
 

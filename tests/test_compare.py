@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import yaml
 
-from fl_lightning.callbacks import target_key
-from fl_lightning.cli import main
-from fl_lightning.compare import INFO, run_one
-from fl_lightning.history import History
-from fl_lightning.sweep import load_sweep
+from fl_lightning.engine.callbacks import target_key
+from fl_lightning.commands.cli import main
+from fl_lightning.experiments.compare import INFO, run_one
+from fl_lightning.experiments.history import History
+from fl_lightning.experiments.sweep import load_sweep
 
 BASE = {
     "seed_everything": 0,
@@ -39,7 +39,7 @@ BASE = {
             "dataset_args": {"num_samples": 300, "num_features": 8, "num_classes": 3, "seed": 1},
             "num_clients": 6,
             "partition": {"class_path": "datamodules.Dirichlet", "init_args": {"alpha": 0.5, "min_size": 5}},
-            "participation": {"class_path": "fl_lightning.participation.UniformSampling", "init_args": {"clients_per_round": 3}},
+            "participation": {"class_path": "fl_lightning.core.participation.UniformSampling", "init_args": {"clients_per_round": 3}},
         },
     },
 }
@@ -238,8 +238,8 @@ def test_history_merges_training_and_evaluation_rows(tmp_path):
 def test_sweep_wandb_key_adds_a_wandb_logger_next_to_the_csv_logger(tmp_path):
     from lightning.pytorch.loggers import CSVLogger, WandbLogger
 
-    from fl_lightning.compare import _build
-    from fl_lightning.sweep import run_args
+    from fl_lightning.experiments.compare import _build
+    from fl_lightning.experiments.sweep import run_args
 
     sweep = load_sweep(write_sweep(tmp_path, wandb={"project": "fl-test", "offline": True}))
     cli = _build(run_args(sweep, "K=1 lr=0.3", 1, tmp_path / "out"))

@@ -19,8 +19,8 @@ from fl_lightning import FederatedModule, LocalTraining
 from fl_lightning.algorithms.base import Algorithm
 from fl_lightning.executors import BatchedExecutor, SequentialExecutor
 from fl_lightning.executors.compiled import CompileError
-from fl_lightning.faults import ClientFaults
-from fl_lightning.local_loss import defines_local_loss
+from fl_lightning.reliability.faults import ClientFaults
+from fl_lightning.core.local_loss import defines_local_loss
 from lightning.pytorch.callbacks import ModelCheckpoint
 from models import MLP
 from tests.conftest import tiny_datamodule, tiny_trainer
@@ -160,7 +160,7 @@ def test_any_other_compile_error_stops_the_run_with_one_line(tmp_path):
 
 
 def test_compiled_execution_detects_divergence(tmp_path):
-    from fl_lightning.faults import DivergenceError
+    from fl_lightning.reliability.faults import DivergenceError
 
     with pytest.raises(DivergenceError, match="non-finite"):
         _fit(tmp_path, A.FedAvg(), SequentialExecutor(compile=True, backend="aot_eager"), local=LocalTraining(lr=1e30, steps=3, batch_size=8))

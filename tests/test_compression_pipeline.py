@@ -13,13 +13,13 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from fl_lightning import FedAvg, LocalTraining
-from fl_lightning import params as P
+from fl_lightning.core import params as P
 from fl_lightning.algorithms import SCAFFOLD, FAdamGT, FedDyn
-from fl_lightning.cli import main
+from fl_lightning.commands.cli import main
 from fl_lightning.compression import QSGD, Cast, Compression, RandomK, ScaledSign, TopK, sparse_bytes
 from fl_lightning.compression.stages import CompressBroadcast, CompressUploads
-from fl_lightning.messages import StageKey
-from fl_lightning.module import FederatedModule
+from fl_lightning.pipeline.messages import StageKey
+from fl_lightning.engine.module import FederatedModule
 from models import MLP
 from tests.conftest import tiny_datamodule, tiny_trainer
 
@@ -203,7 +203,7 @@ def test_ddp_two_processes_send_what_one_process_sends(tmp_path):
 def test_compression_composes_with_privacy(tmp_path):
     """Under client-level DP the upload is clipped, then compressed (top-k: never beyond C), then the sum noised;
     a norm-increasing compressor or uplink error feedback is refused before training."""
-    from fl_lightning.privacy import ClientPrivacy
+    from fl_lightning.pipeline.privacy import ClientPrivacy
 
     module = _fit(_module(FedAvg(), Compression(up=TopK(ratio=0.1), down=Cast("bfloat16"), error_feedback_up=False)), tmp_path, rounds=1)
     assert [s.name for s in module.messages.client_stages] == ["compress"]  # no privacy in this one: the reference bytes

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from fl_lightning.cli import main
+from fl_lightning.commands.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = str(ROOT / "configs" / "quickstart.yaml")
@@ -122,7 +122,7 @@ def test_a_gpu_accelerator_without_a_gpu_is_one_line(capsys):
 def test_other_lightning_misconfigurations_are_one_line():
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
-    from fl_lightning.errors import explain
+    from fl_lightning.core.errors import explain
 
     line = explain(MisconfigurationException("`Trainer(strategy='x')`\n is not\n valid"))
     assert line == "a trainer setting was refused by Lightning: `Trainer(strategy='x')` is not valid; see `fl-lightning fit --help` (the --trainer.* settings)"

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fl_lightning.cli import build_cli
-from fl_lightning.config_files import expand_bases
+from fl_lightning.commands.cli import build_cli
+from fl_lightning.run.config_files import expand_bases
 
 ROOT = Path(__file__).resolve().parents[1]
 

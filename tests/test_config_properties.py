@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from datamodules import Dirichlet
 from fl_lightning import LocalTraining, UniformSampling
-from fl_lightning.config import MAX_LOCAL_STEPS
-from fl_lightning.faults import ClientFaults
+from fl_lightning.core.config import MAX_LOCAL_STEPS
+from fl_lightning.reliability.faults import ClientFaults
 
 numbers = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-5, 5).map(float))
 counts = st.one_of(st.none(), st.integers(-3, 50))

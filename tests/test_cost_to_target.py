@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 from lightning.pytorch.loggers import CSVLogger
 
-from fl_lightning.history import ACC, BYTES, PER_CLIENT, ROUND, UPLOADS, Cost, History, cost_to_target
-from fl_lightning.tables import cost_cell
+from fl_lightning.experiments.history import ACC, BYTES, PER_CLIENT, ROUND, UPLOADS, Cost, History, cost_to_target
+from fl_lightning.experiments.tables import cost_cell
 
 # 10 rounds, 4 clients per round, 100 bytes per round, evaluation every 2 rounds
 ACCS = {2: 0.2, 4: 0.5, 6: 0.79, 8: 0.8, 10: 0.95}
@@ -58,7 +58,7 @@ def test_table_cells_mean_std_and_lower_bounds():
 def test_communication_per_client_counts_model_sized_messages(tmp_path, algorithm, per_round):
     """Table 1 of the parameter-tracking paper: FedAvg sends x down and Δx up (2), SCAFFOLD also c and Δc (4)."""
     import fl_lightning.algorithms as algorithms
-    from fl_lightning.compare import model_bytes
+    from fl_lightning.experiments.compare import model_bytes
     from tests.conftest import tiny_datamodule, tiny_module, tiny_trainer
 
     module = tiny_module(getattr(algorithms, algorithm)())

@@ -8,8 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fl_lightning import participation
-from fl_lightning.participation import UniformSampling, derive_seed, derive_seeds
+from fl_lightning.core import participation
+from fl_lightning.core.participation import UniformSampling, derive_seed, derive_seeds
 
 small = st.integers(0, 2**32 - 1)
 any_key = st.one_of(small, st.integers(0, 2**63 - 1))  # 1 or 2 entropy words

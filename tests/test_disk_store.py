@@ -13,8 +13,8 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from fl_lightning import FederatedModule, LocalTraining
-from fl_lightning.errors import CheckpointError, FLError, StoreError
-from fl_lightning.state import DiskClientStore
+from fl_lightning.core.errors import CheckpointError, FLError, StoreError
+from fl_lightning.core.state import DiskClientStore
 from models import MLP
 from tests.conftest import tiny_datamodule, tiny_trainer
 from tests.test_resume import StatefulFedAvg
@@ -64,7 +64,7 @@ def test_a_second_store_on_the_same_folder_is_refused_naming_the_owner(tmp_path)
 
 _HOLD = """
 import sys, time
-from fl_lightning.state import DiskClientStore
+from fl_lightning.core.state import DiskClientStore
 store = DiskClientStore(sys.argv[1])
 print(store.run_id, flush=True)
 time.sleep(60)

@@ -14,7 +14,7 @@ import torch
 from fl_lightning import algorithms as A
 from fl_lightning.algorithms.base import declares_capability
 from fl_lightning.executors.distributed import assign_clients
-from fl_lightning.metrics import consistency_from_sums, payload_bytes, round_metrics
+from fl_lightning.core.metrics import consistency_from_sums, payload_bytes, round_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -182,7 +182,7 @@ def test_a_stop_signal_seen_by_one_rank_stops_every_rank_as_a_stop(tmp_path):
     assert "RunInterrupted: round 1: stopped by SIGTERM on rank 1 (the round is not aggregated); no stop checkpoint under DDP" in rank0, proc.stderr[-3000:]
 
 
-# ---- DDP from the command line (fl_lightning/launch.py) -------------------------------------------
+# ---- DDP from the command line (fl_lightning/run/launch.py) -------------------------------------------
 FL_LIGHTNING = str(Path(sys.executable).with_name("fl-lightning"))
 TINY_FIT = ["fit", "--config", str(ROOT / "configs" / "quickstart.yaml"), "--trainer.max_steps", "2",
             "--trainer.val_check_interval", "2", "--trainer.enable_progress_bar", "false",
@@ -277,7 +277,7 @@ def test_a_rank_that_dies_before_the_rendezvous_stops_every_rank_in_one_line(tmp
 
 
 def test_the_rendezvous_timeout_setting_is_checked_and_an_address_in_use_is_named(monkeypatch):
-    from fl_lightning.launch import TIMEOUT_ENV, RankWatch, RelaunchCommand, exit_cause, rendezvous_timeout
+    from fl_lightning.run.launch import TIMEOUT_ENV, RankWatch, RelaunchCommand, exit_cause, rendezvous_timeout
 
     monkeypatch.delenv(TIMEOUT_ENV, raising=False)
     assert rendezvous_timeout() == 300.0
@@ -299,9 +299,9 @@ def test_the_rendezvous_timeout_setting_is_checked_and_an_address_in_use_is_name
 def test_compare_and_montecarlo_refuse_a_multi_process_fit_in_one_line(tmp_path, monkeypatch):
     """They run fits one after another inside their own process (build without a subcommand); a DDP fit there
     would relaunch ranks that outlive it and reuse its process group. Refused, for the whole sweep."""
-    from fl_lightning.cli import build_cli
-    from fl_lightning.cli_app import SeveralProcesses
-    from fl_lightning.compare import compare
+    from fl_lightning.commands.cli import build_cli
+    from fl_lightning.run.cli_app import SeveralProcesses
+    from fl_lightning.experiments.compare import compare
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SeveralProcesses, match=r"--trainer.devices x --trainer.num_nodes = 2 processes: compare and montecarlo"):

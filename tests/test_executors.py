@@ -11,7 +11,7 @@ import torch
 from fl_lightning import FedAvg, LocalTraining
 from fl_lightning.algorithms import FAdamET, FedAvgP, LocalAdam
 from fl_lightning.algorithms.base import ClientContext, ClientIdUnavailable, RoundInfo, declares_capability
-from fl_lightning.cli import build_cli
+from fl_lightning.commands.cli import build_cli
 from fl_lightning.executors import BatchedExecutionError, BatchedExecutor, Executor, SequentialExecutor
 from models import MLP
 from tests.test_execution import _assert_same_training, _fit
@@ -52,7 +52,7 @@ def test_a_custom_executor_given_by_class_path_in_yaml_runs_rounds(tmp_path):
 
 
 def test_no_engine_file_imports_the_lightning_module():
-    """Only the CLI imports ``fl_lightning.module`` at import time (``fl_lightning/__init__`` re-exports it lazily)."""
+    """Only the CLI imports ``fl_lightning.engine.module`` at import time (``fl_lightning/__init__`` re-exports it lazily)."""
     offenders = []
     for path in (ROOT / "fl_lightning").rglob("*.py"):
         if path.name == "cli.py" or path.name == "module.py":
@@ -61,13 +61,13 @@ def test_no_engine_file_imports_the_lightning_module():
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
             if isinstance(node, ast.ImportFrom):
                 names = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
-            if any(n == "fl_lightning.module" for n in names):
+            if any(n == "fl_lightning.engine.module" for n in names):
                 offenders.append(str(path.relative_to(ROOT)))
     assert offenders == []
     for path in (ROOT / "fl_lightning" / "executors").glob("*.py"):  # executors import nothing of Lightning's trainer side
         imported = [n.module for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ImportFrom)]
         imported += [a.name for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Import) for a in n.names]
-        assert not [m for m in imported if m.startswith(("lightning.pytorch", "fl_lightning.module", "datamodules"))], path
+        assert not [m for m in imported if m.startswith(("lightning.pytorch", "fl_lightning.engine.module", "datamodules"))], path
 
 
 # ---- capabilities are declared by the class that writes the rule ----------------------------------------------

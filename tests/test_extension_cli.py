@@ -15,8 +15,8 @@ import torch
 from datamodules.sources import SOURCES, load_source, register
 from fl_lightning.executors import Executor
 from fl_lightning.executors.sequential import run_task
-from fl_lightning.faults import ClientError, ClientFaults
-from fl_lightning.user_modules import take_import_option
+from fl_lightning.reliability.faults import ClientError, ClientFaults
+from fl_lightning.commands.user_modules import take_import_option
 from tests.conftest import tiny_datamodule, tiny_trainer
 
 ROOT = Path(__file__).resolve().parents[1]

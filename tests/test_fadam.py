@@ -8,12 +8,12 @@ import lightning as L
 import pytest
 import torch
 
-from fl_lightning import params as P
+from fl_lightning.core import params as P
 from fl_lightning.algorithms import FAdamET, FAdamGT, FedLADA, LocalAdam
 from fl_lightning.algorithms.base import ClientContext, RoundInfo
 from fl_lightning.algorithms.tracking import TrackingSubset
-from fl_lightning.cli import build_cli
-from fl_lightning.participation import RoundPlan, derive_seed
+from fl_lightning.commands.cli import build_cli
+from fl_lightning.core.participation import RoundPlan, derive_seed
 from tests.conftest import tiny_datamodule, tiny_module, tiny_trainer
 
 ROOT = Path(__file__).resolve().parents[1]

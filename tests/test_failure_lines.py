@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from fl_lightning import checkpoint_io
-from fl_lightning.cli import main
-from fl_lightning.errors import CheckpointError
+from fl_lightning.reliability import checkpoint_io
+from fl_lightning.commands.cli import main
+from fl_lightning.core.errors import CheckpointError
 
 ROOT = Path(__file__).resolve().parents[1]
 EXE = str(Path(sys.executable).with_name("fl-lightning"))
@@ -191,7 +191,7 @@ def test_max_loss_growth_stops_the_run_in_one_line(tmp_path, capsys):
 
 
 def test_max_loss_growth_must_exceed_one(capsys):
-    from fl_lightning.faults import ClientFaults
+    from fl_lightning.reliability.faults import ClientFaults
 
     with pytest.raises(ValueError, match=r"faults.max_loss_growth must be > 1 \(a multiple of the first round's loss\) or null, got 0.5"):
         ClientFaults(max_loss_growth=0.5)

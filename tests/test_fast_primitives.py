@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from fl_lightning import params as P
-from fl_lightning.objective import loss_grads
-from fl_lightning.faults import all_finite, first_non_finite, is_finite
-from fl_lightning.metrics import local_consistency
+from fl_lightning.core import params as P
+from fl_lightning.core.objective import loss_grads
+from fl_lightning.reliability.faults import all_finite, first_non_finite, is_finite
+from fl_lightning.core.metrics import local_consistency
 from fl_lightning.optim import sgd_step
 
 SHAPES = [(16, 8), (16,), (3, 16), (3,)]

@@ -7,8 +7,8 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from fl_lightning import FedAvg, FederatedModule, LocalTraining
-from fl_lightning.errors import FLError
-from fl_lightning.faults import ClientError, ClientFailure, ClientFaults, DivergenceError, FatalClientError
+from fl_lightning.core.errors import FLError
+from fl_lightning.reliability.faults import ClientError, ClientFailure, ClientFaults, DivergenceError, FatalClientError
 from models import MLP
 from tests.conftest import tiny_datamodule, tiny_trainer
 from tests.test_resume import StatefulFedAvg
@@ -61,8 +61,8 @@ def test_fail_fast_stops_with_the_clients_error(tmp_path):
 
 
 def test_survivor_weights_are_renormalised():
-    from fl_lightning.faults import survivor_weights
-    from fl_lightning.participation import RoundPlan
+    from fl_lightning.reliability.faults import survivor_weights
+    from fl_lightning.core.participation import RoundPlan
 
     plan = RoundPlan(0, torch.tensor([1, 4, 7]), torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64), torch.zeros(3))
     weights = survivor_weights(plan.clients, plan.weights, [1, 7])

@@ -10,8 +10,8 @@ import torch
 from datamodules import Dirichlet, FederatedDataModule
 from fl_lightning import FederatedModule, LocalTraining, UniformSampling
 from fl_lightning.algorithms import FedAvg, FedExP, FedNova
-from fl_lightning.faults import ClientFaults
-from fl_lightning.testing import one_round
+from fl_lightning.reliability.faults import ClientFaults
+from fl_lightning.experiments.testing import one_round
 from models import LinearLeastSquares
 from tests.conftest import tiny_datamodule, tiny_module, tiny_trainer
 
@@ -192,7 +192,7 @@ def test_the_digits_configs_run(tmp_path, config, name):
     """The shipped configs, 2 rounds (FedNova's: one local epoch, so clients run different step counts)."""
     from pathlib import Path
 
-    from fl_lightning.cli import build_cli
+    from fl_lightning.commands.cli import build_cli
 
     root = Path(__file__).resolve().parents[1]
     cli = build_cli(

@@ -2,7 +2,7 @@
 
 import json
 
-from fl_lightning.cli import main
+from fl_lightning.commands.cli import main
 
 
 def test_fixture_command_writes_hub_schema_parquet_and_prints_dataset_args(tmp_path, capsys):

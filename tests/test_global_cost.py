@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from datamodules import IID
 from fl_lightning import LocalTraining
 from fl_lightning.algorithms import FedAvg, FedAvgP
-from fl_lightning.callbacks import GlobalCost, PerClientEvaluation
+from fl_lightning.engine.callbacks import GlobalCost, PerClientEvaluation
 from tests.conftest import tiny_trainer
 from tests.test_lora import assets, lora_module, one_thread, sst2  # noqa: F401  (fixtures)
 from tests.test_personalization import binary_data, split_module

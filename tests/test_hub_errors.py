@@ -18,7 +18,7 @@ def _python(*args: str, timeout: int = 120) -> tuple[subprocess.CompletedProcess
 
 
 def test_missing_base_model_is_one_line_naming_the_setting(tmp_path):
-    proc, seconds = _python("-m", "fl_lightning.cli", "fit", "--config", str(ROOT / "configs" / "fedit_gpt2_sst2.yaml"),
+    proc, seconds = _python("-m", "fl_lightning.commands.cli", "fit", "--config", str(ROOT / "configs" / "fedit_gpt2_sst2.yaml"),
                             "--trainer.max_steps", "1", "--trainer.default_root_dir", str(tmp_path),
                             "--model.model.init_args.model_name_or_path", "no-such-org/no-such-model")  # fmt: skip
     assert proc.returncode == 2, proc.stderr[-2000:]

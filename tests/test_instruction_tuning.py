@@ -17,7 +17,7 @@ from datamodules import IID, Dirichlet, InstructionDataModule, NaturalPartition
 from datamodules.instruction import IGNORE_INDEX, detect_schema, format_prompt
 from fl_lightning import FederatedModule, LocalTraining, UniformSampling
 from fl_lightning.algorithms import FAdamGT, FedAvg
-from fl_lightning.export import ExportPretrained
+from fl_lightning.run.export import ExportPretrained
 from models import LoRACausalLM
 from tests.conftest import tiny_trainer
 from tests.instruction_fixtures import DOLLY_CATEGORIES, shared_instruction_assets
@@ -191,7 +191,7 @@ def test_exported_adapter_generates_the_text_of_the_model_in_the_framework(asset
 # ---- the command line -------------------------------------------------------------------------
 def _cli(args, cwd, timeout=300):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
-    return subprocess.run([sys.executable, "-m", "fl_lightning.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "fl_lightning.commands.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def _local(assets) -> list[str]:
@@ -209,9 +209,9 @@ def test_fedit_dolly_config_trains_and_evaluates_by_category_and_generation_from
     callbacks = tmp_path / "callbacks.yaml"
     callbacks.write_text(
         "trainer:\n  callbacks:\n"
-        "    - class_path: fl_lightning.instruction_eval.InstructionEvaluation\n"
+        "    - class_path: fl_lightning.engine.instruction_eval.InstructionEvaluation\n"
         "      init_args: {num_samples: 3, max_new_tokens: 6}\n"
-        f"    - class_path: fl_lightning.export.ExportPretrained\n      init_args: {{dirpath: {tmp_path / 'adapter'}}}\n"
+        f"    - class_path: fl_lightning.run.export.ExportPretrained\n      init_args: {{dirpath: {tmp_path / 'adapter'}}}\n"
     )
     proc = _cli(["fit", "--config", str(ROOT / "configs" / "fedit_dolly_batched.yaml"), "--config", str(callbacks), *_local(assets),
                  "--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--trainer.default_root_dir", str(tmp_path),

@@ -22,14 +22,14 @@ CONFIGS = {  # config -> extra CLI arguments
     # Scaffold-P with every client's state, personal tensors included, on disk ({store}: a new folder per process)
     "personalization_logistic+disk": [
         "--model.algorithm", "fl_lightning.algorithms.ScaffoldP",
-        "--model.store", "fl_lightning.state.DiskClientStore", "--model.store.directory", "{store}",
+        "--model.store", "fl_lightning.core.state.DiskClientStore", "--model.store.directory", "{store}",
     ],
     # SCAFFOLD with top-k uploads and QSGD broadcast changes, error feedback on both links: the clients'
     # residuals on disk, the server's copies of the broadcast in the checkpoint (docs/algorithms.md, 21)
     "fedavg_topk_digits+scaffold+disk": [
         "--model.algorithm", "fl_lightning.algorithms.SCAFFOLD",
         "--model.compression.down", "fl_lightning.compression.QSGD", "--model.compression.down.levels", "4",
-        "--model.store", "fl_lightning.state.DiskClientStore", "--model.store.directory", "{store}",
+        "--model.store", "fl_lightning.core.state.DiskClientStore", "--model.store.directory", "{store}",
     ],
 }  # fmt: skip
 

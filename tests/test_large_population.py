@@ -47,7 +47,7 @@ def test_iid_is_numpys_array_split_of_one_permutation():
 def test_a_million_clients_reach_round_one_without_a_tensor_per_client(tmp_path, monkeypatch):
     """configs/large_population.yaml (10^6 clients, 10 a round): the partition took 100+ s of per-client
     tensors and permutations before round 0; now the setup is a few vectorised operations."""
-    from fl_lightning.cli import build_cli
+    from fl_lightning.commands.cli import build_cli
 
     monkeypatch.chdir(tmp_path)
     cli = build_cli(["--config", str(ROOT / "configs" / "large_population.yaml"), "--trainer.max_steps", "1",
@@ -71,7 +71,7 @@ def test_a_holdout_split_of_many_clients_is_made_per_client_when_asked_for():
     """holdout_fraction with 10^5 clients: no pass over the clients at setup; a client's parts are the rule's
     (a permutation seeded by (seed, client, 0x401D): the first floor(h n) held out, the rest train, each sorted)."""
     from datamodules import FederatedDataModule
-    from fl_lightning.participation import UniformSampling, derive_seed
+    from fl_lightning.core.participation import UniformSampling, derive_seed
 
     data = FederatedDataModule("synthetic", {"num_samples": 400_000, "num_features": 4, "test_fraction": 0.25}, num_clients=100_000,
                                partition=IID(), participation=UniformSampling(10), holdout_fraction=0.5, seed=2)  # fmt: skip

@@ -1,4 +1,4 @@
-"""The local-objective contract (fl_lightning/local_loss.py) and the algorithms written through it
+"""The local-objective contract (fl_lightning/core/local_loss.py) and the algorithms written through it
 (docs/algorithms.md, sections 19-24): each against an independent plain-PyTorch reference, sequential
 and batched, and their reductions to FedAvg (bitwise, sequential)."""
 
@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from datamodules import Shards
 from fl_lightning import FedAvg, FederatedModule, LocalTraining
 from fl_lightning.algorithms import MOON, FedDecorr, FedLC, FedNTD, FedRS
-from fl_lightning.cli import build_cli
-from fl_lightning.participation import derive_seed
+from fl_lightning.commands.cli import build_cli
+from fl_lightning.core.participation import derive_seed
 from models import MLP, SmallCNN
 from tests.conftest import tiny_datamodule, tiny_trainer
 
@@ -302,8 +302,8 @@ class InterleavingExecutor:
 
     def run(self, tasks, info, runtime):
         from fl_lightning.algorithms.base import ClientContext
-        from fl_lightning.local_loss import client_loss
-        from fl_lightning.tasks import ClientResult
+        from fl_lightning.core.local_loss import client_loss
+        from fl_lightning.core.tasks import ClientResult
 
         algorithm, objective, data, local = runtime.algorithm, runtime.objective, runtime.data, runtime.local
         clients = []

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from fl_lightning.cli import build_cli
-from fl_lightning.config import LocalTraining
+from fl_lightning.commands.cli import build_cli
+from fl_lightning.core.config import LocalTraining
 
 ROOT = Path(__file__).resolve().parents[1]
 

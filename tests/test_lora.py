@@ -7,9 +7,9 @@ import torch
 
 from datamodules import IID, Partitioner, TextDataModule
 from fl_lightning import FederatedModule, LocalTraining, UniformSampling
-from fl_lightning import params as P
+from fl_lightning.core import params as P
 from fl_lightning.algorithms import FedAvg
-from fl_lightning.export import ExportPretrained
+from fl_lightning.run.export import ExportPretrained
 from models import LoRAClassifier
 from tests.conftest import tiny_trainer
 from tests.text_fixtures import shared_assets

@@ -12,8 +12,8 @@ import torch
 
 from fl_lightning import FederatedModule, LocalTraining
 from fl_lightning.algorithms import SCAFFOLD, FAdamET, FAdamGT, FedAvg, FedProx, LocalAdam
-from fl_lightning.export import ExportPretrained
-from fl_lightning.objective import Objective
+from fl_lightning.run.export import ExportPretrained
+from fl_lightning.core.objective import Objective
 from models import LoRAClassifier
 from tests.conftest import tiny_trainer
 from tests.test_lora import FedAvgWithState, one_thread, sst2  # noqa: F401  (one_thread: an autouse fixture)

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from datamodules import TextDataModule
-from fl_lightning.cli import build_cli
-from fl_lightning.export import ExportPretrained
+from fl_lightning.commands.cli import build_cli
+from fl_lightning.run.export import ExportPretrained
 from models import LoRAClassifier
 from tests.text_fixtures import Assets, shared_assets
 

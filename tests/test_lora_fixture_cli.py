@@ -7,7 +7,7 @@ import shlex
 
 import torch
 
-from fl_lightning.cli import main
+from fl_lightning.commands.cli import main
 
 
 def test_the_printed_command_runs_the_sst2_config_offline_and_quietly(tmp_path, monkeypatch, capfd):

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fl_lightning.montecarlo import main
+from fl_lightning.experiments.montecarlo import main
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from fl_lightning.cli import main
+from fl_lightning.commands.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = str(ROOT / "configs" / "quickstart.yaml")

@@ -10,14 +10,14 @@ from torch.func import functional_call
 
 from datamodules import IID, Dirichlet, FederatedDataModule
 from fl_lightning import FedAvg, FederatedModule, LocalTraining, UniformSampling
-from fl_lightning import params as P
+from fl_lightning.core import params as P
 from fl_lightning.algorithms import FedAlt, FedAvgP, FedSim, ScaffoldP
-from fl_lightning.module import WARMUP_STREAM as _WARMUP_STREAM
-from fl_lightning.tasks import PERSONAL
-from fl_lightning.objective import Objective
-from fl_lightning.state import ClientStore
-from fl_lightning.participation import derive_seed
-from fl_lightning.personal_eval import GradientNorm, PersonalizedEvaluation, worst_fraction_mean
+from fl_lightning.engine.module import WARMUP_STREAM as _WARMUP_STREAM
+from fl_lightning.core.tasks import PERSONAL
+from fl_lightning.core.objective import Objective
+from fl_lightning.core.state import ClientStore
+from fl_lightning.core.participation import derive_seed
+from fl_lightning.engine.personal_eval import GradientNorm, PersonalizedEvaluation, worst_fraction_mean
 from models import MLP, SplitLogistic
 from tests.conftest import tiny_datamodule, tiny_module, tiny_trainer
 
@@ -381,7 +381,7 @@ def test_personalization_config_runs_and_logs_the_gradient_norm(tmp_path, monkey
     import sys
     from pathlib import Path
 
-    from fl_lightning.cli import build_cli
+    from fl_lightning.commands.cli import build_cli
 
     monkeypatch.setattr(sys, "argv", sys.argv[:1])
     config = Path(__file__).resolve().parents[1] / "configs" / "personalization_logistic.yaml"

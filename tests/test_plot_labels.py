@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fl_lightning.plots import Figure, coinciding, draw, label, plt, style
+from fl_lightning.experiments.plots import Figure, coinciding, draw, label, plt, style
 
 
 def _curve(mean):

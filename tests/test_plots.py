@@ -6,8 +6,8 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from fl_lightning.history import ACC, History
-from fl_lightning.plots import Figure, curves, draw, label, plot_all, style
+from fl_lightning.experiments.history import ACC, History
+from fl_lightning.experiments.plots import Figure, curves, draw, label, plot_all, style
 
 
 def history(acc_offset: float = 0.0, loss_offset: float = 0.0) -> History:
@@ -66,7 +66,7 @@ def test_metrics_zero_everywhere_get_no_plot(tmp_path):
 def test_failed_runs_are_named_in_the_legend(tmp_path):
     histories = {"ok": [history(), history(0.01)], "lr=1": [history(), History()]}
     statuses = {"ok": [None, None], "lr=1": [None, "diverged at round 3"]}
-    from fl_lightning.plots import _plotted
+    from fl_lightning.experiments.plots import _plotted
 
     plotted, labels = _plotted(histories, statuses)
     assert labels["lr=1"] == "lr=1 (1/2 seeds; diverged at round 3)" and labels["ok"] == "ok"
@@ -78,7 +78,7 @@ def test_failed_runs_are_named_in_the_legend(tmp_path):
 def test_per_client_accuracy_distribution_plot(tmp_path):
     import csv
 
-    from fl_lightning.plots import plot_per_client
+    from fl_lightning.experiments.plots import plot_per_client
 
     written = plot_per_client({"A": [1.0, 0.5, 0.0, 0.75], "B": [], "C": [0.9] * 10}, tmp_path, "t", {"A": 60.0, "C": 60.0})
     assert [p.name for p in written] == ["per_client_acc.png", "per_client_acc.csv"]

@@ -1,5 +1,5 @@
 """Client-level DP (DP-FedAvg) on the message pipeline: clipping, noise, fixed denominator,
-executors, resume, refusals (docs/privacy.md; (DP.1) in fl_lightning/privacy.py)."""
+executors, resume, refusals (docs/privacy.md; (DP.1) in fl_lightning/pipeline/privacy.py)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from fl_lightning import FederatedModule, LocalTraining
 from fl_lightning import algorithms as A
 from fl_lightning.algorithms.base import RoundInfo
-from fl_lightning.messages import COMPRESS, ClientStage, MessagePipeline, Sent, upload_like
-from fl_lightning.participation import BernoulliParticipation, UniformSampling
-from fl_lightning.privacy import ClientPrivacy, GaussianSumNoise, clip
-from fl_lightning.privacy_accounting import SamplingScheme, epsilon_after
+from fl_lightning.pipeline.messages import COMPRESS, ClientStage, MessagePipeline, Sent, upload_like
+from fl_lightning.core.participation import BernoulliParticipation, UniformSampling
+from fl_lightning.pipeline.privacy import ClientPrivacy, GaussianSumNoise, clip
+from fl_lightning.pipeline.privacy_accounting import SamplingScheme, epsilon_after
 from models import MLP
 from tests.conftest import tiny_datamodule, tiny_trainer
 
@@ -326,7 +326,7 @@ def test_ddp_equals_one_process_under_adaptive_clipping(tmp_path):
 
 
 def _halving_run(tmp_path, rounds, ckpt_path=None, store_dir="store"):
-    from fl_lightning.state import DiskClientStore
+    from fl_lightning.core.state import DiskClientStore
 
     torch.manual_seed(0)
     store = DiskClientStore(str(tmp_path / store_dir))
@@ -375,8 +375,8 @@ def test_adaptive_clipping_refuses_a_count_noise_that_spends_the_budget(tmp_path
 
 
 def test_compare_plots_accuracy_against_epsilon():
-    from fl_lightning.history import History
-    from fl_lightning.plots import curves, figures_for
+    from fl_lightning.experiments.history import History
+    from fl_lightning.experiments.plots import curves, figures_for
 
     records = [{"round": float(r), "privacy/epsilon": 0.5 * (r + 1), "val/acc": 0.1 * r} for r in range(4)]
     histories = {"DP": [History(records)]}

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 from scipy.special import gammaln, logsumexp
 
-from fl_lightning.participation import BernoulliParticipation, PeriodicProbabilities, UniformSampling
-from fl_lightning.privacy_accounting import ORDERS as _ORDERS
-from fl_lightning.privacy_accounting import ClientAccountant, SamplingScheme, calibrate_noise, epsilon_after
+from fl_lightning.core.participation import BernoulliParticipation, PeriodicProbabilities, UniformSampling
+from fl_lightning.pipeline.privacy_accounting import ORDERS as _ORDERS
+from fl_lightning.pipeline.privacy_accounting import ClientAccountant, SamplingScheme, calibrate_noise, epsilon_after
 
 ORDERS = np.array(_ORDERS)  # the same orders (a choice of evaluation points, not of method)
 

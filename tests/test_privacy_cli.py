@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from fl_lightning.participation import BernoulliParticipation
-from fl_lightning.privacy_accounting import SamplingScheme, epsilon_after
+from fl_lightning.core.participation import BernoulliParticipation
+from fl_lightning.pipeline.privacy_accounting import SamplingScheme, epsilon_after
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "configs" / "dp_fedavg_digits.yaml")

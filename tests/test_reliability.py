@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fl_lightning.cli import main
+from fl_lightning.commands.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = [
@@ -44,7 +44,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 
 from fl_lightning import FedAvg, FederatedModule, LocalTraining  # noqa: E402
 from fl_lightning.algorithms import SCAFFOLD  # noqa: E402
-from fl_lightning.errors import FLError  # noqa: E402
+from fl_lightning.core.errors import FLError  # noqa: E402
 from models import MLP  # noqa: E402
 from tests.conftest import tiny_datamodule, tiny_trainer  # noqa: E402
 
@@ -107,7 +107,7 @@ def test_val_check_interval_0_is_named(tmp_path, capsys):
 
 @pytest.mark.parametrize("name", ["..", ".", "../..", "/.."])
 def test_a_run_name_never_leaves_the_runs_folder(tmp_path, name):
-    from fl_lightning.sweep import Sweep, dir_name
+    from fl_lightning.experiments.sweep import Sweep, dir_name
 
     run_dir = Sweep(path=tmp_path, base=tmp_path, runs={name: {}}).run_dir(tmp_path / "out", name, 0)
     assert run_dir.resolve().parent.parent == (tmp_path / "out" / "runs").resolve(), dir_name(name)
@@ -324,7 +324,7 @@ def test_a_checkpoint_write_leaves_no_temporary_file_outside_its_folder(tmp_path
 def test_temporary_checkpoint_files_of_killed_runs_are_removed_on_the_next_start(tmp_path):
     import socket
 
-    from fl_lightning.checkpoint_io import temporary_name
+    from fl_lightning.reliability.checkpoint_io import temporary_name
 
     folder = tmp_path / "ckpt"
     folder.mkdir()
@@ -348,7 +348,7 @@ def test_temporary_checkpoint_files_of_killed_runs_are_removed_on_the_next_start
 
 CHECKPOINT_MEMORY = """
 import resource, sys, torch
-from fl_lightning.checkpoint_io import StreamingCheckpointIO
+from fl_lightning.reliability.checkpoint_io import StreamingCheckpointIO
 size_mb = 200
 checkpoint = {"state_dict": {f"w{i}": torch.randn(1 << 18) for i in range(size_mb)}, "global_step": 3}
 rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -372,7 +372,7 @@ def test_a_checkpoint_write_peaks_well_below_2x_its_size(tmp_path):
 def test_a_stop_checkpoint_of_a_disk_store_run_resumes_in_its_folder(tmp_path):
     """The stop checkpoint names a snapshot of the store (kept, not rotated away) and resumes into the same folder."""
     common = ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path),
-              "--model.algorithm", "fl_lightning.algorithms.SCAFFOLD", "--model.store", "fl_lightning.state.DiskClientStore",
+              "--model.algorithm", "fl_lightning.algorithms.SCAFFOLD", "--model.store", "fl_lightning.core.state.DiskClientStore",
               "--model.store.directory", str(tmp_path / "store"), "--model.store.keep_snapshots", "1"]  # fmt: skip
     stopped = _cli_line(tmp_path, "--trainer.max_steps", "4", *common, "--trainer.callbacks+", "tests.test_reliability.SigtermAfterRound2")
     assert stopped.returncode == 143, stopped.stderr[-2000:]

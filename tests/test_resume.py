@@ -4,7 +4,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from fl_lightning import FedAvg, LocalTraining
-from fl_lightning import params as P
+from fl_lightning.core import params as P
 from tests.conftest import tiny_datamodule, tiny_module, tiny_trainer
 
 

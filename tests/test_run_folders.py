@@ -6,7 +6,7 @@ import csv
 import warnings
 from pathlib import Path
 
-from fl_lightning.cli import main
+from fl_lightning.commands.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ["--config", str(ROOT / "configs" / "quickstart.yaml"), "--trainer.val_check_interval", "2",

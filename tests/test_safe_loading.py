@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fl_lightning.cli import main
+from fl_lightning.commands.cli import main
 from tests.conftest import tiny_datamodule, tiny_module, tiny_trainer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""Unknown keys and class names refused before Lightning is imported (fl_lightning/setting_check.py):
+"""Unknown keys and class names refused before Lightning is imported (fl_lightning/run/setting_check.py):
 the same line as the parser's, and never a refusal of a setting the parser accepts."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from fl_lightning.cli import main
-from fl_lightning.config_files import expand_bases
-from fl_lightning.setting_check import check, load_schema
+from fl_lightning.commands.cli import main
+from fl_lightning.run.config_files import expand_bases
+from fl_lightning.run.setting_check import check, load_schema
 
 ROOT = Path(__file__).resolve().parents[1]
 TYPOS = {
@@ -83,8 +83,7 @@ def test_the_early_line_is_the_parsers_line(schema, name, tmp_path, monkeypatch,
     monkeypatch.setenv("FL_LIGHTNING_CACHE_DIR", "off")
     slow = _slow_line(args, capsys)
     monkeypatch.setenv("FL_LIGHTNING_CACHE_DIR", str(schema[0]))
-    from fl_lightning import cli
-
+    from fl_lightning.commands import cli
     def no_parser(*a, **k):
         raise AssertionError("the parser was built: the early check let the error through")
 
@@ -94,7 +93,7 @@ def test_the_early_line_is_the_parsers_line(schema, name, tmp_path, monkeypatch,
 
 
 def test_a_typo_is_reported_without_importing_lightning(schema, tmp_path):
-    probe = ("import sys\nfrom fl_lightning.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n    code = e.code\n"
+    probe = ("import sys\nfrom fl_lightning.commands.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n    code = e.code\n"
              "print('LIGHTNING' if 'lightning.pytorch' in sys.modules else 'NO_LIGHTNING', code)")  # fmt: skip
     env = {**os.environ, "FL_LIGHTNING_CACHE_DIR": str(schema[0])}
     proc = subprocess.run([sys.executable, "-c", probe, "fit", "--config", "quickstart", "--model.local.lrr", "1"],

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from fl_lightning import LocalTraining
-from fl_lightning import params as P
+from fl_lightning.core import params as P
 from fl_lightning.algorithms import (
     SCAFFOLD,
     ClientContext,

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from fl_lightning.cli import build_cli
+from fl_lightning.commands.cli import build_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 ALGORITHMS = ["fedprox", "scaffold", "feddyn", "fedsam", "fedcm", "fedmim", "fedadam", "fedyogi", "fedavgm"]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fl_lightning.bundled_configs import configs_dir, find, resolve
+from fl_lightning.run.bundled_configs import configs_dir, find, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
@@ -54,7 +54,7 @@ def test_configs_are_found_by_name():
 
 
 def test_a_base_by_name_resolves_to_the_bundled_config(tmp_path, monkeypatch):
-    from fl_lightning.config_files import expand_bases
+    from fl_lightning.run.config_files import expand_bases
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "mine.yaml").write_text("base: quickstart\nmodel: {local: {lr: 0.02}}\n")
@@ -66,7 +66,7 @@ def test_a_missing_config_is_one_line_before_lightning_is_imported(tmp_path):
     import subprocess
     import sys
 
-    code = ("import sys\nfrom fl_lightning.cli import main\ntry:\n    main(['fit', '--config', 'quickstrat'])\n"
+    code = ("import sys\nfrom fl_lightning.commands.cli import main\ntry:\n    main(['fit', '--config', 'quickstrat'])\n"
             "except SystemExit as e:\n    print(e.code, 'lightning' in sys.modules, 'torch' in sys.modules)")  # fmt: skip
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})  # fmt: skip
@@ -77,7 +77,7 @@ def test_a_missing_config_is_one_line_before_lightning_is_imported(tmp_path):
 
 
 def test_copy_writes_the_config_and_its_bases_building_on_the_copies(tmp_path, capsys):
-    from fl_lightning.cli import main
+    from fl_lightning.commands.cli import main
 
     main(["configs", "--copy", "fedprox_digits", str(tmp_path / "mine")])
     assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["fedprox_digits.yaml", "quickstart.yaml"]

@@ -7,9 +7,9 @@ import torch
 from datamodules import Contiguous, FederatedDataModule
 from fl_lightning import FedAvg, FederatedModule, LocalTraining
 from fl_lightning.algorithms import FedAvgSVRG
-from fl_lightning.callbacks import GlobalCost
-from fl_lightning.metrics import cep_radius
-from fl_lightning.participation import BernoulliParticipation, UniformRandomProbabilities
+from fl_lightning.engine.callbacks import GlobalCost
+from fl_lightning.core.metrics import cep_radius
+from fl_lightning.core.participation import BernoulliParticipation, UniformRandomProbabilities
 from models import LinearLeastSquares
 from tests.conftest import tiny_trainer
 

@@ -1,7 +1,7 @@
 """Every sweep in configs/ resolves, and each run's label names the algorithm the run trains.
 
 A run's algorithm is the last ``model.algorithm`` among the base config, the sweep's
-``overrides`` and the run's own keys (the order ``fl_lightning.sweep.run_args`` passes them).
+``overrides`` and the run's own keys (the order ``fl_lightning.experiments.sweep.run_args`` passes them).
 A label must start with an algorithm name (``FedAvg-Dir0.1``, ``Scaffold-P K=5``,
 ``FedIT-AdamGT``); ``LABEL_PREFIXES`` maps those names to the classes of ``fl_lightning.algorithms``.
 """
@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 import fl_lightning.algorithms as algorithms
-from fl_lightning.sweep import load_sweep
+from fl_lightning.experiments.sweep import load_sweep
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 SWEEPS = sorted(CONFIGS.rglob("*sweep*.yaml"))

@@ -1,4 +1,4 @@
-"""fl_lightning.testing: check_batched catches a wrongly declared ``elementwise``; one_round works by hand;
+"""fl_lightning.experiments.testing: check_batched catches a wrongly declared ``elementwise``; one_round works by hand;
 BatchedExecutor(verify_first_round=True) stops a run whose user-declared elementwise rule is not."""
 
 import pytest
@@ -7,7 +7,7 @@ import torch
 from fl_lightning import FedAvg, LocalTraining
 from fl_lightning.algorithms import SCAFFOLD
 from fl_lightning.executors import BatchedExecutionError, BatchedExecutor
-from fl_lightning.testing import BatchedMismatch, check_batched, one_round
+from fl_lightning.experiments.testing import BatchedMismatch, check_batched, one_round
 from tests.conftest import tiny_datamodule, tiny_module, tiny_trainer
 
 

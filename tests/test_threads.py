@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from fl_lightning.threads import AUTO_SINGLE_THREAD_BELOW, apply_threads, choose_threads, parse_threads
+from fl_lightning.run.threads import AUTO_SINGLE_THREAD_BELOW, apply_threads, choose_threads, parse_threads
 from tests.test_cli import ROOT, fl_lightning
 
 

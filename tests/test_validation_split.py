@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from datamodules import FederatedDataModule
-from fl_lightning.history import History
+from fl_lightning.experiments.history import History
 from tests.conftest import tiny_datamodule
 from tests.test_cli import ROOT, fl_lightning
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from fl_lightning import params as P
+from fl_lightning.core import params as P
 from models import FedAvgCNN, ResNet18, ResNet18x64
 from tests.vision_fixture import write_fixture
 
@@ -78,7 +78,7 @@ def test_batchnorm_statistics_are_shared_buffers_not_federated():
 
 
 def test_fedmim_cifar10_config_runs_two_rounds_on_the_local_fixture(tmp_path, monkeypatch):
-    from fl_lightning.cli import main
+    from fl_lightning.commands.cli import main
 
     files = write_fixture(tmp_path, "cifar10", n_train=16, n_test=4)
     data_args = {"data_files": files, "cache_dir": str(tmp_path / "cache")}
@@ -114,7 +114,7 @@ def test_fedmim_cifar10_config_runs_two_rounds_on_the_local_fixture(tmp_path, mo
 )
 def test_vision_configs_hold_the_paper_settings(name, rounds, steps, epochs, alpha, num_classes):
     from datamodules import Dirichlet, VisionDataModule
-    from fl_lightning.cli import build_cli
+    from fl_lightning.commands.cli import build_cli
 
     cli = build_cli(["--config", str(ROOT / "configs" / f"{name}.yaml")], run=False)
     dm, module = cli.datamodule, cli.model
@@ -146,7 +146,7 @@ def test_vision_configs_hold_the_paper_settings(name, rounds, steps, epochs, alp
 def test_vision_sweeps_resolve_to_valid_fit_configs(sweep):
     import yaml
 
-    from fl_lightning.cli import build_cli
+    from fl_lightning.commands.cli import build_cli
 
     spec = yaml.safe_load((ROOT / "configs" / f"{sweep}.yaml").read_text())
     assert (ROOT / spec["base"]).exists() and spec["targets"] and spec["runs"]

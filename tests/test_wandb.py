@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from fl_lightning.cli import build_cli
+from fl_lightning.commands.cli import build_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 

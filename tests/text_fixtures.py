@@ -1,6 +1,6 @@
 """Offline stand-ins for GPT-2, its tokenizer, GLUE and 20 Newsgroups, with the real schemas.
 
-The builders live in fl_lightning/lora_fixture.py (``fl-lightning lora-fixture DEST`` writes the
+The builders live in fl_lightning/commands/lora_fixture.py (``fl-lightning lora-fixture DEST`` writes the
 same files); a tiny random GPT-2 and a byte-level BPE tokenizer trained on the fixture texts are
 saved like hub checkpoints; the datasets are parquet files with the hub's columns, so the
 production loading code runs on them unchanged.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fl_lightning.lora_fixture import (  # noqa: F401  (the tests import them from here)
+from fl_lightning.commands.lora_fixture import (  # noqa: F401  (the tests import them from here)
     _WORDS,
     EOS,
     _sentences,

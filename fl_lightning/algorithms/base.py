@@ -34,14 +34,14 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from fl_lightning import params as P
-from fl_lightning.capabilities import declared
-from fl_lightning.local_loss import LossContext, ModelOutputs, defines_local_loss, keeps_model_loss
-from fl_lightning.objective import GradFn
-from fl_lightning.params import TensorDict
-from fl_lightning.participation import RoundPlan
-from fl_lightning.state import NestedState
-from fl_lightning.tasks import ClientResult, Payload
+from fl_lightning.core import params as P
+from fl_lightning.core.capabilities import declared
+from fl_lightning.core.local_loss import LossContext, ModelOutputs, defines_local_loss, keeps_model_loss
+from fl_lightning.core.objective import GradFn
+from fl_lightning.core.params import TensorDict
+from fl_lightning.core.participation import RoundPlan
+from fl_lightning.core.state import NestedState
+from fl_lightning.core.tasks import ClientResult, Payload
 
 __all__ = [
     "Algorithm", "ClientContext", "ClientIdUnavailable", "ClientResult", "LossContext", "ModelOutputs", "Payload", "RoundInfo",
@@ -197,7 +197,7 @@ class Algorithm:
         """The personal tensors the client keeps: ``v_{i,K}`` (the values after the last step)."""
         return {k: params[k] for k in ctx.personal}
 
-    # ---- the local objective (optional: fl_lightning.local_loss) ------------------------
+    # ---- the local objective (optional: fl_lightning.core.local_loss) ------------------------
     @keeps_model_loss
     def local_loss(self, out: ModelOutputs, target: Tensor, ctx: LossContext) -> dict[str, Tensor]:
         """The client's loss on a batch as named terms, summed into the loss ``ctx.grad`` differentiates

@@ -16,13 +16,13 @@ from collections.abc import Sequence
 
 from torch import Tensor
 
-from fl_lightning import params as P
+from fl_lightning.core import params as P
 from fl_lightning.algorithms.base import ClientContext, Payload, RoundInfo
 from fl_lightning.algorithms.local_adam import LocalAdam
 from fl_lightning.algorithms.tracking import TrackingSubset
 from fl_lightning.optim import tracked_adam_step
-from fl_lightning.params import TensorDict
-from fl_lightning.state import NestedState
+from fl_lightning.core.params import TensorDict
+from fl_lightning.core.state import NestedState
 
 
 class _TrackedAdam(LocalAdam):

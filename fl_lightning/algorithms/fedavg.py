@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from fl_lightning.algorithms.base import Algorithm, ClientContext
 from fl_lightning.optim import sgd_step
-from fl_lightning.params import TensorDict
-from fl_lightning.state import NestedState
+from fl_lightning.core.params import TensorDict
+from fl_lightning.core.state import NestedState
 
 
 class FedAvg(Algorithm):

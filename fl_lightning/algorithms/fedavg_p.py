@@ -10,8 +10,8 @@ holds v_i^t and names the personal tensors. gamma_u = ``local.lr``, gamma_v =
 from __future__ import annotations
 
 from fl_lightning.algorithms.base import Algorithm, ClientContext
-from fl_lightning.params import TensorDict
-from fl_lightning.state import NestedState
+from fl_lightning.core.params import TensorDict
+from fl_lightning.core.state import NestedState
 
 
 def split_sgd_step(params: TensorDict, direction: TensorDict, ctx: ClientContext) -> TensorDict:

@@ -9,11 +9,11 @@ Rule: docs/algorithms.md, section 10, (10.1)-(10.4); M = 1 is gradient descent (
 
 from __future__ import annotations
 
-from fl_lightning import params as P
+from fl_lightning.core import params as P
 from fl_lightning.algorithms.base import Algorithm, ClientContext
 from fl_lightning.optim import sgd_step, svrg_step
-from fl_lightning.params import TensorDict
-from fl_lightning.state import NestedState
+from fl_lightning.core.params import TensorDict
+from fl_lightning.core.state import NestedState
 
 
 class FedAvgSVRG(Algorithm):

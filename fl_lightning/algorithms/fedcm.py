@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fl_lightning import params as P
+from fl_lightning.core import params as P
 from fl_lightning.algorithms import increments as H
 from fl_lightning.algorithms.base import Algorithm, ClientContext, Payload, RoundInfo, mean_steps
 from fl_lightning.optim import sgd_step
-from fl_lightning.params import TensorDict
-from fl_lightning.state import NestedState
+from fl_lightning.core.params import TensorDict
+from fl_lightning.core.state import NestedState
 
 
 class FedCM(Algorithm):

@@ -10,11 +10,11 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from fl_lightning import params as P
+from fl_lightning.core import params as P
 from fl_lightning.algorithms.base import Algorithm, ClientContext, Payload, RoundInfo
 from fl_lightning.optim import sgd_step
-from fl_lightning.params import TensorDict
-from fl_lightning.state import NestedState
+from fl_lightning.core.params import TensorDict
+from fl_lightning.core.state import NestedState
 
 
 def extrapolation(sq_norms: Sequence[float], weights: Sequence[float], mean_sq_norm: float, eps: float) -> float:

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fl_lightning import params as P
+from fl_lightning.core import params as P
 from fl_lightning.algorithms.base import ClientContext, Payload, RoundInfo, mean_steps
 from fl_lightning.algorithms.local_adam import LocalAdam
 from fl_lightning.optim import tracked_adam_step
-from fl_lightning.params import TensorDict
-from fl_lightning.state import NestedState
+from fl_lightning.core.params import TensorDict
+from fl_lightning.core.state import NestedState
 
 
 class FedLADA(LocalAdam):

@@ -9,11 +9,11 @@ from collections.abc import Sequence
 
 from torch import Tensor
 
-from fl_lightning import params as P
+from fl_lightning.core import params as P
 from fl_lightning.algorithms.base import Algorithm, ClientContext, Payload, RoundInfo
 from fl_lightning.optim import sgd_step
-from fl_lightning.params import TensorDict
-from fl_lightning.state import NestedState
+from fl_lightning.core.params import TensorDict
+from fl_lightning.core.state import NestedState
 
 
 def norm_a(steps: int, rho: float) -> float:

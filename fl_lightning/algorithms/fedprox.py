@@ -5,11 +5,11 @@ Rule: docs/algorithms.md, section 3, (3.1)-(3.2); mu = 0 is FedAvg (E1).
 
 from __future__ import annotations
 
-from fl_lightning import params as P
+from fl_lightning.core import params as P
 from fl_lightning.algorithms.base import Algorithm, ClientContext
 from fl_lightning.optim import sgd_step
-from fl_lightning.params import TensorDict
-from fl_lightning.state import NestedState
+from fl_lightning.core.params import TensorDict
+from fl_lightning.core.state import NestedState
 
 
 class FedProx(Algorithm):

@@ -15,9 +15,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fl_lightning import params as P
-from fl_lightning.params import TensorDict
-from fl_lightning.state import NestedState
+from fl_lightning.core import params as P
+from fl_lightning.core.params import TensorDict
+from fl_lightning.core.state import NestedState
 
 
 def history_init(x: TensorDict, depth: int) -> NestedState:

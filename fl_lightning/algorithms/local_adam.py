@@ -9,11 +9,11 @@ Rule: docs/algorithms.md, section 11, (11.1)-(11.4).
 
 from __future__ import annotations
 
-from fl_lightning import params as P
+from fl_lightning.core import params as P
 from fl_lightning.algorithms.base import Algorithm, ClientContext, Payload
 from fl_lightning.optim import adam_round_init, tracked_adam_step
-from fl_lightning.params import TensorDict
-from fl_lightning.state import NestedState
+from fl_lightning.core.params import TensorDict
+from fl_lightning.core.state import NestedState
 
 
 class LocalAdam(Algorithm):

@@ -9,11 +9,11 @@ from collections.abc import Sequence
 
 from torch import Tensor
 
-from fl_lightning import params as P
+from fl_lightning.core import params as P
 from fl_lightning.algorithms.base import Algorithm, ClientContext, Payload, RoundInfo, weighted_sum_or_zeros
 from fl_lightning.optim import control_variate_option2, sgd_step
-from fl_lightning.params import TensorDict
-from fl_lightning.state import NestedState
+from fl_lightning.core.params import TensorDict
+from fl_lightning.core.state import NestedState
 
 
 class SCAFFOLD(Algorithm):

@@ -10,12 +10,12 @@ from collections.abc import Sequence
 
 from torch import Tensor
 
-from fl_lightning import params as P
+from fl_lightning.core import params as P
 from fl_lightning.algorithms.base import ClientContext, Payload, RoundInfo
 from fl_lightning.algorithms.fedavg_p import FedAvgP, split_sgd_step
 from fl_lightning.algorithms.scaffold import SCAFFOLD
-from fl_lightning.params import TensorDict
-from fl_lightning.state import NestedState
+from fl_lightning.core.params import TensorDict
+from fl_lightning.core.state import NestedState
 
 
 class ScaffoldP(FedAvgP):

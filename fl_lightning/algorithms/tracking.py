@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from fl_lightning.participation import RoundPlan, derive_seed
+from fl_lightning.core.participation import RoundPlan, derive_seed
 
 _TRACKING_STREAM = 0x7EAC
 

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from fl_lightning.compression.base import Compressor
 from fl_lightning.compression.feedback import error_feedback
-from fl_lightning.params import TensorDict
+from fl_lightning.core.params import TensorDict
 
 
 def compress_entry(

@@ -1,4 +1,4 @@
-"""Compression as message-pipeline stages (``fl_lightning/messages.py``), and its setting.
+"""Compression as message-pipeline stages (``fl_lightning/pipeline/messages.py``), and its setting.
 
 Uplink (``CompressUploads``, a ``ClientStage``): every entry of a client's upload (FedAvg's
 ``delta``, SCAFFOLD's ``delta_c``, ...) is compressed on the client; with error feedback the
@@ -16,13 +16,13 @@ from typing import Any
 
 import torch
 
-from fl_lightning import params as P
+from fl_lightning.core import params as P
 from fl_lightning.compression.base import Compressor
 from fl_lightning.compression.messages import check_entry_sizes, compress_entry
-from fl_lightning.messages import COMPRESS, BroadcastStage, ClientStage, Sent, StageKey
-from fl_lightning.params import TensorDict
-from fl_lightning.state import NestedState
-from fl_lightning.tasks import Payload
+from fl_lightning.pipeline.messages import COMPRESS, BroadcastStage, ClientStage, Sent, StageKey
+from fl_lightning.core.params import TensorDict
+from fl_lightning.core.state import NestedState
+from fl_lightning.core.tasks import Payload
 
 UP_STREAM, DOWN_STREAM = 0xC0DE, 0xC0DF
 """Seed streams of the uplink (per client) and downlink (per round) compressors."""

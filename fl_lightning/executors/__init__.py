@@ -15,7 +15,7 @@ def resolve_executor(execution: str | Executor) -> DistributedExecutor:
     """The executor for a short name or an ``Executor`` instance, wrapped for multi-process runs."""
     executor = EXECUTORS[execution]() if isinstance(execution, str) and execution in EXECUTORS else execution
     if not isinstance(executor, Executor):
-        from fl_lightning.errors import did_you_mean
+        from fl_lightning.core.errors import did_you_mean
 
         near = did_you_mean(execution, sorted(EXECUTORS)) if isinstance(execution, str) else ""
         raise ValueError(f"execution must be one of {sorted(EXECUTORS)} or an Executor, got {execution!r}{near}")

@@ -1,6 +1,6 @@
 """The executor contract: run a round's client tasks, return their results.
 
-An executor receives the tasks (``fl_lightning.tasks``), the round's ``RoundInfo`` and a
+An executor receives the tasks (``fl_lightning.core.tasks``), the round's ``RoundInfo`` and a
 ``ClientRuntime`` naming everything it may use; it never sees the LightningModule.
 """
 
@@ -16,11 +16,11 @@ from lightning.fabric.utilities.apply_func import move_data_to_device
 from torch import Tensor
 
 from fl_lightning.algorithms.base import Algorithm, RoundInfo
-from fl_lightning.client_data import ClientData
-from fl_lightning.config import LocalTraining
-from fl_lightning.faults import DivergenceError
-from fl_lightning.objective import Objective
-from fl_lightning.tasks import ClientResult, ClientTask, SummedRound
+from fl_lightning.core.client_data import ClientData
+from fl_lightning.core.config import LocalTraining
+from fl_lightning.reliability.faults import DivergenceError
+from fl_lightning.core.objective import Objective
+from fl_lightning.core.tasks import ClientResult, ClientTask, SummedRound
 
 
 @dataclass(frozen=True)

@@ -30,17 +30,17 @@ import torch
 from torch import Tensor, nn
 from torch.func import grad_and_value, vmap
 
-from fl_lightning import params as P
+from fl_lightning.core import params as P
 from fl_lightning.algorithms.base import ClientContext, ClientIdUnavailable, RoundInfo, declares_capability, defines_local_loss
-from fl_lightning.client_data import Unstackable
-from fl_lightning.errors import FLError, interrupted, one_line
+from fl_lightning.core.client_data import Unstackable
+from fl_lightning.core.errors import FLError, interrupted, one_line
 from fl_lightning.executors.base import ClientRuntime, Executor, check_loss, seed_client, to_device
 from fl_lightning.executors.compiled import DEFAULT_MAX_VARIANTS, CompiledPrograms, Uncompilable, log_fallback, tensor_lr
 from fl_lightning.executors.sequential import SequentialExecutor, compiled_unsupported_reason
-from fl_lightning.local_loss import client_loss
-from fl_lightning.objective import StepRecord
-from fl_lightning.params import TensorDict
-from fl_lightning.tasks import ClientResult, ClientTask, Payload
+from fl_lightning.core.local_loss import client_loss
+from fl_lightning.core.objective import StepRecord
+from fl_lightning.core.params import TensorDict
+from fl_lightning.core.tasks import ClientResult, ClientTask, Payload
 
 log = logging.getLogger(__name__)
 

@@ -33,9 +33,9 @@ import torch
 from torch import Tensor
 
 from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientIdUnavailable, RoundInfo
-from fl_lightning.errors import FLError, one_line
-from fl_lightning.objective import Objective
-from fl_lightning.params import TensorDict
+from fl_lightning.core.errors import FLError, one_line
+from fl_lightning.core.objective import Objective
+from fl_lightning.core.params import TensorDict
 
 log = logging.getLogger(__name__)
 

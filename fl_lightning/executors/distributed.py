@@ -50,12 +50,12 @@ import torch.distributed as dist
 from torch import Tensor
 
 from fl_lightning.algorithms.base import RoundInfo, declares_capability, defines_local_loss
-from fl_lightning.errors import RankFailed, RunInterrupted, one_line
+from fl_lightning.core.errors import RankFailed, RunInterrupted, one_line
 from fl_lightning.executors.base import ClientRuntime, Executor
-from fl_lightning.faults import all_finite
-from fl_lightning.metrics import payload_bytes
-from fl_lightning.params import TensorDict
-from fl_lightning.tasks import ClientResult, ClientTask, Payload, SummedRound
+from fl_lightning.reliability.faults import all_finite
+from fl_lightning.core.metrics import payload_bytes
+from fl_lightning.core.params import TensorDict
+from fl_lightning.core.tasks import ClientResult, ClientTask, Payload, SummedRound
 
 _ALIGN = 16  # bytes, a multiple of every element size: slots start aligned for any dtype
 Structure = tuple  # (upload, client_state), each nested tuples of (name, shape, dtype)
@@ -353,7 +353,7 @@ def _gather_bytes(
 
 
 def _upload_bytes(result: ClientResult) -> int:
-    """The upload's encoded size (message stages, ``fl_lightning.messages``), else the bytes of its tensors."""
+    """The upload's encoded size (message stages, ``fl_lightning.pipeline.messages``), else the bytes of its tensors."""
     return result.upload_bytes if result.upload_bytes is not None else payload_bytes(result.upload)
 
 

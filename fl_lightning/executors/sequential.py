@@ -14,16 +14,16 @@ from collections.abc import Sequence
 
 import torch
 
-from fl_lightning import params as P
+from fl_lightning.core import params as P
 from fl_lightning.algorithms.base import ClientContext, ClientIdUnavailable, RoundInfo
-from fl_lightning.errors import FLError, interrupted
+from fl_lightning.core.errors import FLError, interrupted
 from fl_lightning.executors.base import ClientRuntime, Executor, check_loss, seed_client, to_device
 from fl_lightning.executors.compiled import DEFAULT_MAX_VARIANTS, CompiledPrograms, Uncompilable, log_fallback, tensor_lr
-from fl_lightning.local_loss import client_loss, defines_local_loss
-from fl_lightning.objective import StepRecord, round_means
-from fl_lightning.faults import TRANSIENT_ERRORS, ClientError, fatal_client_error
-from fl_lightning.params import TensorDict
-from fl_lightning.tasks import PERSONAL, ClientResult, ClientTask
+from fl_lightning.core.local_loss import client_loss, defines_local_loss
+from fl_lightning.core.objective import StepRecord, round_means
+from fl_lightning.reliability.faults import TRANSIENT_ERRORS, ClientError, fatal_client_error
+from fl_lightning.core.params import TensorDict
+from fl_lightning.core.tasks import PERSONAL, ClientResult, ClientTask
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def run_task(task: ClientTask, info: RoundInfo, runtime: ClientRuntime) -> Clien
     """One client's task, trained the reference way (its loss and accuracy read at once), under the
     documented client-failure policy: None where the client failed and is left out of the round.
 
-    A client that fails (``ClientFailure`` or a transient error, see ``fl_lightning.faults``) is left
+    A client that fails (``ClientFailure`` or a transient error, see ``fl_lightning.reliability.faults``) is left
     out, with a warning, unless ``runtime.fail_fast`` (then ``ClientError`` stops the run); a
     ``ValueError`` (a bad setting), an ``FLError`` and any error of the warm-up pass propagate; any
     other error stops the run as ``FatalClientError`` (it is not a client fault). Custom executors

@@ -5,7 +5,7 @@ docs/algorithms.md, (4.2) and (15.2).
 
 from __future__ import annotations
 
-from fl_lightning.params import TensorDict
+from fl_lightning.core.params import TensorDict
 
 
 def control_variate_option2(

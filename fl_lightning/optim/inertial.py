@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fl_lightning.params import TensorDict
+from fl_lightning.core.params import TensorDict
 
 
 def inertial_step(params: TensorDict, grad: TensorDict, shift_alpha: TensorDict, alpha_sum: float, lr: float) -> TensorDict:

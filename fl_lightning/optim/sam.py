@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from fl_lightning.params import TensorDict
+from fl_lightning.core.params import TensorDict
 
 _EPS = 1e-12  # keeps rho = 0 exact (0 * g / eps = 0) when the gradient vanishes
 

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 from torch._C._functorch import is_batchedtensor
 
-from fl_lightning.params import TensorDict
+from fl_lightning.core.params import TensorDict
 
 
 def sgd_step(params: TensorDict, direction: TensorDict, lr: float | Tensor) -> TensorDict:

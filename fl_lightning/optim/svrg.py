@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from fl_lightning.params import TensorDict
+from fl_lightning.core.params import TensorDict
 
 
 def svrg_direction(grad: TensorDict, snapshot_grad: TensorDict, full_grad: TensorDict) -> TensorDict:

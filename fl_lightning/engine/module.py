@@ -1,0 +1,617 @@
+"""FederatedModule: one Lightning training step = one federated round."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import os
+import time
+import warnings
+from typing import Any
+
+import lightning as L
+import torch
+from torch import nn
+from torchmetrics import MeanMetric
+
+from fl_lightning.reliability import csv_resume, fingerprint
+from fl_lightning.core import params as P
+from fl_lightning.algorithms import Algorithm, FedAvg, RoundInfo
+from fl_lightning.algorithms.base import declares_capability
+from fl_lightning.core.client_data import ClientData
+from fl_lightning.compression.stages import Compression
+from fl_lightning.core.config import MAX_LOCAL_STEPS, LocalTraining
+from fl_lightning.core.errors import CheckpointError
+from fl_lightning.executors import ClientRuntime, Executor, resolve_executor
+from fl_lightning.reliability.faults import ClientError, ClientFaults, DivergenceError, all_finite, first_non_finite, survivor_weights
+from fl_lightning.core.local_loss import check_label_counts, check_local_loss
+from fl_lightning.pipeline.messages import MessageExecutor, MessagePipeline, Stage, add_sums, is_message_state, upload_like
+from fl_lightning.core.metrics import consistency_from_sums, count_messages, loss_term_means, payload_bytes, round_metrics
+from fl_lightning.core.objective import Objective
+from fl_lightning.pipeline.privacy import ClientPrivacy
+from fl_lightning.core.params import TensorDict
+from fl_lightning.core.participation import RoundPlan, derive_seeds
+from fl_lightning.core.state import ClientStore, NestedState, flatten_state, unflatten_state
+from fl_lightning.core.tasks import PERSONAL, ClientState, ClientTask, Payload, SummedRound
+
+log = logging.getLogger(__name__)
+_CKPT_KEY = "federated"
+LOSS_GROWTH_WARNING = 100.0
+"""A round's mean training loss this many times the first round's is reported (once per run)."""
+WARMUP_STREAM = 0x3A4D
+"""Seed stream of the warm-up pass: its samples xi^{-1} are fresh and addressable by client."""
+
+
+def quiet_known_warnings() -> None:
+    """Silence Lightning warnings that do not apply to a round loop.
+
+    The round-plan loader does no data work (workers would not help), and a
+    checkpoint taken after the server step is exactly the state to resume from.
+    """
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    warnings.filterwarnings("ignore", message=".*no pre-optimization state was saved.*")
+    warnings.filterwarnings("ignore", message=".*overridden `transfer_batch_to_device` in `LightningModule`.*")
+    warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\)` is deprecated.*")
+    # Under DDP every rank aggregates the same uploads and logs the same round metrics: nothing to sync.
+    warnings.filterwarnings("ignore", message=".*when logging on epoch level in distributed setting.*")
+
+
+class FederatedModule(L.LightningModule):
+    """Owns the global model, the server state, the client store and the round loop.
+
+    Each training step receives a ``RoundPlan`` from the datamodule, broadcasts,
+    runs the active clients' local training, aggregates, and lets the server
+    optimizer apply the pseudo-gradient (so ``trainer.max_steps`` counts rounds
+    and the server optimizer state is checkpointed by Lightning).
+
+    Args:
+        model: the network; its trainable parameters not matched by ``personal``
+            are the federated tensors.
+        algorithm: the federated algorithm (default FedAvg).
+        local: local training settings.
+        personal: glob patterns of parameter names, or module paths (``"head"``),
+            kept per client and never sent. Each client's values are client state in
+            ``store`` (initialised from the model's values) and are trained by
+            algorithms with ``supports_personal`` (FedAvgP, ScaffoldP, FedSim, FedAlt).
+        execution: how the round's client tasks run: ``"sequential"`` (one after
+            another), ``"batched"`` (together, with torch.func.vmap; same results to
+            float tolerance, sequential for declared reasons such as BatchNorm), or any
+            ``fl_lightning.executors.Executor`` (``class_path`` in YAML). Under DDP the
+            executor is wrapped to split the tasks over the processes.
+        store: where per-client state lives: in memory (default) or a
+            ``DiskClientStore`` for large populations.
+        faults: simulated client dropout, stragglers and failure handling.
+        uplink: message stages on the clients' uploads (``fl_lightning.pipeline.messages``: clip, compress,
+            noise); default none.
+        downlink: message stages on the broadcast; default none.
+        privacy: client-level differential privacy (``fl_lightning.pipeline.privacy.ClientPrivacy``): contributes
+            its clip and noise stages to the uplink and logs ``privacy/epsilon``.
+        compression: compressors of the uploads and of the broadcast, with error feedback
+            (``fl_lightning.compression.Compression``, docs/compression.md); default none.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        algorithm: Algorithm | None = None,
+        local: LocalTraining = LocalTraining(),
+        personal: list[str] | None = None,
+        execution: str | Executor = "sequential",
+        store: ClientStore | None = None,
+        faults: ClientFaults = ClientFaults(),
+        uplink: list[Stage] | None = None,
+        downlink: list[Stage] | None = None,
+        privacy: ClientPrivacy | None = None,
+        compression: Compression | None = None,
+    ) -> None:
+        super().__init__()
+        quiet_known_warnings()
+        self.automatic_optimization = False
+        self.model = model
+        self.algorithm = algorithm if algorithm is not None else FedAvg()
+        self.local = local if local is not None else LocalTraining()
+        self.personal = list(personal or [])
+        self.federated_names = P.federated_names(model, self.personal)
+        if not self.federated_names:
+            raise ValueError("the model has no trainable parameters left to federate (check `personal` patterns)")
+        self.personal_names = P.personal_names(model, self.personal)
+        if self.personal_names and not self.algorithm.supports_personal:
+            raise ValueError(
+                f"personal={self.personal} selects {self.personal_names} but algorithm "
+                f"{type(self.algorithm).__name__} does not train personal tensors; use FedAvgP, FedSim, ScaffoldP or FedAlt"
+            )
+        check_local_loss(self.algorithm, model)
+        self.store = store if store is not None else ClientStore()
+        self.faults = faults
+        self.server_state: NestedState | None = None
+        self.executor = resolve_executor(execution)
+        self.privacy = privacy
+        self.compression = compression
+        compress_up, compress_down = compression.stages() if compression is not None else ([], [])
+        if compression is not None:
+            named = dict(model.named_parameters())
+            compression.check_shapes({n: named[n].shape for n in self.federated_names})
+            if privacy is not None:
+                compression.check_with_privacy()
+        self.messages = MessagePipeline(
+            [*(uplink or []), *(privacy.stages() if privacy is not None else []), *compress_up], [*(downlink or []), *compress_down]
+        )
+        if self.messages.client_stages:  # inside the DDP wrapper: each process transforms its own clients' uploads
+            self.executor.inner = MessageExecutor(self.executor.inner, self.messages)
+        self.objective = Objective(model, self.federated_names + self.personal_names)
+        self._checked_data = None
+        self._schema: dict[str, Any] | None = None  # the fingerprint's algorithm and model part (fixed)
+        self._partition: tuple[Any, str] | None = None  # (datamodule, its partition's digest)
+        self._resumed_step: int | None = None  # the global step of the checkpoint this fit resumed from
+        self._rounds_run, self._clients_trained = 0, 0  # this fit's, for "a run that trained nothing fails"
+        self._first_loss: float | None = None  # the first round's mean training loss (divergence by growth)
+        self._growth_reported = False
+        self.comm_totals = {"bytes_up": 0, "bytes_down": 0, "client_uploads": 0}
+        self.val_loss, self.val_acc = MeanMetric(), MeanMetric()
+        self.test_loss, self.test_acc = MeanMetric(), MeanMetric()
+
+    # ---- wiring -------------------------------------------------------------------------
+    @property
+    def datamodule(self) -> ClientData:
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if datamodule is not self._checked_data:  # a structural check costs microseconds per member: once per datamodule
+            if not isinstance(datamodule, ClientData):
+                raise RuntimeError("FederatedModule needs a FederatedDataModule passed as `datamodule=` to the Trainer")
+            self._checked_data = datamodule
+        return datamodule
+
+    def federated_parameters(self) -> list[nn.Parameter]:
+        # Read through the objective's resolved (module, attribute) slots: walking named_parameters()
+        # of a large model (a peft-wrapped GPT-2) costs about a millisecond, several times a round.
+        slots = self.objective.swap.slots
+        return [module._parameters[attr] for module, attr in (slots[n] for n in self.federated_names)]
+
+    def global_params(self) -> TensorDict:
+        """The global federated tensors x (detached views of the live parameters)."""
+        return {n: p.detach() for n, p in zip(self.federated_names, self.federated_parameters())}
+
+    def client_state(self, client_id: int, x: TensorDict) -> ClientState:
+        """Client ``client_id``'s stored state on this device: the algorithm's (its declared
+        initial state if it never trained) and its personal tensors."""
+        stored = self.store.get(client_id, lambda: self.algorithm.client_state_init(x))
+        state = {
+            n: {k: v.to(self.device) for k, v in td.items()} for n, td in stored.items() if n != PERSONAL and not is_message_state(n)
+        }
+        return ClientState(state, self._personal(stored))
+
+    def message_state(self, client_id: int) -> NestedState:
+        """Client ``client_id``'s stored message-stage state (``fl_lightning.pipeline.messages``), on this device."""
+        stored = self.store.get(client_id, dict)
+        return {n: {k: v.to(self.device) for k, v in td.items()} for n, td in stored.items() if is_message_state(n)}
+
+    def client_personal(self, client_id: int) -> TensorDict:
+        """Client ``client_id``'s personal tensors v_i ({} if the model has none)."""
+        return self._personal(self.store.get(client_id, dict))
+
+    def _personal(self, stored: NestedState) -> TensorDict:
+        """The personal tensors in a stored state; the model's initial values for a client that never trained."""
+        if not self.personal_names:
+            return {}
+        values = stored.get(PERSONAL)
+        if values is None:
+            named = dict(self.model.named_parameters())
+            values = {n: named[n].detach() for n in self.personal_names}
+        return {k: v.to(self.device) for k, v in values.items()}
+
+    def setup(self, stage: str) -> None:
+        from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+        from fl_lightning.reliability.checkpoint_io import StreamingCheckpointIO
+
+        strategy = self._trainer.strategy if self._trainer is not None else None
+        if strategy is not None and type(strategy.checkpoint_io) is TorchCheckpointIO:  # not a user's own
+            strategy.checkpoint_io = StreamingCheckpointIO()  # streamed, beside the checkpoint (fl_lightning/reliability/checkpoint_io.py)
+        if self.server_state is None:
+            self.server_state = self.algorithm.server_state_init(P.detach_clone(self.global_params()))
+
+    def on_fit_start(self) -> None:
+        if self.trainer.max_steps is None or self.trainer.max_steps < 1:
+            raise ValueError(f"trainer.max_steps is the number of rounds and must be >= 1, got {self.trainer.max_steps}")
+        interval = self.trainer.val_check_interval
+        if interval is not None and not interval > 0:
+            raise ValueError(
+                f"trainer.val_check_interval must be > 0 (rounds between evaluations, or a fraction in (0, 1]), got {interval}"
+            )
+        self._check_local_work()
+        check_label_counts(self.algorithm, self.datamodule)
+        if self.messages:
+            self.messages.check(self.algorithm, self.datamodule.num_clients)
+        if self.privacy is not None:  # the sampling scheme, sigma (calibrated if asked), the accountant
+            participation = getattr(self.datamodule, "participation", None)
+            self.privacy.prepare(participation, self.datamodule.num_clients, self.trainer.max_steps, self.datamodule.seed)
+        if self.global_rank == 0:  # temporary files of killed checkpoint writes
+            from fl_lightning.reliability.checkpoint_io import remove_stale_temporaries
+
+            for path in remove_stale_temporaries(c.dirpath for c in self.trainer.checkpoint_callbacks if getattr(c, "dirpath", None)):
+                log.info("removed %s, left by a checkpoint write that did not finish", path)
+        self.store.start()
+        place = getattr(self.datamodule, "place", None)
+        if callable(place):  # client data resident on the training device, copied there once
+            place(self.device)
+        if self._resumed_step is not None and self._resumed_step >= self.trainer.max_steps:
+            raise ValueError(
+                f"the checkpoint {self.trainer.ckpt_path} already holds {self._resumed_step} rounds, at or past "
+                f"--trainer.max_steps {self.trainer.max_steps}: nothing to train; raise --trainer.max_steps above "
+                f"{self._resumed_step} to continue it, or evaluate it with `fl-lightning test --ckpt_path ...`"
+            )
+        if self._resumed_step is not None:
+            self._continue_metrics(self._resumed_step)
+        elif self.global_rank == 0 and getattr(self, "_previous_metrics", None):
+            csv_resume.replaced(self._previous_metrics)
+        self._previous_metrics = {}
+        if self.global_rank == 0:
+            csv_resume.guard(self.loggers)  # a full or read-only metrics folder: one line naming it
+
+    def _check_local_work(self) -> None:
+        """At most ``MAX_LOCAL_STEPS`` local steps per client and round, before any training
+        (``local.steps`` is checked when LocalTraining is built; epochs need the client sizes)."""
+        local, data = self.local, self.datamodule
+        if local.epochs is None:
+            return
+        steps = [data.num_local_steps(c, local.batch_size, None, local.epochs) for c in range(data.num_clients)]
+        largest = max(range(len(steps)), key=steps.__getitem__)
+        if steps[largest] > MAX_LOCAL_STEPS:
+            raise ValueError(
+                f"local.epochs={local.epochs} gives {steps[largest]} local steps per round for client {largest} "
+                f"({int(data.client_sizes[largest])} samples, batch_size={local.batch_size}); "
+                f"must be <= {MAX_LOCAL_STEPS} (lower local.epochs or raise local.batch_size)"
+            )
+
+    def prepare_data(self) -> None:
+        self._previous_metrics = csv_resume.read(self.loggers)  # before Lightning's CSV writer deletes them
+
+    def _continue_metrics(self, step: int) -> None:
+        if self.global_rank == 0:
+            csv_resume.continue_from(self.loggers, getattr(self, "_previous_metrics", None) or {}, step)
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> int | None:
+        if self.privacy is not None and self.privacy.budget_exhausted():  # privacy.budget="stop"
+            log.warning(
+                "privacy: stopping after %d rounds: one more would spend more than target_epsilon=%g",
+                self.privacy.accountant.rounds, self.privacy.target_epsilon,
+            )  # fmt: skip
+            self.trainer.should_stop = True
+            return -1
+        return None
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self._release_snapshots()  # the checkpoint callbacks (run before this hook) have written their files
+
+    def on_validation_end(self) -> None:
+        self._release_snapshots()
+
+    def _release_snapshots(self) -> None:
+        self.store.release_snapshots([str(c.dirpath) for c in self.trainer.checkpoint_callbacks if getattr(c, "dirpath", None)])
+
+    def on_train_end(self) -> None:
+        self._release_snapshots()
+        if self._rounds_run and not self._clients_trained:
+            raise ClientError(
+                f"no client completed its local training in {self._rounds_run} rounds: the model is untrained; "
+                "see the warnings above for the clients' errors"
+            )
+
+    def configure_callbacks(self) -> list[L.Callback]:
+        from fl_lightning.reliability.stopping import StopCheckpoint
+
+        return [StopCheckpoint()]  # SIGTERM/SIGINT end the run with a checkpoint of the last completed round
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return self.algorithm.server_optimizer(self.federated_parameters())
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        if isinstance(batch, RoundPlan):  # client ids and seeds stay on the CPU: they index CPU-side data
+            return batch
+        return super().transfer_batch_to_device(batch, device, dataloader_idx)
+
+    # ---- one round ------------------------------------------------------------------------
+    def training_step(self, plan: RoundPlan, batch_idx: int) -> None:
+        self._round_started = time.perf_counter()
+        personal_lr = self.local.personal_lr_at(plan.round) if self.personal_names else None
+        info = RoundInfo(plan.round, self.local.lr_at(plan.round), self.datamodule.num_clients, plan, personal_lr)
+        x = self.global_params()
+        server_state = {n: {k: v.to(self.device) for k, v in td.items()} for n, td in self.server_state.items()}
+        if self.algorithm.warmup_pass and plan.round == 0:
+            server_state = self._warmup(x, server_state, info)
+        broadcast = self.algorithm.broadcast(x, server_state, info)
+        broadcast_bytes = None
+        if self.messages:  # the message pipeline's round (fl_lightning/pipeline/messages.py); absent: nothing of it runs
+            self.messages.begin_round(info)
+            if self.messages.broadcast_stages:
+                broadcast, broadcast_bytes = self.messages.transform_broadcast(broadcast, info, self.datamodule.seed)
+        tasks, stragglers = self._tasks(plan.clients.tolist(), plan.seeds.tolist(), broadcast, plan.round)
+        # An algorithm whose aggregate is a sum over clients may get the uploads summed (DDP:
+        # partial sums all-reduced, not gathered); any other, or one process, gets every upload.
+        linear = declares_capability(self.algorithm, "linear_aggregate")
+        weights = self.messages.aggregation_weights(info)  # an aggregate stage's fixed weights, or None: the plan's
+        if weights is None:
+            weights = functools.partial(survivor_weights, plan.clients, plan.weights)
+        runtime = self._runtime(weights if linear else None)
+        try:
+            summed = self.executor.run_summed(tasks, info, runtime) if linear else None
+            results = summed.results if summed is not None else self.executor.run(tasks, info, runtime)
+        except DivergenceError as error:  # a client's loss (the built-in executors check it)
+            raise self._diverged(str(error)) from error
+        self.faults.check_failures(plan.round, len(tasks) - len(results), len(tasks))
+        self._rounds_run, self._clients_trained = self._rounds_run + 1, self._clients_trained + len(results)
+        extra_metrics = {"faults/dropped": len(plan.clients) - len(tasks), "faults/failed": len(tasks) - len(results)}
+        if self.faults.active:
+            extra_metrics["faults/stragglers"] = stragglers
+        if not results:
+            self._empty_round(plan, broadcast, extra_metrics)
+            return
+        for result in results:  # any executor's: NaN may also mean "no loss recorded", infinity may not
+            if math.isinf(result.mean_loss):
+                raise self._diverged(f"round {plan.round}: client {result.client_id}'s training loss is non-finite ({result.mean_loss})")
+        self._check_loss_growth(plan.round, [r.mean_loss for r in results])
+        local_steps = [r.num_steps for r in results]
+        if summed is not None:
+            uploads, (pseudo_grad, self.server_state) = [], self._aggregate_summed(plan, x, summed, server_state, info, local_steps)
+        else:
+            uploads = [r.upload for r in results]
+            pseudo_grad, self.server_state = self._aggregate(plan, x, results, server_state, info, local_steps)
+        extra_metrics.update({f"algo/{k}": v for k, v in self.algorithm.metrics(self.server_state, info).items()})
+        if self.messages:
+            extra_metrics.update(self.messages.end_round(info, len(results)))
+        for result in results:
+            self.store.put(result.client_id, result.client_state)
+
+        optimizer = self.optimizers()
+        optimizer.zero_grad()
+        for name, param in zip(self.federated_names, self.federated_parameters()):
+            param.grad = pseudo_grad[name].to(param.dtype)
+        optimizer.step()
+        bad = None if all_finite([{"x": self.global_params()}]) else first_non_finite({"x": self.global_params()})
+        if bad is not None:
+            raise self._diverged(f"round {plan.round}: the global model became non-finite ({bad})")
+        self._log_round(plan, broadcast, uploads, results, extra_metrics, summed, broadcast_bytes)
+
+    def _check_loss_growth(self, round_idx: int, losses: list[float]) -> None:
+        """A finite loss that grows by orders of magnitude over the first round's is divergence too:
+        a warning (once), or a DivergenceError beyond ``faults.max_loss_growth``."""
+        finite = [loss for loss in losses if math.isfinite(loss)]
+        if not finite:
+            return
+        loss = sum(finite) / len(finite)
+        if self._first_loss is None:
+            self._first_loss = loss
+            return
+        growth = loss / self._first_loss if self._first_loss > 0 else 0.0
+        limit = getattr(self.faults, "max_loss_growth", None)
+        if limit is not None and growth > limit:
+            raise self._diverged(
+                f"round {round_idx}: the mean training loss {loss:.4g} is {growth:.3g}x the first round's ({self._first_loss:.4g}), "
+                f"more than faults.max_loss_growth = {limit:g}"
+            )
+        if growth > LOSS_GROWTH_WARNING and not self._growth_reported:
+            self._growth_reported = True
+            log.warning(
+                "round %d: the mean training loss %.4g is %.3gx the first round's (%.4g): the run is diverging; "
+                "lower local.lr or the algorithm's global_lr (faults.max_loss_growth stops such a run)",
+                round_idx, loss, growth, self._first_loss,
+            )  # fmt: skip
+
+    def _aggregate(self, plan, x, results, server_state, info, local_steps) -> tuple[TensorDict, NestedState]:
+        """The pseudo-gradient and new server state from every client's upload."""
+        uploads = [r.upload for r in results]
+        if not all_finite(uploads):
+            for result in results:
+                bad = first_non_finite(result.upload)
+                if bad is not None:
+                    raise self._diverged(f"round {plan.round}: client {result.client_id} sent a non-finite update ({bad})")
+        if self.messages.aggregate is not None:  # an aggregate stage: fixed weights and its extra upload in the sum
+            sums = self.algorithm.upload_sum(x, uploads, self.messages.aggregation_weights(info)(uploads), info)
+            return self.algorithm.aggregate_sum(x, self._with_extra(x, sums, info), server_state, info, local_steps)
+        weights = survivor_weights(plan.clients, plan.weights, [r.client_id for r in results])
+        return self.algorithm.aggregate(x, uploads, weights, server_state, info, local_steps)
+
+    def _aggregate_summed(self, plan, x, summed: SummedRound, server_state, info, local_steps) -> tuple[TensorDict, NestedState]:
+        """The pseudo-gradient and new server state from the uploads' sums (``SummedRound``)."""
+        if summed.non_finite:
+            raise self._diverged(f"round {plan.round}: client {summed.non_finite[0]} sent a non-finite update")
+        sums = self._with_extra(x, summed.sums, info) if self.messages.aggregate is not None else summed.sums
+        return self.algorithm.aggregate_sum(x, sums, server_state, info, local_steps)
+
+    def _with_extra(self, x: TensorDict, sums, info: RoundInfo):
+        """The uploads' sums plus the aggregate stage's extra upload (e.g. privacy's noise), drawn once
+        on the server from (seed, round): the same for every executor and on every process."""
+        extra = self.messages.extra_sum(self.algorithm, x, upload_like(self.algorithm, x), info, self.datamodule.seed)
+        return add_sums(sums, extra)
+
+    def _diverged(self, message: str) -> DivergenceError:
+        """The divergence error, naming the newest checkpoint (written from a finite state) to go back to."""
+        paths = []
+        for callback in getattr(self._trainer, "checkpoint_callbacks", None) or []:
+            paths += [p for p in (getattr(callback, "last_model_path", ""), getattr(callback, "best_model_path", "")) if p]
+        paths = [p for p in paths if os.path.exists(p)]
+        last = f"the last good checkpoint is {max(paths, key=os.path.getmtime)}" if paths else "no checkpoint was written"
+        return DivergenceError(f"{message}; {last}; lower local.lr or the algorithm's global_lr")
+
+    def _runtime(self, aggregation_weights=None) -> ClientRuntime:
+        return ClientRuntime(
+            self.algorithm, self.objective, self.datamodule, self.local, self.device, self.faults.fail_fast,
+            tuple(self.personal_names), self._stop_requested, aggregation_weights,
+        )  # fmt: skip
+
+    def _stop_requested(self) -> bool:
+        """Whether Lightning received SIGTERM (its own loops would only act after the round)."""
+        return self._trainer is not None and self._trainer.received_sigterm
+
+    def _tasks(
+        self, clients: list[int], seeds: list[int], broadcast: Payload, round_idx: int, warmup: bool = False
+    ) -> tuple[list[ClientTask], int]:
+        """The client tasks (each client's K computed here, and only here) and the number of stragglers.
+
+        In a round, ``self.faults`` drops clients and cuts stragglers' budgets, drawn from their round seeds.
+        """
+        data, local = self.datamodule, self.local
+        tasks, stragglers = [], 0
+        for cid, seed in zip(clients, seeds):
+            steps = budget = data.num_local_steps(cid, local.batch_size, local.steps, local.epochs)
+            if self.faults.active and not warmup:
+                dropped, budget = self.faults.draw(seed, steps)
+                if dropped:
+                    log.warning("round %d: client %d dropped out (never reported)", round_idx, cid)
+                    continue
+                stragglers += budget < steps
+            load_state = functools.partial(self.client_state, cid, broadcast["x"])
+            load_messages = functools.partial(self.message_state, cid) if self.messages.client_stages else None
+            tasks.append(ClientTask(cid, seed, budget, broadcast, load_state, warmup, load_messages))
+        return tasks, stragglers
+
+    def _empty_round(self, plan: RoundPlan, broadcast: Payload, extra_metrics: dict[str, int]) -> None:
+        """No client reported (possible under Bernoulli activation): x, the server state and the
+        client store stay as they are, and the round is logged with ``train/clients = 0``.
+
+        The server optimizer still steps, with every ``.grad`` set to None, so that Lightning
+        counts the round (in manual optimization ``global_step`` counts optimizer steps).
+        torch.optim optimizers skip parameters whose grad is None: neither x nor the
+        optimizer's moments or step counts change.
+        """
+        optimizer = self.optimizers()
+        optimizer.zero_grad(set_to_none=True)
+        optimizer.step()
+        if self.messages:
+            extra_metrics = {**extra_metrics, **self.messages.end_round(RoundInfo(plan.round, 0.0, self.datamodule.num_clients, plan), 0)}
+        self._log_round(plan, broadcast, [], [], extra_metrics)
+
+    def _warmup(self, x: TensorDict, server_state: NestedState, info: RoundInfo) -> NestedState:
+        """The algorithm's pass over all N clients before round 0 (e.g. Scaffold-P's c_i^0, c^0),
+        run by the executor like any round's tasks."""
+        broadcast, clients = self.algorithm.broadcast(x, server_state, info), list(range(info.num_clients))
+        seeds = derive_seeds(self.datamodule.seed, clients, WARMUP_STREAM).tolist()  # derive_seed(seed, cid, WARMUP_STREAM)
+        tasks, _ = self._tasks(clients, seeds, broadcast, info.round, warmup=True)
+        results = self.executor.run(tasks, info, self._runtime())
+        uploads = [r.upload for r in results]
+        server_state = self.algorithm.server_warmup(x, uploads, server_state, info)
+        for result in results:
+            self.store.put(result.client_id, result.client_state)
+        count_messages(self.comm_totals, broadcast, uploads)
+        return server_state
+
+    def _log_round(
+        self, plan: RoundPlan, broadcast: Payload, uploads, results, extra_metrics: dict[str, int], summed: SummedRound | None = None,
+        broadcast_bytes: int | None = None,
+    ) -> None:
+        losses, accuracies = [r.mean_loss for r in results], [r.accuracy for r in results]
+        from_sums = {}
+        if summed is not None:  # the same numbers from the uploads' sizes and sums (to float tolerance)
+            consistency = consistency_from_sums(summed.delta_sum, summed.delta_sq_sum, len(summed.results))
+            from_sums = {"upload_bytes": summed.upload_bytes, "consistency": consistency}
+        elif any(r.upload_bytes is not None for r in results):  # message stages' encoded sizes
+            from_sums = {"upload_bytes": [r.upload_bytes if r.upload_bytes is not None else payload_bytes(r.upload) for r in results]}
+        if broadcast_bytes is not None:
+            from_sums["broadcast_bytes"] = broadcast_bytes
+        metrics = round_metrics(
+            plan.round, self.local.lr_at(plan.round), losses, uploads, broadcast, self.comm_totals, accuracies, **from_sums
+        )
+        metrics.update(loss_term_means([r.loss_terms for r in results if r.loss_terms]))
+        metrics.update({k: float(v) for k, v in extra_metrics.items()})
+        metrics["time/round_s"] = time.perf_counter() - self._round_started
+        compile_s = getattr(self.executor.inner, "compile_seconds", None)  # compiled execution: seconds compiling so far
+        if compile_s is not None:
+            metrics["time/compile_s"] = compile_s
+        # Straight to the loggers (`self.log` costs milliseconds per key, a real share of a
+        # small round), at the step Lightning gives this round's evaluation: the round index.
+        for logger in self.loggers:
+            logger.log_metrics(metrics, step=plan.round)
+        values = {k: torch.scalar_tensor(v) for k, v in metrics.items()}  # torch.tensor(v) of a float, at half its cost
+        self.trainer.callback_metrics.update(values)  # visible to callbacks (early stopping, targets)
+        self.trainer.logged_metrics.update(values)
+        self.trainer.progress_bar_metrics["train/loss"] = metrics["train/loss"]
+
+    # ---- evaluation of the global model ---------------------------------------------------------
+    def _evaluate(self, batch: Any, loss_metric: MeanMetric, acc_metric: MeanMetric, prefix: str) -> None:
+        loss, logits, target = self.objective(batch)
+        if self.objective.token_level:  # a language model: loss and accuracy over the scored tokens
+            scored = target != -100
+            loss_metric.update(loss, weight=scored.sum())
+            acc_metric.update((logits.argmax(-1) == target)[scored].float())
+        else:
+            loss_metric.update(loss, weight=len(target))
+            acc_metric.update((logits.argmax(-1) == target).float())
+        kw = dict(on_step=False, on_epoch=True, add_dataloader_idx=False)
+        self.log(f"{prefix}/loss", loss_metric, prog_bar=prefix == "val", **kw)
+        self.log(f"{prefix}/acc", acc_metric, prog_bar=True, **kw)
+
+    def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        """Loader 0 is the validation set; loader 1, when the data has a validation split, the test set."""
+        if dataloader_idx == 0:
+            self._evaluate(batch, self.val_loss, self.val_acc, "val")
+        else:
+            self._evaluate(batch, self.test_loss, self.test_acc, "test")
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        self._evaluate(batch, self.test_loss, self.test_acc, "test")
+
+    def on_validation_epoch_end(self) -> None:
+        if self.global_step > 0:  # the 0-based round the evaluation follows, on the evaluation's row too
+            self.log("round", float(self.global_step - 1), on_step=False, on_epoch=True)
+
+    def on_test_epoch_end(self) -> None:
+        self.on_validation_epoch_end()  # a test of the final (or a checkpoint's) model names its round too
+
+    # ---- checkpoints: everything a resume needs ------------------------------------------------
+    def fingerprint(self) -> dict[str, Any]:
+        """What a resume must match (``fl_lightning/reliability/fingerprint.py``)."""
+        if self._schema is None:
+            self._schema = fingerprint.schema(self.algorithm, self.model, self.global_params())
+        data = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        if data is None or not hasattr(data, "client_sizes"):
+            return dict(self._schema)
+        if self._partition is None or self._partition[0] is not data:
+            self._partition = (data, fingerprint.partition_digest(data))
+        return {**self._schema, "num_clients": int(data.num_clients), "partition": self._partition[1]}
+
+    def _check_fingerprint(self, saved: dict[str, Any] | None, federated: dict[str, Any]) -> None:
+        """Stop a resume whose checkpoint was written by a different run setup, naming what differs."""
+        diffs = fingerprint.differences(saved, self.fingerprint(), federated.get("server_state", {}), type(self.algorithm).__name__)
+        if diffs:
+            path = getattr(self._trainer, "ckpt_path", None) if self._trainer is not None else None
+            raise CheckpointError(
+                f"checkpoint {path or ''} does not match this run: {'; '.join(diffs)}; "
+                "resume with the settings it was written with, or start a new run without --ckpt_path"
+            )
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.global_rank == 0:
+            csv_resume.flush(self.loggers)  # the rows of every round this checkpoint holds, on disk before it
+        state = {"x": self.global_params(), **{f"server/{n}": td for n, td in (self.server_state or {}).items()}}
+        if not all_finite([state]):
+            raise DivergenceError(f"no checkpoint is written from a non-finite state ({first_non_finite(state)})")
+        checkpoint[_CKPT_KEY] = {
+            "client_store": self.store.checkpoint_state(self.global_step),
+            "server_state": flatten_state(self.server_state or {}),
+            "comm_totals": dict(self.comm_totals),
+            "fingerprint": self.fingerprint(),
+            "first_loss": self._first_loss,
+        }
+        if self.messages:  # only then: a run without message stages writes the checkpoint it always wrote
+            checkpoint[_CKPT_KEY]["messages"] = self.messages.state_dict()
+        wandb_ids = [str(logger.version) for logger in self.loggers if type(logger).__name__ == "WandbLogger" and logger.version]
+        if wandb_ids:  # a resume continues this wandb run (fl_lightning/run/cli_app.py)
+            checkpoint["loggers"] = {"wandb_run_id": wandb_ids[0]}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = checkpoint.get(_CKPT_KEY)
+        if state is None:
+            return
+        self._check_fingerprint(state.get("fingerprint"), state)
+        self._resumed_step = int(checkpoint.get("global_step", 0))
+        self.store.load_checkpoint_state(state["client_store"])
+        self.server_state = unflatten_state(state["server_state"])
+        self.comm_totals = dict(state["comm_totals"])
+        if self.messages:
+            self.messages.load_state_dict(state.get("messages", {}))
+        self._first_loss = state.get("first_loss")
+        if state.get("personal_store"):  # checkpoints before personal tensors became client state
+            legacy = ClientStore()
+            legacy.load_state_dict(state["personal_store"])
+            for cid in legacy.client_ids():
+                self.store.put(cid, {**self.store.get(cid, dict), PERSONAL: legacy.get(cid, dict)["v"]})

@@ -1,0 +1,226 @@
+"""Privacy accounting of client-level DP with ``dp-accounting`` (docs/privacy.md, "Accounting").
+
+The events follow what the run does each round:
+
+* ``BernoulliParticipation`` (client n active with probability p_n^k, independently): for each
+  client, ``PoissonSampledDpEvent(p_n^k, GaussianDpEvent(sigma))`` under add-or-remove-one
+  (the clipped sum's sensitivity is C). Every client has its own epsilon; the logged
+  ``privacy/epsilon`` is the worst client's, ``privacy/epsilon_median`` and ``_min`` the rest.
+* ``UniformSampling`` (S of N without replacement): ``SampledWithoutReplacementDpEvent(N, S,
+  GaussianDpEvent(sigma / 2))`` under replace-one (replacing a client's data moves the clipped
+  sum by up to 2C, so the noise is sigma/2 times that sensitivity).
+
+Rounds compose (RDP adds up). ``rdp`` (the default) uses integer orders 2..256; ``pld``
+(privacy loss distributions, tighter) supports probabilities that are fixed over rounds.
+The accountant's state is the number of rounds accounted: the events are a deterministic
+function of the participation and the round, so a resumed run replays them to the same value.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Literal
+
+import numpy as np
+
+ORDERS = (*range(2, 65), 80, 96, 128, 192, 256)
+"""RDP orders: integers (exact formulas, no fractional-order series that may not converge), dense
+where epsilons of 0.1-100 take their minimum, sparse above (the without-replacement bound costs
+O(order^2) per order)."""
+
+
+class SamplingScheme:
+    """How clients are sampled per round, as the accountant sees it."""
+
+    def __init__(
+        self,
+        kind: Literal["poisson", "without_replacement"],
+        num_clients: int,
+        probabilities=None,
+        sample_size: int = 0,
+        fixed: bool = True,
+    ):
+        self.kind, self.num_clients, self._probabilities, self.sample_size = kind, num_clients, probabilities, sample_size
+        self.fixed = fixed  # the per-client probabilities are the same every round
+
+    @classmethod
+    def of(cls, participation: Any, num_clients: int) -> SamplingScheme:
+        """The scheme of a ``Participation`` (others are refused: their events are not stated)."""
+        from fl_lightning.core.participation import BernoulliParticipation, FixedProbabilities, UniformRandomProbabilities, UniformSampling
+
+        if isinstance(participation, BernoulliParticipation):
+            fixed = isinstance(participation.probabilities, (FixedProbabilities, UniformRandomProbabilities))
+            return cls("poisson", num_clients, lambda k: participation.probabilities_at(k, num_clients).numpy(), fixed=fixed)
+        if isinstance(participation, UniformSampling):
+            return cls("without_replacement", num_clients, sample_size=participation.count(num_clients))
+        raise ValueError(
+            f"privacy: participation {type(participation).__name__} has no stated privacy accounting; "
+            "use UniformSampling or BernoulliParticipation"
+        )
+
+    def probabilities(self, round_idx: int) -> np.ndarray:
+        """Each client's probability of taking part in round ``round_idx``."""
+        if self.kind == "poisson":
+            return np.asarray(self._probabilities(round_idx), dtype=np.float64)
+        return np.full(self.num_clients, self.sample_size / self.num_clients)
+
+    def expected_cohort(self, round_idx: int) -> float:
+        """The fixed denominator: the expected number of clients in the round."""
+        if self.kind == "poisson":
+            return float(self.probabilities(round_idx).sum())
+        return float(self.sample_size)
+
+
+
+def _rdp_round(scheme: SamplingScheme, p: float, sigma: float | tuple[float, ...]) -> np.ndarray:
+    return _rdp_event(scheme.kind, scheme.num_clients, scheme.sample_size, p, sigma)
+
+
+def _queries(kind: str, sigma: float | tuple[float, ...]):
+    """The round's Gaussian queries as a ``DpEvent``: sigma, or (update sigma, count sigma) for adaptive
+    clipping (Andrew et al. 2021: the clipped count b_i - 1/2 has sensitivity 1/2 under add/remove, 1 under
+    replace; the clipped sum C, resp. 2C)."""
+    import dp_accounting
+
+    if not isinstance(sigma, tuple):
+        return dp_accounting.GaussianDpEvent(sigma if kind == "poisson" else sigma / 2)
+    update, count = sigma
+    if kind == "poisson":
+        return dp_accounting.ComposedDpEvent([dp_accounting.GaussianDpEvent(update), dp_accounting.GaussianDpEvent(2 * count)])
+    return dp_accounting.ComposedDpEvent([dp_accounting.GaussianDpEvent(update / 2), dp_accounting.GaussianDpEvent(count)])
+
+
+@functools.lru_cache(maxsize=4096)
+def _rdp_event(kind: str, num_clients: int, sample_size: int, p: float, sigma: float | tuple[float, ...]) -> np.ndarray:
+    """One round's RDP curve at ``ORDERS`` (cached: calibration and replays ask for the same events)."""
+    import dp_accounting
+    from dp_accounting.rdp import RdpAccountant
+    from dp_accounting.rdp.rdp_privacy_accountant import NeighborRel
+
+    if sigma == 0 or (isinstance(sigma, tuple) and 0 in sigma):
+        return np.full(len(ORDERS), np.inf)
+    if kind == "poisson":
+        accountant = RdpAccountant(list(ORDERS))
+        accountant.compose(dp_accounting.PoissonSampledDpEvent(p, _queries(kind, sigma)))
+    else:
+        accountant = RdpAccountant(list(ORDERS), NeighborRel.REPLACE_ONE)
+        accountant.compose(dp_accounting.SampledWithoutReplacementDpEvent(num_clients, sample_size, _queries(kind, sigma)))
+    rdp = np.asarray(accountant._rdp, dtype=np.float64)  # the RDP curve of one round at ORDERS
+    rdp.flags.writeable = False
+    return rdp
+
+
+def _epsilon_from_rdp(rdp: np.ndarray, delta: float) -> float:
+    from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
+
+    if not np.all(np.isfinite(rdp)):
+        return math.inf
+    return float(compute_epsilon(ORDERS, rdp, delta)[0])
+
+
+class ClientAccountant:
+    """The epsilon of every client after the rounds run so far (``step`` once a round).
+
+    Args:
+        scheme: the sampling scheme.
+        noise_multiplier: sigma (noise std / C), or (update sigma, count sigma) under adaptive clipping.
+        delta: the delta at which epsilon is reported.
+        method: ``"rdp"`` or ``"pld"``.
+    """
+
+    def __init__(self, scheme: SamplingScheme, noise_multiplier: float, delta: float, method: str = "rdp") -> None:
+        if method not in ("rdp", "pld"):
+            raise ValueError(f"privacy.accountant must be 'rdp' or 'pld', got {method!r}")
+        if method == "pld" and not scheme.fixed:
+            raise ValueError("privacy.accountant='pld' needs activation probabilities fixed over rounds; use 'rdp'")
+        self.scheme, self.sigma, self.delta, self.method = scheme, noise_multiplier, delta, method
+        self.rounds = 0
+        self._cache: dict[float, np.ndarray] = {}
+        self._rdp: np.ndarray | None = None  # [clients, orders]: the RDP each client has spent (rdp)
+
+    def _round_rdp(self, p: float) -> np.ndarray:
+        if p not in self._cache:
+            self._cache[p] = _rdp_round(self.scheme, p, self.sigma)
+        return self._cache[p]
+
+    def step(self) -> None:
+        """Account one more round (its index: ``self.rounds``)."""
+        if self.method == "rdp":
+            p = self.scheme.probabilities(self.rounds)
+            values, inverse = np.unique(p, return_inverse=True)
+            table = np.stack([self._round_rdp(float(v)) for v in values])[inverse]
+            if self.scheme.fixed:  # rounds x one round's RDP: the same floats however the rounds were reached
+                self._rdp = table * (self.rounds + 1)
+            else:
+                self._rdp = table if self._rdp is None else self._rdp + table
+        self.rounds += 1
+
+    def replay(self, rounds: int) -> None:
+        """Restore the state after ``rounds`` rounds (resume): the events are a function of the round."""
+        self.rounds, self._rdp = 0, None
+        if self.scheme.fixed and rounds:
+            self.rounds = rounds - 1
+            self.step()
+            return
+        for _ in range(rounds):
+            self.step()
+
+    def epsilons(self) -> np.ndarray:
+        """Each client's epsilon at ``delta`` (clients with equal histories computed once)."""
+        if self.rounds == 0:
+            return np.zeros(self.scheme.num_clients)
+        if self.method == "pld":
+            p = self.scheme.probabilities(0)
+            values, inverse = np.unique(p, return_inverse=True)
+            return np.array([self._pld_epsilon(float(v), self.rounds) for v in values])[inverse]
+        rows, inverse = np.unique(self._rdp, axis=0, return_inverse=True)
+        return np.array([_epsilon_from_rdp(r, self.delta) for r in rows])[np.asarray(inverse).reshape(-1)]
+
+    def epsilon(self) -> float:
+        """The worst client's epsilon."""
+        return float(self.epsilons().max()) if self.rounds else 0.0
+
+    def _pld_epsilon(self, p: float, rounds: int) -> float:
+        import dp_accounting
+        from dp_accounting.pld import PLDAccountant
+
+        if self.sigma == 0 or (isinstance(self.sigma, tuple) and 0 in self.sigma):
+            return math.inf
+        if self.scheme.kind == "poisson":
+            accountant = PLDAccountant()
+            event = dp_accounting.PoissonSampledDpEvent(p, _queries("poisson", self.sigma))
+        else:
+            accountant = PLDAccountant(dp_accounting.NeighboringRelation.REPLACE_ONE)
+            event = dp_accounting.SampledWithoutReplacementDpEvent(
+                self.scheme.num_clients, self.scheme.sample_size, _queries("without_replacement", self.sigma)
+            )
+        accountant.compose(dp_accounting.SelfComposedDpEvent(event, rounds))
+        return float(accountant.get_epsilon(self.delta))
+
+
+def epsilon_after(scheme: SamplingScheme, noise_multiplier: float, delta: float, rounds: int, method: str = "rdp") -> float:
+    """The worst client's epsilon after ``rounds`` rounds at ``noise_multiplier``."""
+    accountant = ClientAccountant(scheme, noise_multiplier, delta, method)
+    accountant.replay(rounds)
+    return accountant.epsilon()
+
+
+def calibrate_noise(scheme: SamplingScheme, target_epsilon: float, delta: float, rounds: int, method: str = "rdp") -> float:
+    """The smallest noise multiplier (to 0.1 %) whose epsilon after ``rounds`` rounds is at most
+    ``target_epsilon``: a binary search through the accountant."""
+    low, high = 0.05, 100.0
+    if epsilon_after(scheme, high, delta, rounds, method) > target_epsilon:
+        raise ValueError(
+            f"privacy.target_epsilon={target_epsilon} cannot be reached in {rounds} rounds at delta={delta} "
+            f"(noise_multiplier {high} still gives more); raise target_epsilon or lower trainer.max_steps"
+        )
+    if epsilon_after(scheme, low, delta, rounds, method) <= target_epsilon:
+        return low
+    while high - low > 1e-3 * high:
+        mid = math.sqrt(low * high)
+        if epsilon_after(scheme, mid, delta, rounds, method) <= target_epsilon:
+            high = mid
+        else:
+            low = mid
+    return high
