@@ -157,6 +157,12 @@ class FederatedDataModule(L.LightningDataModule):
         self.client_train, self.client_holdout = split.train, split.holdout
         if self.val_fraction:
             self.validation_indices = torch.cat([split.split(c)[2] for c in range(self.num_clients)]).sort().values
+            if len(self.validation_indices) == 0:  # nothing to select on: val/acc would never be logged
+                largest = int(sizes.max())
+                raise ValueError(
+                    f"val_fraction={self.val_fraction} holds out no sample: each client keeps floor(val_fraction * size) and the "
+                    f"largest client has {largest}; set val_fraction >= {math.ceil(1000 / largest) / 1000:g} (or 0 for no validation split)"
+                )
         else:
             self.validation_indices = torch.empty(0, dtype=torch.int64)
         self.client_sizes = split.train_sizes

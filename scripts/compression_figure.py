@@ -1,4 +1,4 @@
-"""The compression study's figure: test accuracy against total bytes (log scale), FedAvg and SCAFFOLD
+"""The compression study's figure: validation accuracy (val/acc) against total bytes (log scale), FedAvg and SCAFFOLD
 side by side, from the ``acc_vs_bytes.csv`` that ``fl-lightning compare`` writes (docs/compression.md).
 
     python scripts/compression_figure.py runs/compression_digits/plots/acc_vs_bytes.csv docs/figures/compression_digits_acc_vs_bytes.png
@@ -34,7 +34,7 @@ def main(source: str, target: str) -> None:
         ax.set_title(algorithm)
         ax.set_xlabel("total communication, up + down (MB, log scale)")
         ax.grid(alpha=0.3, which="both")
-    axes[0].set_ylabel("test accuracy")
+    axes[0].set_ylabel("validation accuracy")
     axes[-1].legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(target, dpi=110)

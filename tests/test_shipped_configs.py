@@ -86,3 +86,17 @@ def test_copy_writes_the_config_and_its_bases_building_on_the_copies(tmp_path, c
     main(["configs"])
     listing = capsys.readouterr().out
     assert "\nquickstart " in listing and "FedAvg on scikit-learn's bundled digits" in listing
+
+
+@pytest.mark.parametrize("path", [p for p in _fit_configs() if p.stem not in OBJECTIVE_BENCHMARKS | SCALE_DEMOS], ids=lambda p: p.stem)
+def test_every_offline_fit_config_validates_on_a_nonempty_split(path):
+    """The split as the data module builds it (the YAML's fraction can floor to nothing on small clients)."""
+    from fl_lightning.commands.cli import build_cli
+
+    chain = _chain(path)
+    dataset = next((c["data"]["init_args"]["dataset"] for c in reversed(chain) if "dataset" in c.get("data", {}).get("init_args", {})), None)
+    if dataset not in ("digits", "synthetic"):
+        pytest.skip(f"dataset {dataset!r} is not available offline")
+    cli = build_cli(["--config", str(path), "--trainer.logger", "false"], run=False)
+    cli.datamodule.setup()
+    assert len(cli.datamodule.validation_indices) > 0

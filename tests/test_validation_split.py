@@ -7,7 +7,7 @@ import csv
 import pytest
 import torch
 
-from datamodules import FederatedDataModule
+from datamodules import IID, FederatedDataModule
 from fl_lightning.experiments.history import History
 from tests.conftest import tiny_datamodule
 from tests.test_cli import ROOT, fl_lightning
@@ -48,3 +48,20 @@ def test_the_selected_accuracy_is_the_test_accuracy_at_the_best_validation():
     history = History([{"round": 1, "val/acc": 0.5, "test/acc": 0.4}, {"round": 2, "val/acc": 0.7, "test/acc": 0.6},
                        {"round": 3, "val/acc": 0.6, "test/acc": 0.9}])  # fmt: skip
     assert history.at_best("val/acc", "test/acc") == 0.6  # not the best test accuracy (0.9)
+
+
+def test_a_validation_split_that_holds_out_no_sample_is_refused_before_training():
+    """floor(0.1 * size) is 0 for clients of fewer than 10 samples: val/acc would never be logged."""
+    data = tiny_datamodule(num_clients=60, val_fraction=0.1, partition=IID())  # 300 samples: about 5 a client
+    with pytest.raises(ValueError, match=r"^val_fraction=0.1 holds out no sample: .* the largest client has \d+; set val_fraction >= 0\.\d+"):
+        data.setup()
+
+
+def test_the_suggested_val_fraction_holds_out_samples():
+    data = tiny_datamodule(num_clients=60, val_fraction=0.1, partition=IID())
+    with pytest.raises(ValueError) as refused:
+        data.setup()
+    suggested = float(str(refused.value).split(">= ")[1].split(" ")[0])
+    data = tiny_datamodule(num_clients=60, val_fraction=suggested, partition=IID())
+    data.setup()
+    assert len(data.validation_indices) > 0
