@@ -32,6 +32,13 @@ def _identity(x: Any) -> Any:
     return x
 
 
+def gather_rows(tensor: Tensor, index: Tensor) -> Tensor:
+    """``tensor[index]`` for an int64 index of any shape (rows of ``tensor``), by one ``index_select``
+    of the flat index: the same tensor, 4-5x faster on CPU than advanced indexing with a 2-3-dim index."""
+    index = index.to(tensor.device, non_blocking=True)
+    return tensor.index_select(0, index.reshape(-1)).view(*index.shape, *tensor.shape[1:])
+
+
 class RoundPlans(IterableDataset):
     """Endless stream of round plans, starting at the trainer's current step (so a resume continues)."""
 
@@ -213,7 +220,7 @@ class FederatedDataModule(L.LightningDataModule):
         """The batch of the samples ``indices`` (CPU int64; any shape ``[..., B]`` for a vectorised training set)."""
         train = self._train
         if isinstance(train, TensorDataset):  # fast path: one indexing op per tensor
-            return tuple(t[indices.to(t.device, non_blocking=True)] for t in train.tensors)
+            return tuple(gather_rows(t, indices) for t in train.tensors)
         if callable(getattr(train, "gather", None)):
             return cast_batch(train.gather(indices), _DTYPES[self.dtype])
         collate = self.source.collate_fn or default_collate
@@ -350,7 +357,7 @@ class FederatedDataModule(L.LightningDataModule):
             train = self._train
             for chunk in self.client_batch_index_chunks(client_id, seed, batch_size, steps):
                 if isinstance(train, TensorDataset):  # a block's batches in one gather per tensor (the same indices, fewer ops)
-                    yield from zip(*(t[chunk.to(t.device, non_blocking=True)].unbind(0) for t in train.tensors))
+                    yield from zip(*(gather_rows(t, chunk).unbind(0) for t in train.tensors))
                 else:
                     yield from self._gather_steps(chunk, 0)  # padded per step, as a collated batch would be
             return
@@ -398,7 +405,7 @@ class FederatedDataModule(L.LightningDataModule):
         for index in blocks:  # [S, steps of this block, B]
             if generators is None and isinstance(self._train, TensorDataset):  # one gather per tensor for all clients and steps
                 steps_first = index.transpose(0, 1).contiguous()  # [steps, S, B]: every step's batch a contiguous block
-                yield from zip(*(t[steps_first.to(t.device, non_blocking=True)].unbind(0) for t in self._train.tensors))
+                yield from zip(*(gather_rows(t, steps_first).unbind(0) for t in self._train.tensors))
                 continue
             if generators is None:  # one gather for all clients (text: padded to the step's longest sample)
                 yield from self._gather_steps(index, 1)
