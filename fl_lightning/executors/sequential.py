@@ -19,7 +19,7 @@ from fl_lightning.algorithms.base import ClientContext, ClientIdUnavailable, Rou
 from fl_lightning.errors import FLError, interrupted
 from fl_lightning.executors.base import ClientRuntime, Executor, check_loss, seed_client, to_device
 from fl_lightning.executors.compiled import DEFAULT_MAX_VARIANTS, CompiledPrograms, Uncompilable, log_fallback, tensor_lr
-from fl_lightning.local_loss import client_loss, defines_local_loss
+from fl_lightning.local_loss import client_loss
 from fl_lightning.objective import StepRecord, round_means
 from fl_lightning.faults import TRANSIENT_ERRORS, ClientError, fatal_client_error
 from fl_lightning.params import TensorDict
