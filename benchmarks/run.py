@@ -27,7 +27,9 @@ memory during that row (the kernel's high-water mark, reset before each row).
 The JSON file (``--out``, default ``benchmarks/results/<cpu>-<cores>cpu-<date>.json``) holds
 ``{"machine": {cpu, cores, torch, ...}, "date", "quick", "rows": [...]}``; the machine is printed with
 the results. Rows: ``{workload, execution, clients_per_round, client_steps_per_s,
-peak_rss_mb, ratio_vs_bare}``; ``ddp2`` rows also carry ``ratio_vs_sequential``.
+peak_rss_mb, ratio_vs_bare}``; ``ddp2`` rows also carry ``ratio_vs_sequential``; compiled rows
+``compile_s`` (each repeat's seconds compiling: the first with inductor's on-disk cache as found, later
+ones in the same process reload it) and ``programs_compiled``.
 """
 
 from __future__ import annotations
@@ -315,7 +317,15 @@ def framework(workload: str, clients_per_round: int, rounds: int, execution: str
         accelerator="gpu" if DEVICE.type == "cuda" else "cpu", **distributed,
     )  # fmt: skip
     trainer.fit(module, datamodule=data)
+    inner = module.executor.inner
+    if getattr(inner, "compile_seconds", None) is not None:  # compiled execution: its compile time and programs
+        programs = [p for p in (getattr(inner, "programs", None), getattr(getattr(inner, "sequential", None), "programs", None)) if p is not None]
+        COMPILES.setdefault((workload, execution, clients_per_round), []).append(
+            (round(inner.compile_seconds, 2), sum(p.compiled for p in programs)))
     return timer.seconds if trainer.global_rank == 0 else None
+
+
+COMPILES: dict[tuple, list] = {}  # (workload, execution, S): (seconds compiling, programs compiled) of each fit
 
 
 # ---- one process per workload -------------------------------------------------------------------
@@ -345,8 +355,13 @@ def _best_rows(runs: list[tuple[str, str, int]], rounds: dict[str, int], repeats
         rate = (rounds[workload] - 1) * s * WORKLOADS[workload]["steps"] / seconds
         best[key] = max(best.get(key, 0.0), rate)
         peak[key] = max(peak.get(key, 0.0), peak_rss_mb())
-    return [dict(workload=w, execution=e, clients_per_round=s, client_steps_per_s=best[(w, e, s)],
+    rows = [dict(workload=w, execution=e, clients_per_round=s, client_steps_per_s=best[(w, e, s)],
                  peak_rss_mb=round(peak[(w, e, s)], 1)) for (w, e, s) in runs if (w, e, s) in best]  # fmt: skip
+    for row in rows:  # compiled rows: each fit's compile seconds (the first: inductor's cache as found) and programs
+        compiles = COMPILES.get((row["workload"], row["execution"], row["clients_per_round"]))
+        if compiles:
+            row["compile_s"], row["programs_compiled"] = [c for c, _ in compiles], compiles[0][1]
+    return rows
 
 
 def worker(workloads: list[str], executions: list[str], rounds: dict[str, int], repeats: int) -> list[dict]:

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset, Subset, TensorDataset, default_collate
 
-from .client_indices import HeldOutSplit, NoIndices
+from .client_indices import ClientIndices, HeldOutSplit, NoIndices
 from .partition import Dirichlet, Partitioner
 from .sources import SOURCES, DataSource, load_source
 from fl_lightning.core.client_data import Unstackable
@@ -30,6 +30,13 @@ _DTYPES = {None: None, "float32": torch.float32, "float64": torch.float64}
 
 def _identity(x: Any) -> Any:
     return x
+
+
+def gather_rows(tensor: Tensor, index: Tensor) -> Tensor:
+    """``tensor[index]`` for an int64 index of any shape (rows of ``tensor``), by one ``index_select``
+    of the flat index: the same tensor, 4-5x faster on CPU than advanced indexing with a 2-3-dim index."""
+    index = index.to(tensor.device, non_blocking=True)
+    return tensor.index_select(0, index.reshape(-1)).view(*index.shape, *tensor.shape[1:])
 
 
 class RoundPlans(IterableDataset):
@@ -219,7 +226,7 @@ class FederatedDataModule(L.LightningDataModule):
         """The batch of the samples ``indices`` (CPU int64; any shape ``[..., B]`` for a vectorised training set)."""
         train = self._train
         if isinstance(train, TensorDataset):  # fast path: one indexing op per tensor
-            return tuple(t[indices.to(t.device, non_blocking=True)] for t in train.tensors)
+            return tuple(gather_rows(t, indices) for t in train.tensors)
         if callable(getattr(train, "gather", None)):
             return cast_batch(train.gather(indices), _DTYPES[self.dtype])
         collate = self.source.collate_fn or default_collate
@@ -356,7 +363,7 @@ class FederatedDataModule(L.LightningDataModule):
             train = self._train
             for chunk in self.client_batch_index_chunks(client_id, seed, batch_size, steps):
                 if isinstance(train, TensorDataset):  # a block's batches in one gather per tensor (the same indices, fewer ops)
-                    yield from zip(*(t[chunk.to(t.device, non_blocking=True)].unbind(0) for t in train.tensors))
+                    yield from zip(*(gather_rows(t, chunk).unbind(0) for t in train.tensors))
                 else:
                     yield from self._gather_steps(chunk, 0)  # padded per step, as a collated batch would be
             return
@@ -382,17 +389,30 @@ class FederatedDataModule(L.LightningDataModule):
     def client_batch_index_matrices(self, client_ids: Sequence[int], seeds: Sequence[int], batch_size: int, steps: int) -> Tensor:
         """``client_batch_index_matrix`` of every client, stacked: ``[S, steps, batch_size]``
         (each client's permutations drawn client by client, the indices gathered in one op)."""
-        train = [self._batchable_indices(c, batch_size) for c in client_ids]
-        sizes = [len(indices) for indices in train]
         generator = torch.Generator()  # reseeded per client: the draws of a new generator each
+        if isinstance(self.client_train, ClientIndices):  # the clients' indices are runs of one flat tensor: no per-client slices
+            offsets, flat = self.client_train.offsets, self.client_train.flat
+            ids = torch.as_tensor(client_ids, dtype=torch.int64)
+            starts, sizes = offsets[ids], (offsets[ids + 1] - offsets[ids]).tolist()
+            if min(sizes, default=batch_size) < batch_size:
+                for c in client_ids:
+                    self._batchable_indices(c, batch_size)  # raises, naming the client
+        else:
+            train = [self._batchable_indices(c, batch_size) for c in client_ids]
+            sizes = [len(indices) for indices in train]
+            flat = torch.cat(train)
+            starts = torch.tensor([0, *sizes[:-1]], dtype=torch.int64).cumsum(0)  # client i's indices in the concatenation
         positions = torch.stack([self._step_positions(n, generator.manual_seed(s), batch_size, steps) for n, s in zip(sizes, seeds)])
-        starts = torch.tensor([0, *sizes[:-1]], dtype=torch.int64).cumsum(0)  # client i's indices in the concatenation
-        return torch.cat(train)[positions + starts.unsqueeze(1)].view(len(train), steps, batch_size)
+        return flat[positions + starts.unsqueeze(1)].view(len(sizes), steps, batch_size)
 
     def _stacked(self, blocks: Iterator[Tensor], client_ids: Sequence[int], seeds: Sequence[int]) -> Iterator[Any]:
         """Step by step from ``[S, <= GATHER_STEPS, B]`` index blocks (never more than that at once)."""
         generators = [self.augment_generator(s) for s in seeds] if self.augments_batches else None
         for index in blocks:  # [S, steps of this block, B]
+            if generators is None and isinstance(self._train, TensorDataset):  # one gather per tensor for all clients and steps
+                steps_first = index.transpose(0, 1).contiguous()  # [steps, S, B]: every step's batch a contiguous block
+                yield from zip(*(gather_rows(t, steps_first).unbind(0) for t in self._train.tensors))
+                continue
             if generators is None:  # one gather for all clients (text: padded to the step's longest sample)
                 yield from self._gather_steps(index, 1)
                 continue

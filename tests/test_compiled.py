@@ -18,6 +18,7 @@ import fl_lightning.algorithms as A
 from fl_lightning import FederatedModule, LocalTraining
 from fl_lightning.algorithms.base import Algorithm
 from fl_lightning.executors import BatchedExecutor, SequentialExecutor
+from fl_lightning.executors.batched import padded_clients
 from fl_lightning.executors.compiled import CompileError
 from fl_lightning.reliability.faults import ClientFaults
 from fl_lightning.core.local_loss import defines_local_loss
@@ -73,9 +74,7 @@ def test_every_algorithm_compiled_equals_eager(tmp_path, name, kind):
     fallbacks = {**inner.fallbacks, **getattr(executor, "compile_fallbacks", {})}
     if name == "FedAvgSVRG":  # full local gradients: declared, eager
         assert any("full local gradients" in reason for reason in fallbacks)
-    elif defines_local_loss(_algorithm(name)):  # an algorithm's own objective: declared, eager (not compiled yet)
-        assert fallbacks and all("local_loss" in reason for reason in fallbacks), fallbacks
-    else:
+    else:  # an algorithm's own objective (local_loss: MOON, FedNTD, FedLC, FedRS, FedDecorr, ...) is compiled too
         assert not fallbacks, fallbacks
         assert executor.compile_seconds > 0
 
@@ -91,8 +90,8 @@ def test_inductor_compiled_equals_eager(tmp_path, name, kind):
 
 
 def test_compiled_runs_repeat_bitwise_and_variants_are_bounded(tmp_path):
-    """Dropout changes S every round: padded to a power of two, S in 0..4 needs at most 3 programs
-    (S = 1, 2, 4), and two runs with the same seed are bitwise equal (inductor's bitwise repeatability:
+    """Dropout changes S every round: padded to a power of two (at most the cohort of 4), S in 0..4 needs
+    at most 3 programs (S = 1, 2, 4), and two runs with the same seed are bitwise equal (inductor's bitwise repeatability:
     ``test_compiled_resume_is_bitwise_identical``)."""
     runs = []
     for _ in range(2):
@@ -103,6 +102,22 @@ def test_compiled_runs_repeat_bitwise_and_variants_are_bounded(tmp_path):
     for a, b in zip(runs[0].model.parameters(), runs[1].model.parameters()):
         assert torch.equal(a, b)
     assert {s for _, s, _ in executor.programs.variants} <= {1, 2, 4}
+
+
+def test_stacked_clients_are_padded_to_the_cohort_at_most():
+    """A fixed cohort (UniformSampling) runs unpadded; fewer clients (dropout) pad to a power of two
+    below it: at most log2(S) + 2 programs; without a fixed cohort, powers of two."""
+    assert [padded_clients(n, 10) for n in range(1, 11)] == [1, 2, 4, 4, 8, 8, 8, 8, 10, 10]
+    assert padded_clients(50, 50) == 50 and padded_clients(200, 200) == 200 and padded_clients(33, 50) == 50
+    assert [padded_clients(n, None) for n in (1, 3, 5, 10)] == [1, 4, 8, 16]
+    assert padded_clients(12, 10) == 16  # more than the cohort (not from a fixed sampler): a power of two
+    assert len({padded_clients(n, 50) for n in range(1, 51)}) <= 50 .bit_length() + 1
+
+
+def test_a_fixed_cohort_compiles_one_unpadded_program(tmp_path):
+    executor = BatchedExecutor(compile=True, backend="aot_eager")
+    _fit(tmp_path, A.FedAvg(), executor, rounds=3, data=tiny_datamodule(clients_per_round=3))
+    assert executor.programs.compiled == 1 and {s for _, s, _ in executor.programs.variants} == {3}
 
 
 def test_compiled_resume_is_bitwise_identical(tmp_path):

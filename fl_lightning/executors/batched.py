@@ -39,6 +39,7 @@ from fl_lightning.executors.compiled import DEFAULT_MAX_VARIANTS, CompiledProgra
 from fl_lightning.executors.sequential import SequentialExecutor, compiled_unsupported_reason
 from fl_lightning.core.local_loss import client_loss
 from fl_lightning.core.objective import StepRecord
+from fl_lightning.core.participation import UniformSampling
 from fl_lightning.core.params import TensorDict
 from fl_lightning.core.tasks import ClientResult, ClientTask, Payload
 
@@ -71,13 +72,22 @@ def _unstack(state: Any, num_clients: int) -> list[Any]:
 
 def _pad_clients(extra: int, tree: Any) -> Any:
     """``tree``'s tensors with ``extra`` copies of their last client appended (compiled execution's padding)."""
-    if not extra:
+    if not extra or tree is None:
         return tree
     if isinstance(tree, dict):
         return {k: _pad_clients(extra, v) for k, v in tree.items()}
     if isinstance(tree, list | tuple):
         return type(tree)(_pad_clients(extra, v) for v in tree)
     return torch.cat([tree, tree[-1:].expand(extra, *tree.shape[1:])])
+
+
+def padded_clients(size: int, cohort: int | None) -> int:
+    """The number of stacked clients a compiled program runs for ``size`` clients: the next power of two,
+    but at most ``cohort`` (the fixed number of clients a round samples, when there is one). A round
+    without dropouts then runs unpadded in one program, and rounds with dropouts or varying
+    participation use at most log2(cohort) + 2 programs (log2(S) + 1 without a fixed cohort)."""
+    power = 1 << (size - 1).bit_length()
+    return min(power, cohort) if cohort is not None and size <= cohort else power
 
 
 def _cut(tree: Any, size: int) -> Any:
@@ -294,7 +304,7 @@ class BatchedExecutor(Executor):
         return None if self.programs is None else self.programs.compile_seconds + self.sequential.compile_seconds
 
     def _compiled_rule(self, eager_rule, runtime, params, client_state, ids, broadcast, info, batches, record, loss=None):
-        """The stacked clients' K steps as one compiled program, S padded up to a power of two (the
+        """The stacked clients' K steps as one compiled program, S padded up (``padded_clients``: the
         padding repeats the last client and is cut off: a bounded number of variants; the broadcast parameters
         are copied out of their stride-0 views, so padded and unpadded rounds share a program); ``eager_rule``
         for a declared reason (logged once)."""
@@ -304,22 +314,32 @@ class BatchedExecutor(Executor):
             if runtime.should_stop():
                 raise interrupted(info.round, int(ids[0]), 0, runtime.local.steps)
             size = len(ids)
-            padded = 1 << (size - 1).bit_length()
+            padded = padded_clients(size, self._cohort(runtime))
             pad = functools.partial(_pad_clients, padded - size)
             try:
                 new_params, local_state, evaluations = self.programs(
                     (len(batches), padded, False), False, runtime.algorithm, runtime.objective, runtime.local.weight_decay,
                     pad({k: v.contiguous() for k, v in params.items()}), pad(client_state), pad(ids), tensor_lr(info), broadcast, {},
-                    pad(batches),
+                    pad(batches), pad(None if loss is None else loss.label_counts),
                 )  # fmt: skip
             except Uncompilable as error:
                 reason = str(error)
             else:
-                for loss, out, target in evaluations:
-                    record.add(loss[:size], None if out is None else out[:size], target[:size])
+                for value, out, target, terms in evaluations:
+                    terms = {k: v[:size] for k, v in terms.items()} or None
+                    record.add(value[:size], None if out is None else out[:size], target[:size], terms)
                 return _cut(new_params, size), _cut(local_state, size)
         log_fallback(self.compile_fallbacks, reason, log)
         return eager_rule(runtime, params, client_state, ids, broadcast, info, iter(batches), record, loss)
+
+    def _cohort(self, runtime: ClientRuntime) -> int | None:
+        """The most clients a stacked program runs when the number sampled per round is fixed
+        (``UniformSampling``; at most ``max_stacked_clients``), else None (``padded_clients``)."""
+        participation, num_clients = getattr(runtime.data, "participation", None), getattr(runtime.data, "num_clients", None)
+        if not isinstance(participation, UniformSampling) or num_clients is None:
+            return None
+        cohort = participation.count(num_clients)
+        return cohort if self.max_stacked_clients is None else min(cohort, self.max_stacked_clients)
 
     def _vmapped_rule(self, runtime, params, client_state, ids, broadcast, info, batches, record, loss=None):
         """A rule with reductions (e.g. FedSAM's gradient norm): run per client under vmap."""

@@ -4,16 +4,18 @@ The program is the algorithm's rule as eager execution runs it (``client_init``,
 ``ctx.grad`` and ``client_step``), with the gradient taken by ``Objective.grad_fn(...,
 functional=True)`` so that ``torch.compile`` (inductor) traces the objective's forward, its loss
 and their gradient together with the rule into one graph. Stacked clients run the same program
-under ``vmap``. ``client_finish`` stays eager (once a round, and it may read ``ctx.client_id``).
+under ``vmap``. An algorithm's ``local_loss`` (MOON, FedNTD, FedLC, FedRS, FedDecorr) is traced with
+the rest. ``client_finish`` stays eager (once a round, and it may read ``ctx.client_id``).
 
 Compiled variants are keyed by what the graph depends on, and bounded:
 
 - K (stragglers run fewer steps): one variant per distinct number of local steps;
 - the batch shape: a client with fewer samples than ``local.batch_size`` trains on its whole
   set; such short batches share one variant with a dynamic batch dimension;
-- S (batched): the number of stacked clients is padded up to a power of two (the padding
-  repeats the last client and is discarded), so dropout and Bernoulli participation use at
-  most log2(S) + 1 variants.
+- S (batched): the number of stacked clients is padded up to a power of two, but at most to the
+  fixed number of clients a round samples (``UniformSampling``), so a round without dropouts runs
+  unpadded (the padding repeats the last client and is discarded; ``batched.padded_clients``):
+  dropout uses at most log2(S) + 2 variants, Bernoulli participation log2(S) + 1.
 
 A run that would need more than ``max_variants`` variants runs eagerly from then on (a
 declared, logged reason). The variant chosen depends only on the round's shapes, never on
@@ -34,6 +36,7 @@ from torch import Tensor
 
 from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientIdUnavailable, RoundInfo
 from fl_lightning.core.errors import FLError, one_line
+from fl_lightning.core.local_loss import ClientLoss, defines_local_loss
 from fl_lightning.core.objective import Objective
 from fl_lightning.core.params import TensorDict
 
@@ -59,7 +62,7 @@ class _Recorder:
         self.items = items
 
     def add(self, loss: Tensor, out: Tensor | None, target: Tensor, terms: dict[str, Tensor] | None = None) -> None:
-        self.items.append((loss, out, target))  # no local_loss terms: such algorithms run eagerly (compiled_unsupported_reason)
+        self.items.append((loss, out, target, terms or {}))  # terms: an algorithm's local_loss terms ({}: none; vmap returns no None)
 
 
 def _no_full_grad(params: TensorDict) -> TensorDict:
@@ -68,29 +71,35 @@ def _no_full_grad(params: TensorDict) -> TensorDict:
 
 def local_steps(
     algorithm: Algorithm, objective: Objective, weight_decay: float, params: TensorDict, client_state: Any, client: Any,
-    info: RoundInfo, broadcast: Any, personal: TensorDict, batches: Sequence[Any],
+    info: RoundInfo, broadcast: Any, personal: TensorDict, batches: Sequence[Any], label_counts: Tensor | None = None,
 ) -> tuple[TensorDict, Any, list]:
     """One client's ``client_init`` and K local steps (K = ``len(batches)``): the traced program.
 
-    Returns the parameters, the local state and each step's first evaluation (loss, outputs, targets).
+    An algorithm's ``local_loss`` (``fl_lightning.core.local_loss``) is traced with the rest, bound to the
+    client as eager execution binds it (``label_counts``: the client's, where the algorithm reads them).
+    Returns the parameters, the local state and each step's first evaluation (loss, outputs, targets,
+    the local loss's terms: {} for the model's own loss).
     """
     ctx = ClientContext(client, broadcast, client_state, info, len(batches), full_grad=_no_full_grad, personal=personal)
+    loss = ClientLoss(algorithm, client, broadcast, client_state, info, label_counts) if defines_local_loss(algorithm) else None
     local = algorithm.client_init(params, ctx)
     records: list = []
     for step, batch in enumerate(batches):
         ctx.step = step
-        ctx.grad = objective.grad_fn(batch, weight_decay, _Recorder(records), functional=True)
+        ctx.grad = objective.grad_fn(batch, weight_decay, _Recorder(records), functional=True, loss=loss)
         params, local = algorithm.client_step(params, local, ctx)
     return params, local, records
 
 
-def stacked_local_steps(algorithm, objective, weight_decay, params, client_state, clients, info, broadcast, personal, batches):
-    """``local_steps`` of stacked clients (a leading client dimension on params, state, ids and batches)."""
+def stacked_local_steps(algorithm, objective, weight_decay, params, client_state, clients, info, broadcast, personal, batches,
+                        label_counts=None):  # fmt: skip
+    """``local_steps`` of stacked clients (a leading client dimension on params, state, ids, batches and label counts)."""
 
-    def one(p, state, cid, b):
-        return local_steps(algorithm, objective, weight_decay, p, state, cid, info, broadcast, personal, b)
+    def one(p, state, cid, b, counts):
+        return local_steps(algorithm, objective, weight_decay, p, state, cid, info, broadcast, personal, b, counts)
 
-    return torch.func.vmap(one, randomness="different")(params, client_state, clients, batches)
+    in_dims = (0, 0, 0, 0, None if label_counts is None else 0)
+    return torch.func.vmap(one, in_dims=in_dims, randomness="different")(params, client_state, clients, batches, label_counts)
 
 
 def _fresh(fn: Callable) -> Callable:
@@ -128,6 +137,12 @@ class CompiledPrograms:
         fn = stacked_local_steps if stacked else local_steps
         self._static = torch.compile(_fresh(fn), fullgraph=True, dynamic=False, backend=backend)
         self._dynamic = torch.compile(_fresh(fn), fullgraph=True, dynamic=True, backend=backend)
+        # dynamo's settings while a program runs (and may compile), made once: building the patch costs
+        # ~1 ms (a copy of dynamo's whole config), entering it ~15 us
+        self._config = torch._dynamo.config.patch(
+            recompile_limit=max_variants, fail_on_recompile_limit_hit=True, automatic_dynamic_shapes=False,
+            automatic_dynamic_local_pgo=False,
+        )  # fmt: skip
 
     def __call__(self, key: tuple, dynamic: bool, *args: Any) -> tuple[TensorDict, Any, list]:
         """Run the program for variant ``key`` (compiling it the first time); ``Uncompilable`` for a declared
@@ -140,10 +155,7 @@ class CompiledPrograms:
             raise Uncompilable(self.disabled)
         started, graphs = time.perf_counter(), _graphs_compiled()
         try:
-            with torch._dynamo.config.patch(
-                recompile_limit=self.max_variants, fail_on_recompile_limit_hit=True, automatic_dynamic_shapes=False,
-                automatic_dynamic_local_pgo=False,
-            ):  # fmt: skip
+            with self._config:
                 out = (self._dynamic if dynamic else self._static)(*args)
         except (Uncompilable, ClientIdUnavailable, FLError, ValueError):
             raise

@@ -19,7 +19,7 @@ from fl_lightning.algorithms.base import ClientContext, ClientIdUnavailable, Rou
 from fl_lightning.core.errors import FLError, interrupted
 from fl_lightning.executors.base import ClientRuntime, Executor, check_loss, seed_client, to_device
 from fl_lightning.executors.compiled import DEFAULT_MAX_VARIANTS, CompiledPrograms, Uncompilable, log_fallback, tensor_lr
-from fl_lightning.core.local_loss import client_loss, defines_local_loss
+from fl_lightning.core.local_loss import client_loss
 from fl_lightning.core.objective import StepRecord, round_means
 from fl_lightning.reliability.faults import TRANSIENT_ERRORS, ClientError, fatal_client_error
 from fl_lightning.core.params import TensorDict
@@ -181,8 +181,6 @@ def compiled_unsupported_reason(runtime: ClientRuntime) -> str | None:
     """Why client training cannot run compiled (known before running), or None."""
     if runtime.local.steps is None:
         return "local.epochs gives clients different numbers of steps and a short last batch; use local.steps"
-    if defines_local_loss(runtime.algorithm):
-        return f"{type(runtime.algorithm).__name__}'s local_loss (an algorithm's own objective) is not compiled yet"
     if torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled(runtime.device.type):
         return "mixed precision (autocast) is not compiled"
     return None
@@ -217,11 +215,13 @@ def train_client_compiled(programs: CompiledPrograms, task: ClientTask, info: Ro
     key = (steps, short)
     params = {**broadcast["x"], **personal}
     client = torch.tensor(cid)
+    bound = client_loss(algorithm, cid, broadcast, client_state, info, data, device)
     params, local_state, evaluations = programs(
-        key, short, algorithm, runtime.objective, local.weight_decay, params, client_state, client, tensor_lr(info), broadcast, personal, batches
-    )
-    for loss, out, target in evaluations:
-        record.add(loss, out, target)
+        key, short, algorithm, runtime.objective, local.weight_decay, params, client_state, client, tensor_lr(info), broadcast, personal, batches,
+        None if bound is None else bound.label_counts,
+    )  # fmt: skip
+    for loss, out, target, terms in evaluations:
+        record.add(loss, out, target, terms or None)
     ctx = ClientContext(cid, broadcast, client_state, info, steps, personal=personal, step=steps - 1)
     shared = {k: params[k] for k in broadcast["x"]} if personal else params
     upload, new_state = algorithm.client_finish(shared, local_state, ctx)
