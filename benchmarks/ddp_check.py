@@ -11,7 +11,8 @@ clients unequal sizes and one local epoch, so their local steps differ. ``--bern
 activates each client with probability p (weights 1/(N p), rounds may be empty or leave a
 process without clients); ``--dropout f`` drops clients before they train and ``--algorithm fedavg_fail_first``
 makes the first client of every round fail while training (either way the survivors are reweighted).
-``--privacy C SIGMA`` runs under client-level DP (clip norm C, noise multiplier sigma).
+``--privacy C SIGMA`` runs under client-level DP (clip norm C, noise multiplier sigma);
+``--record-privacy C SIGMA`` under record-level DP-SGD in local training (Poisson sampling).
 The output also holds the last round's logged metrics and the executor's count of rounds
 whose uploads were gathered or summed across the processes.
 """
@@ -34,6 +35,7 @@ from fl_lightning.algorithms import MOON, SCAFFOLD, FAdamET, FedAvg, ScaffoldP  
 from fl_lightning.faults import ClientFailure, ClientFaults  # noqa: E402
 from fl_lightning.participation import BernoulliParticipation  # noqa: E402
 from fl_lightning.privacy import ClientPrivacy  # noqa: E402
+from fl_lightning.record_privacy import RecordPrivacy  # noqa: E402
 from fl_lightning.state import flatten_state  # noqa: E402
 from models import MLP  # noqa: E402
 
@@ -65,6 +67,7 @@ def main() -> None:
     parser.add_argument("--dropout", type=float, default=0.0)
     parser.add_argument("--compress", action="store_true", help="QSGD(4) uploads, random-k 50 %% broadcast changes, error feedback on both")
     parser.add_argument("--privacy", type=float, nargs=2, default=None, metavar=("C", "SIGMA"), help="client-level DP: clip norm, noise multiplier")
+    parser.add_argument("--record-privacy", type=float, nargs=2, default=None, metavar=("C", "SIGMA"), help="record-level DP-SGD")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -78,7 +81,8 @@ def main() -> None:
         compression = Compression(up=QSGD(levels=4), down=RandomK(ratio=0.5))
     module = FederatedModule(MLP(32, 10, hidden=[64]), ALGORITHMS[args.algorithm](), local, personal=personal, execution=args.execution,
                              faults=ClientFaults(dropout=args.dropout), compression=compression,
-                             privacy=ClientPrivacy(*args.privacy) if args.privacy else None)  # fmt: skip
+                             privacy=ClientPrivacy(*args.privacy) if args.privacy else None,
+                             record_privacy=RecordPrivacy(*args.record_privacy) if args.record_privacy else None)  # fmt: skip
     participation = BernoulliParticipation(args.bernoulli) if args.bernoulli else UniformSampling(args.clients_per_round)
     data = FederatedDataModule(
         "synthetic", dict(num_samples=8000, num_features=32, num_classes=10, seed=0), num_clients=100,

@@ -351,3 +351,15 @@ def test_a_batch_larger_than_a_client_is_refused(tmp_path):
 def test_bad_settings_are_rejected_with_their_name(kwargs, message):
     with pytest.raises(ValueError, match=message):
         RecordPrivacy(**kwargs)
+
+
+# ---- DDP -------------------------------------------------------------------------------------------------------
+def test_ddp_equals_one_process_under_record_level_dp(tmp_path):
+    """Two DDP processes (gloo): each runs its own clients' DP-SGD steps from their round seeds; the accountant
+    counts every task's steps on every rank: the one-process model to float tolerance, the same epsilon."""
+    from tests.test_distributed import _assert_close, _train
+
+    single = _train(tmp_path, 1, "fedavg", False, "--record-privacy", "0.5", "1.0")
+    ddp = _train(tmp_path, 2, "fedavg", False, "--record-privacy", "0.5", "1.0")
+    _assert_close(single, ddp, rtol=1e-5, atol=1e-6)
+    assert single["metrics"]["privacy/record_epsilon"] == ddp["metrics"]["privacy/record_epsilon"] > 0
