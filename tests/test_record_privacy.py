@@ -130,6 +130,58 @@ def test_one_huge_example_moves_the_step_by_at_most_c_over_b():
     assert float(moved) == pytest.approx(clip / batch, rel=1e-4)
 
 
+# ---- a client's whole local training against a reference loop ------------------------------------------------------
+@pytest.mark.parametrize("sampling", ["poisson", "fixed"])
+def test_a_clients_local_training_equals_a_reference_loop(sampling):
+    """One FedAvg client, K = 4 steps, through the sequential executor: the records drawn as stated (Poisson:
+    record j iff its uniform < q; fixed: the first B of a permutation), each step (RDP.1) by the per-example
+    backward loop, then w <- w - lr g. The upload equals the reference's w_K - w_0."""
+    from fl_lightning.algorithms.base import RoundInfo
+    from fl_lightning.dpsgd import SAMPLE_STREAM
+    from fl_lightning.executors.base import ClientRuntime
+    from fl_lightning.executors.sequential import run_task
+    from fl_lightning.tasks import ClientState, ClientTask
+
+    data = tiny_datamodule(num_clients=N, clients_per_round=S)
+    data.setup("fit")
+    local = LocalTraining(lr=0.3, steps=4, batch_size=5)
+    record = RecordPrivacy(clip_norm=0.4, noise_multiplier=0.8, sampling=sampling)
+    record.prepare(data, local)
+    torch.manual_seed(4)
+    model = MLP(8, 3, hidden=[16])
+    names = [n for n, _ in model.named_parameters()]
+    x0 = {n: p.detach().clone() for n, p in model.named_parameters()}
+    client, seed = 3, 987654321
+    runtime = ClientRuntime(A.FedAvg(), Objective(model, names), data, local, torch.device("cpu"), record_privacy=record)
+    task = ClientTask(client, seed, 4, {"x": x0}, lambda: ClientState({}, {}))
+    result = run_task(task, RoundInfo(0, local.lr, N), runtime)
+
+    records = data.client_full_batch(client)
+    n = len(records[1])
+    sampler = torch.Generator().manual_seed(derive_seed(seed, SAMPLE_STREAM))
+    noise = torch.Generator().manual_seed(derive_seed(seed, NOISE_STREAM))
+    reference = [p.detach().clone().double() for p in model.parameters()]
+    for _ in range(4):
+        if sampling == "poisson":
+            chosen = torch.nonzero(torch.rand(n, generator=sampler, dtype=torch.float64) < 5 / n).flatten()
+        else:
+            chosen = torch.randperm(n, generator=sampler)[:5]
+        with torch.no_grad():
+            for p, w in zip(model.parameters(), reference):
+                p.copy_(w)
+        total = [torch.zeros_like(w) for w in reference]
+        for j in chosen.tolist():
+            model.zero_grad()
+            F.cross_entropy(model(records[0][j : j + 1]), records[1][j : j + 1]).backward()
+            grads = [p.grad.double() for p in model.parameters()]
+            factor = min(1.0, 0.4 / float(torch.sqrt(sum(g.square().sum() for g in grads))))
+            total = [a + factor * g for a, g in zip(total, grads)]
+        z = [torch.randn(w.shape, generator=noise, dtype=torch.float64) * 0.8 * 0.4 for w in reference]
+        reference = [w - 0.3 * (a + e) / 5 for w, a, e in zip(reference, total, z)]
+    for name, w, w0 in zip(names, reference, x0.values()):
+        torch.testing.assert_close(result.upload["delta"][name].double(), w - w0.double(), rtol=1e-4, atol=1e-6)
+
+
 # ---- sampling ------------------------------------------------------------------------------------------------
 def test_poisson_sampling_includes_each_record_with_probability_q():
     """4000 steps: each record's inclusion frequency within 5 binomial standard errors (sqrt(q(1-q)/4000) = 0.0063)
@@ -264,6 +316,20 @@ def test_sigma_zero_with_a_huge_clip_is_minibatch_sgd_on_the_drawn_records(tmp_p
     trainer = _fit(tmp_path, module, rounds=2)
     assert any(not torch.equal(a, b) for a, b in zip(before, module.model.parameters()))
     assert float(trainer.callback_metrics["privacy/record_epsilon"]) == float("inf")
+
+
+def test_compiled_execution_runs_eagerly_for_a_declared_reason(tmp_path):
+    from fl_lightning.executors import SequentialExecutor
+
+    record = dict(clip_norm=0.3, noise_multiplier=1.0)
+    eager = _module(A.FedAvg(), RecordPrivacy(**record))
+    compiled = _module(A.FedAvg(), RecordPrivacy(**record), execution=SequentialExecutor(compile=True, backend="aot_eager"))
+    _fit(tmp_path / "a", eager), _fit(tmp_path / "b", compiled)
+    assert list(compiled.executor.inner.fallbacks) == [
+        "record-level DP-SGD (record_privacy) draws variable batches and per-example gradients, not compiled yet"
+    ]
+    for a, b in zip(eager.model.parameters(), compiled.model.parameters()):
+        assert torch.equal(a, b)
 
 
 def _resumable(tmp_path, rounds, ckpt_path=None):
