@@ -182,6 +182,23 @@ def test_a_clients_local_training_equals_a_reference_loop(sampling):
         torch.testing.assert_close(result.upload["delta"][name].double(), w - w0.double(), rtol=1e-4, atol=1e-6)
 
 
+def test_an_empty_poisson_draw_is_noise_only_and_draws_pad_to_the_largest():
+    """A step whose draw is empty (one masked row) gives z / B exactly; stacked draws pad to the largest draw."""
+    from fl_lightning.dpsgd import padded
+
+    positions, mask, counts = padded([torch.tensor([4, 1]), torch.tensor([], dtype=torch.int64), torch.tensor([0, 2, 3])])
+    assert positions.tolist() == [[4, 1, 0], [0, 0, 0], [0, 2, 3]] and mask.tolist() == [[1, 1, 0], [0, 0, 0], [1, 1, 1]]
+    assert counts.tolist() == [2, 0, 3] and padded([torch.tensor([], dtype=torch.int64)])[0].shape == (1, 1)
+    model = MLP(8, 3, hidden=[8])
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    step = PrivateStep((torch.randn(1, 8), torch.randint(0, 3, (1,))), torch.zeros(1), torch.tensor(0))
+    value, g = private_grad_fn(Objective(model, list(params)), step, [NoiseSource(3, 2.0)], torch.tensor(4.0), 1.0, 0.0)(params)
+    generator = torch.Generator().manual_seed(derive_seed(3, NOISE_STREAM))
+    for name, v in params.items():
+        torch.testing.assert_close(g[name].double(), (torch.randn(v.shape, generator=generator, dtype=torch.float64) * 2.0 / 4).float().double())
+    assert float(value) == 0.0
+
+
 # ---- sampling ------------------------------------------------------------------------------------------------
 def test_poisson_sampling_includes_each_record_with_probability_q():
     """4000 steps: each record's inclusion frequency within 5 binomial standard errors (sqrt(q(1-q)/4000) = 0.0063)
