@@ -63,7 +63,7 @@ class RecordSampler:
         return torch.randperm(self.size, generator=self.generator)[: self.batch_size]
 
 
-def dp_sampler(dp: Any, client: int, seed: int, local: Any) -> RecordSampler:
+def dp_sampler(dp: Any, client: int, seed: int) -> RecordSampler:
     """Client ``client``'s sampler in a round (``dp``: the ``RecordPrivacy`` settings, prepared)."""
     return RecordSampler(int(dp.sizes[client]), float(dp.rates[client]), dp.batch_size, dp.sampling, seed)
 

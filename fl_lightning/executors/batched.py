@@ -250,7 +250,7 @@ class BatchedExecutor(Executor):
         if dp is not None:  # record-level DP-SGD: each client's own draws, padded to the step's largest (fl_lightning.dpsgd)
             if not declares_capability(runtime.algorithm, "elementwise"):
                 raise Unbatchable(f"record-level DP-SGD runs {type(runtime.algorithm).__name__}'s rule (not elementwise) client by client")
-            samplers = [dp_sampler(dp, c, s, local) for c, s in zip(clients, seeds)]
+            samplers = [dp_sampler(dp, c, s) for c, s in zip(clients, seeds)]
             batches = private_steps(runtime.data, clients, samplers, local.steps, stacked=True)
         else:
             batches = runtime.data.stacked_client_batches(clients, seeds, local.batch_size, local.steps)

@@ -138,7 +138,7 @@ def _train_client(task: ClientTask, info: RoundInfo, runtime: ClientRuntime, rec
     local_state = algorithm.client_init(params, ctx)
     dp = runtime.record_privacy
     if dp is not None:  # record-level DP-SGD: its own draws, (RDP.1) in place of the minibatch gradient
-        batches = private_steps(data, [cid], [dp_sampler(dp, cid, task.seed, local)], task.num_steps, stacked=False)
+        batches = private_steps(data, [cid], [dp_sampler(dp, cid, task.seed)], task.num_steps, stacked=False)
         noise, denominator = [NoiseSource(task.seed, dp.noise_multiplier * dp.clip_norm)], torch.tensor(dp.denominator(cid))
     else:
         batches = data.client_batches(cid, task.seed, local.batch_size, local.steps, local.epochs)
