@@ -12,7 +12,8 @@ activates each client with probability p (weights 1/(N p), rounds may be empty o
 process without clients); ``--dropout f`` drops clients before they train and ``--algorithm fedavg_fail_first``
 makes the first client of every round fail while training (either way the survivors are reweighted).
 ``--privacy C SIGMA`` runs under client-level DP (clip norm C, noise multiplier sigma), with
-``--adaptive-clipping`` under adaptive clipping.
+``--adaptive-clipping`` under adaptive clipping; ``--record-privacy C SIGMA`` under record-level
+DP-SGD in local training (Poisson sampling).
 The output also holds the last round's logged metrics and the executor's count of rounds
 whose uploads were gathered or summed across the processes.
 """
@@ -35,6 +36,7 @@ from fl_lightning.algorithms import MOON, SCAFFOLD, FAdamET, FedAvg, ScaffoldP  
 from fl_lightning.reliability.faults import ClientFailure, ClientFaults  # noqa: E402
 from fl_lightning.core.participation import BernoulliParticipation  # noqa: E402
 from fl_lightning.pipeline.privacy import ClientPrivacy  # noqa: E402
+from fl_lightning.pipeline.record_privacy import RecordPrivacy  # noqa: E402
 from fl_lightning.core.state import flatten_state  # noqa: E402
 from models import MLP  # noqa: E402
 
@@ -74,6 +76,7 @@ def main() -> None:
     parser.add_argument("--compress", action="store_true", help="QSGD(4) uploads, random-k 50 %% broadcast changes, error feedback on both")
     parser.add_argument("--privacy", type=float, nargs=2, default=None, metavar=("C", "SIGMA"), help="client-level DP: clip norm, noise multiplier")
     parser.add_argument("--adaptive-clipping", action="store_true", help="with --privacy: adaptive clipping (count noise 1.0, quantile 0.5)")
+    parser.add_argument("--record-privacy", type=float, nargs=2, default=None, metavar=("C", "SIGMA"), help="record-level DP-SGD")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -87,7 +90,8 @@ def main() -> None:
         compression = Compression(up=QSGD(levels=4), down=RandomK(ratio=0.5))
     module = FederatedModule(MLP(32, 10, hidden=[64]), ALGORITHMS[args.algorithm](), local, personal=personal, execution=args.execution,
                              faults=ClientFaults(dropout=args.dropout), compression=compression,
-                             privacy=_privacy(args))  # fmt: skip
+                             privacy=_privacy(args),
+                             record_privacy=RecordPrivacy(*args.record_privacy) if args.record_privacy else None)  # fmt: skip
     participation = BernoulliParticipation(args.bernoulli) if args.bernoulli else UniformSampling(args.clients_per_round)
     data = FederatedDataModule(
         "synthetic", dict(num_samples=8000, num_features=32, num_classes=10, seed=0), num_clients=100,

@@ -435,6 +435,14 @@ class FederatedDataModule(L.LightningDataModule):
     def client_full_batch(self, client_id: int) -> Any:
         return self.client_view(self._gather(self.client_train[client_id]), client_id)
 
+    def client_records(self, client_ids: Sequence[int], positions: Tensor) -> Any:
+        """The ``[S, B, ...]`` batch of records ``positions[s, j]`` (into client ``client_ids[s]``'s training
+        records) of every client: record-level DP-SGD's drawn batches (``fl_lightning.executors.dpsgd``)."""
+        index = torch.stack([self.client_train[c][p] for c, p in zip(client_ids, positions)])
+        if self._vectorised:
+            return self._gather(index)
+        return default_collate([self._gather(row) for row in index])  # sample by sample, then stacked
+
     def client_label_counts(self, client_id: int) -> Tensor:
         """The client's training samples per class (int64 ``[num_classes]``), the client statistic that
         label-aware local losses read (FedLC, FedRS): counted from its training targets once, then kept."""

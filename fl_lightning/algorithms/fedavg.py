@@ -15,6 +15,7 @@ class FedAvg(Algorithm):
     """Local SGD; the aggregation weights w_i come from the round plan (uniform or by sample count)."""
 
     elementwise = True
+    record_level_dp = True  # per-example objective, one ctx.grad per step (docs/privacy.md, record-level DP-SGD)
 
     def client_step(self, params: TensorDict, local: NestedState, ctx: ClientContext) -> tuple[TensorDict, NestedState]:
         _, grad = ctx.grad(params)

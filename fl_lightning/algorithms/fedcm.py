@@ -28,6 +28,7 @@ class FedCM(Algorithm):
     """
 
     elementwise = True
+    record_level_dp = True  # per-example objective, one ctx.grad per step (docs/privacy.md, record-level DP-SGD)
     linear_aggregate = True  # FedAvg's sum; the history update reads x and the local steps only
 
     def __init__(self, a: float = 0.1, global_lr: float = 1.0) -> None:

@@ -29,6 +29,7 @@ class FedDyn(Algorithm):
     """
 
     elementwise = True
+    record_level_dp = True  # per-example objective, one ctx.grad per step (docs/privacy.md, record-level DP-SGD)
     linear_aggregate = True  # sums of w_i delta_i and of delta_i / N
     upload_entries = ("delta",)
     mirrored_uploads = ("delta",)  # h = mean_i l_i (both move by alpha delta_i)

@@ -34,6 +34,7 @@ class FedExP(Algorithm):
     """
 
     elementwise = True
+    record_level_dp = True  # per-example objective, one ctx.grad per step (docs/privacy.md, record-level DP-SGD)
     linear_aggregate = False  # (23.1) reads every upload's squared norm beside their sum
 
     def __init__(self, eps: float = 1e-3, global_lr: float = 1.0) -> None:

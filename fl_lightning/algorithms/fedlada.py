@@ -28,6 +28,7 @@ class FedLADA(LocalAdam):
     """
 
     elementwise = True
+    record_level_dp = True  # per-example objective, one ctx.grad per step (docs/privacy.md, record-level DP-SGD)
     linear_aggregate = True  # FedAvg's sum; g_a is the pseudo-gradient rescaled
 
     def __init__(

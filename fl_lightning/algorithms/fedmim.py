@@ -57,6 +57,7 @@ class FedMIM(Algorithm):
     """
 
     elementwise = True
+    record_level_dp = True  # per-example objective, one ctx.grad per step (docs/privacy.md, record-level DP-SGD)
     linear_aggregate = True  # FedAvg's sum; the history update reads x and the local steps only
     upload_entries = ("delta",)
 

@@ -35,6 +35,7 @@ class FedNova(Algorithm):
     """
 
     elementwise = True
+    record_level_dp = True  # per-example objective, one ctx.grad per step (docs/privacy.md, record-level DP-SGD)
     linear_aggregate = False  # the weights w_i / ||a_i||_1 need each client's K_i beside its upload
 
     def __init__(self, momentum: float = 0.0, global_lr: float = 1.0) -> None:

@@ -30,6 +30,7 @@ class FedNTD(FedAvg):
     """
 
     elementwise = True
+    record_level_dp = True  # per-example objective, one ctx.grad per step (docs/privacy.md, record-level DP-SGD)
 
     def __init__(self, beta: float = 1.0, tau: float = 1.0, global_lr: float = 1.0) -> None:
         super().__init__(global_lr)

@@ -21,6 +21,7 @@ class FedProx(Algorithm):
     """
 
     elementwise = True
+    record_level_dp = True  # per-example objective, one ctx.grad per step (docs/privacy.md, record-level DP-SGD)
 
     def __init__(self, mu: float = 0.01, global_lr: float = 1.0) -> None:
         super().__init__(global_lr)

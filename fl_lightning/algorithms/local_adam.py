@@ -27,6 +27,7 @@ class LocalAdam(Algorithm):
     """
 
     elementwise = True
+    record_level_dp = True  # per-example objective, one ctx.grad per step (docs/privacy.md, record-level DP-SGD)
     upload_entries = ("delta",)
 
     def __init__(self, global_lr: float = 1.0, beta1: float = 0.9, beta2: float = 0.99, eps: float = 1e-8) -> None:

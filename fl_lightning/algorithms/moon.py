@@ -30,6 +30,7 @@ class MOON(FedAvg):
     """
 
     elementwise = True
+    record_level_dp = True  # per-example objective, one ctx.grad per step (docs/privacy.md, record-level DP-SGD)
     needs_features = True
 
     def __init__(self, mu: float = 1.0, tau: float = 0.5, global_lr: float = 1.0) -> None:

@@ -24,6 +24,7 @@ class SCAFFOLD(Algorithm):
     """
 
     elementwise = True
+    record_level_dp = True  # per-example objective, one ctx.grad per step (docs/privacy.md, record-level DP-SGD)
     linear_aggregate = True  # sums of w_i delta_i and of delta_c_i / N
     upload_entries = ("delta", "delta_c")
     mirrored_uploads = ("delta_c",)  # c = mean_i c_i

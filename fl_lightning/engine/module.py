@@ -30,6 +30,7 @@ from fl_lightning.pipeline.messages import MessageExecutor, MessagePipeline, Sta
 from fl_lightning.core.metrics import consistency_from_sums, count_messages, loss_term_means, payload_bytes, round_metrics
 from fl_lightning.core.objective import Objective
 from fl_lightning.pipeline.privacy import ClientPrivacy
+from fl_lightning.pipeline.record_privacy import RecordPrivacy
 from fl_lightning.core.params import TensorDict
 from fl_lightning.core.participation import RoundPlan, derive_seeds
 from fl_lightning.core.state import ClientStore, NestedState, flatten_state, unflatten_state
@@ -89,6 +90,9 @@ class FederatedModule(L.LightningModule):
             its clip and noise stages to the uplink and logs ``privacy/epsilon``.
         compression: compressors of the uploads and of the broadcast, with error feedback
             (``fl_lightning.compression.Compression``, docs/compression.md); default none.
+        record_privacy: record-level DP-SGD in local training (``fl_lightning.pipeline.record_privacy.RecordPrivacy``,
+            docs/privacy.md): per-example clipping and Gaussian noise in every local step; logs
+            ``privacy/record_epsilon``. Composes with ``privacy`` and ``compression``.
     """
 
     def __init__(
@@ -104,6 +108,7 @@ class FederatedModule(L.LightningModule):
         downlink: list[Stage] | None = None,
         privacy: ClientPrivacy | None = None,
         compression: Compression | None = None,
+        record_privacy: RecordPrivacy | None = None,
     ) -> None:
         super().__init__()
         quiet_known_warnings()
@@ -127,6 +132,7 @@ class FederatedModule(L.LightningModule):
         self.server_state: NestedState | None = None
         self.executor = resolve_executor(execution)
         self.privacy = privacy
+        self.record_privacy = record_privacy
         self.compression = compression
         compress_up, compress_down = compression.stages() if compression is not None else ([], [])
         if compression is not None:
@@ -225,6 +231,9 @@ class FederatedModule(L.LightningModule):
         if self.privacy is not None:  # the sampling scheme, sigma (calibrated if asked), the accountant
             participation = getattr(self.datamodule, "participation", None)
             self.privacy.prepare(participation, self.datamodule.num_clients, self.trainer.max_steps, self.datamodule.seed)
+        if self.record_privacy is not None:  # refusals, each client's sampling rate, the accountant (restored on resume)
+            self.record_privacy.check(self.algorithm, self.model, self.datamodule, self.local)
+            self.record_privacy.prepare(self.datamodule, self.local)
         if self.global_rank == 0:  # temporary files of killed checkpoint writes
             from fl_lightning.reliability.checkpoint_io import remove_stale_temporaries
 
@@ -338,11 +347,15 @@ class FederatedModule(L.LightningModule):
             results = summed.results if summed is not None else self.executor.run(tasks, info, runtime)
         except DivergenceError as error:  # a client's loss (the built-in executors check it)
             raise self._diverged(str(error)) from error
+        if self.record_privacy is not None:  # every dispatched task's K_i: the steps that touched its records
+            extra_record = self.record_privacy.account([t.client_id for t in tasks], [t.num_steps for t in tasks])
         self.faults.check_failures(plan.round, len(tasks) - len(results), len(tasks))
         self._rounds_run, self._clients_trained = self._rounds_run + 1, self._clients_trained + len(results)
         extra_metrics = {"faults/dropped": len(plan.clients) - len(tasks), "faults/failed": len(tasks) - len(results)}
         if self.faults.active:
             extra_metrics["faults/stragglers"] = stragglers
+        if self.record_privacy is not None:
+            extra_metrics.update(extra_record)
         if not results:
             self._empty_round(plan, broadcast, extra_metrics)
             return
@@ -436,7 +449,7 @@ class FederatedModule(L.LightningModule):
     def _runtime(self, aggregation_weights=None) -> ClientRuntime:
         return ClientRuntime(
             self.algorithm, self.objective, self.datamodule, self.local, self.device, self.faults.fail_fast,
-            tuple(self.personal_names), self._stop_requested, aggregation_weights,
+            tuple(self.personal_names), self._stop_requested, aggregation_weights, self.record_privacy,
         )  # fmt: skip
 
     def _stop_requested(self) -> bool:
@@ -594,6 +607,8 @@ class FederatedModule(L.LightningModule):
         }
         if self.messages:  # only then: a run without message stages writes the checkpoint it always wrote
             checkpoint[_CKPT_KEY]["messages"] = self.messages.state_dict()
+        if self.record_privacy is not None:
+            checkpoint[_CKPT_KEY]["record_privacy"] = self.record_privacy.state_dict()
         wandb_ids = [str(logger.version) for logger in self.loggers if type(logger).__name__ == "WandbLogger" and logger.version]
         if wandb_ids:  # a resume continues this wandb run (fl_lightning/run/cli_app.py)
             checkpoint["loggers"] = {"wandb_run_id": wandb_ids[0]}
@@ -609,6 +624,8 @@ class FederatedModule(L.LightningModule):
         self.comm_totals = dict(state["comm_totals"])
         if self.messages:
             self.messages.load_state_dict(state.get("messages", {}))
+        if self.record_privacy is not None and "record_privacy" in state:
+            self.record_privacy.load_state_dict(state["record_privacy"])
         self._first_loss = state.get("first_loss")
         if state.get("personal_store"):  # checkpoints before personal tensors became client state
             legacy = ClientStore()

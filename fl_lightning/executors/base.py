@@ -38,6 +38,8 @@ class ClientRuntime:
         should_stop: whether the run was asked to stop (SIGTERM); executors check it between local steps.
         aggregation_weights: the aggregation weights of the reporting clients (their ids, in task
             order); an executor that sums the uploads itself (``run_summed``) weighs them with it.
+        record_privacy: record-level DP-SGD settings (``fl_lightning.pipeline.record_privacy.RecordPrivacy``), or None:
+            executors then draw each step's records and take (RDP.1) as ``ctx.grad`` (``fl_lightning.executors.dpsgd``).
     """
 
     algorithm: Algorithm
@@ -49,6 +51,7 @@ class ClientRuntime:
     personal_names: tuple[str, ...] = ()
     should_stop: Callable[[], bool] = lambda: False
     aggregation_weights: Callable[[Sequence[int]], Tensor] | None = None
+    record_privacy: Any = None
 
 
 class Executor:

@@ -33,6 +33,7 @@ from torch.func import grad_and_value, vmap
 from fl_lightning.core import params as P
 from fl_lightning.algorithms.base import ClientContext, ClientIdUnavailable, RoundInfo, declares_capability, defines_local_loss
 from fl_lightning.core.client_data import Unstackable
+from fl_lightning.executors.dpsgd import NoiseSource, dp_sampler, private_grad_fn, private_steps
 from fl_lightning.core.errors import FLError, interrupted, one_line
 from fl_lightning.executors.base import ClientRuntime, Executor, check_loss, seed_client, to_device
 from fl_lightning.executors.compiled import DEFAULT_MAX_VARIANTS, CompiledPrograms, Uncompilable, log_fallback, tensor_lr
@@ -255,17 +256,28 @@ class BatchedExecutor(Executor):
     def _run_stacked(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> list[ClientResult]:
         local, broadcast = runtime.local, tasks[0].broadcast
         clients, seeds = [t.client_id for t in tasks], [t.seed for t in tasks]
-        batches = runtime.data.stacked_client_batches(clients, seeds, local.batch_size, local.steps)
+        dp = runtime.record_privacy
+        if dp is not None:  # record-level DP-SGD: each client's own draws, padded to the step's largest (fl_lightning.executors.dpsgd)
+            if not declares_capability(runtime.algorithm, "elementwise"):
+                raise Unbatchable(f"record-level DP-SGD runs {type(runtime.algorithm).__name__}'s rule (not elementwise) client by client")
+            samplers = [dp_sampler(dp, c, s) for c, s in zip(clients, seeds)]
+            batches = private_steps(runtime.data, clients, samplers, local.steps, stacked=True)
+        else:
+            batches = runtime.data.stacked_client_batches(clients, seeds, local.batch_size, local.steps)
         states = [task.load_state().algorithm for task in tasks]
         # Different randomness per client (dropout); the CPU generator seeded from the group's first client.
         seed_client(seeds[0], runtime.device)
         params = {k: v.unsqueeze(0).expand(len(tasks), *v.shape) for k, v in broadcast["x"].items()}
         ids, stacked_states = torch.tensor(clients), _stack(states)
         record = StepRecord()
+        self._seeds = seeds  # the clients' round seeds (record-level DP-SGD's noise)
         rule = self._elementwise_rule if declares_capability(runtime.algorithm, "elementwise") else self._vmapped_rule
         if self.programs is not None:
             rule = functools.partial(self._compiled_rule, rule)
-        step_batches = (to_device(batch, runtime.device) for batch in batches)
+        if dp is not None:
+            step_batches = (dataclasses.replace(b, batch=to_device(b.batch, runtime.device), mask=b.mask.to(runtime.device)) for b in batches)
+        else:
+            step_batches = (to_device(batch, runtime.device) for batch in batches)
         loss = client_loss(runtime.algorithm, ids, broadcast, stacked_states, info, runtime.data, runtime.device)
         params, local_state = rule(runtime, params, stacked_states, ids, broadcast, info, step_batches, record, loss)
         uploads, new_states = self._finish(runtime, params, local_state, (states, stacked_states), ids, broadcast, info)
@@ -290,10 +302,20 @@ class BatchedExecutor(Executor):
         algorithm, objective, weight_decay = runtime.algorithm, runtime.objective, runtime.local.weight_decay
         ctx = self._context(ids, broadcast, client_state, info, runtime)
         local_state = algorithm.client_init(params, ctx)
+        dp = runtime.record_privacy
+        if dp is not None:  # the clients' noise sources and B_i, as sequential execution's
+            noise = [NoiseSource(s, dp.noise_multiplier * dp.clip_norm) for s in self._seeds]
+            denominators = torch.tensor([dp.denominator(int(c)) for c in ids.tolist()])
         for step, batch in enumerate(batches):
             if runtime.should_stop():
                 raise interrupted(info.round, int(ids[0]), step, runtime.local.steps)
             ctx.step = step
+            if dp is not None:
+                ctx.grad = private_grad_fn(
+                    objective, batch, noise, denominators, dp.clip_norm, weight_decay, record, loss, stacked=True, name=type(algorithm).__name__
+                )
+                params, local_state = algorithm.client_step(params, local_state, ctx)
+                continue
             ctx.grad = objective.grad_fn(batch, weight_decay, record, stacked=True, loss=loss)
             params, local_state = algorithm.client_step(params, local_state, ctx)
         return params, local_state

@@ -6,6 +6,7 @@ copy is made) and its stored state; no per-client model copies exist.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import math
@@ -16,6 +17,7 @@ import torch
 
 from fl_lightning.core import params as P
 from fl_lightning.algorithms.base import ClientContext, ClientIdUnavailable, RoundInfo
+from fl_lightning.executors.dpsgd import NoiseSource, dp_sampler, private_grad_fn, private_steps
 from fl_lightning.core.errors import FLError, interrupted
 from fl_lightning.executors.base import ClientRuntime, Executor, check_loss, seed_client, to_device
 from fl_lightning.executors.compiled import DEFAULT_MAX_VARIANTS, CompiledPrograms, Uncompilable, log_fallback, tensor_lr
@@ -134,12 +136,23 @@ def _train_client(task: ClientTask, info: RoundInfo, runtime: ClientRuntime, rec
     ctx = ClientContext(cid, broadcast, client_state, info, task.num_steps, full_grad=full_grad, personal=personal)
     params = {**broadcast["x"], **personal}  # personal tensors train beside the shared ones and never leave
     local_state = algorithm.client_init(params, ctx)
-    batches = data.client_batches(cid, task.seed, local.batch_size, local.steps, local.epochs)
+    dp = runtime.record_privacy
+    if dp is not None:  # record-level DP-SGD: its own draws, (RDP.1) in place of the minibatch gradient
+        batches = private_steps(data, [cid], [dp_sampler(dp, cid, task.seed)], task.num_steps, stacked=False)
+        noise, denominator = [NoiseSource(task.seed, dp.noise_multiplier * dp.clip_norm)], torch.tensor(dp.denominator(cid))
+    else:
+        batches = data.client_batches(cid, task.seed, local.batch_size, local.steps, local.epochs)
     for step, batch in zip(range(task.num_steps), batches):  # a straggler's budget stops it early
         if runtime.should_stop():
             raise interrupted(info.round, cid, step, task.num_steps)
         ctx.step = step
-        ctx.grad = objective.grad_fn(to_device(batch, device), local.weight_decay, record, loss=loss)
+        if dp is not None:
+            batch = dataclasses.replace(batch, batch=to_device(batch.batch, device), mask=batch.mask.to(device))
+            ctx.grad = private_grad_fn(
+                objective, batch, noise, denominator, dp.clip_norm, local.weight_decay, record, loss, name=type(algorithm).__name__
+            )
+        else:
+            ctx.grad = objective.grad_fn(to_device(batch, device), local.weight_decay, record, loss=loss)
         params, local_state = algorithm.client_step(params, local_state, ctx)
     shared = {k: params[k] for k in broadcast["x"]} if personal else params
     upload, new_state = algorithm.client_finish(shared, local_state, ctx)
@@ -179,6 +192,8 @@ def _check_compile_settings(compile: bool, max_variants: int, backend: str) -> b
 
 def compiled_unsupported_reason(runtime: ClientRuntime) -> str | None:
     """Why client training cannot run compiled (known before running), or None."""
+    if runtime.record_privacy is not None:
+        return "record-level DP-SGD (record_privacy) draws variable batches and per-example gradients, not compiled yet"
     if runtime.local.steps is None:
         return "local.epochs gives clients different numbers of steps and a short last batch; use local.steps"
     if torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled(runtime.device.type):

@@ -1,0 +1,65 @@
+"""Record-level DP-SGD from the command line: configs/dpsgd_digits.yaml logs privacy/record_epsilon every round
+(the accountant's value for the steps the clients ran, against a numpy RDP); bad settings stop before
+training with one line, exit 2."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.test_privacy_accounting import ORDERS, _epsilon, _rdp_poisson
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = str(ROOT / "configs" / "dpsgd_digits.yaml")
+SMALL = ["--trainer.max_steps", "4", "--trainer.val_check_interval", "4", "--trainer.enable_progress_bar", "false",
+         "--model.local.steps", "3"]  # fmt: skip
+
+
+def _fl(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    exe = Path(sys.executable).with_name("fl-lightning")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([str(exe), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_dpsgd_config_logs_the_record_epsilon_every_round(tmp_path):
+    """With one sampling rate q for every client, the worst client is the one that ran the most steps: after
+    each round the logged epsilon is the numpy RDP epsilon of 3 m steps, m the rounds that client took part in."""
+    q, sigma, delta = 0.25, 1.0, 1e-5
+    proc = _fl("fit", "--config", CONFIG, *SMALL, "--model.record_privacy.init_args.sampling_rate", str(q), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(tmp_path / "runs" / "dpsgd_digits" / "version_0" / "metrics.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r["privacy/record_epsilon"]]
+    assert [float(r["round"]) for r in rows] == [0.0, 1.0, 2.0, 3.0]
+    one_step = np.array([_rdp_poisson(q, sigma, a) for a in ORDERS])
+    previous = 0.0
+    for r in rows:
+        steps = int(float(r["privacy/record_steps_max"]))
+        assert steps % 3 == 0 and 3 <= steps <= 3 * (int(float(r["round"])) + 1)
+        expected = _epsilon(one_step * steps, delta)
+        assert float(r["privacy/record_epsilon"]) == pytest.approx(expected, rel=0.01)
+        assert float(r["privacy/record_epsilon"]) >= previous
+        previous = float(r["privacy/record_epsilon"])
+    assert float(rows[0]["privacy/record_epsilon_min"]) == 0.0  # 5 of 20 clients trained in round 0
+
+
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [
+        ("--model.record_privacy.init_args.noise_multiplier", "-1", "record_privacy.noise_multiplier must be >= 0"),
+        ("--model.algorithm", "fl_lightning.algorithms.FedDecorr", "record_privacy: FedDecorr does not declare record_level_dp"),
+    ],
+)
+def test_bad_record_privacy_settings_exit_2_with_one_line(tmp_path, flag, value, message):
+    """(The other constructor checks and refusals exit 2 through the same mapping: test_record_privacy.py checks their lines.)"""
+    proc = _fl("fit", "--config", CONFIG, *SMALL, flag, value, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if message in line]
+    assert errors and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-3000:]
+    assert not (tmp_path / "runs" / "dpsgd_digits" / "version_0" / "checkpoints").exists()
