@@ -1,4 +1,10 @@
-"""The package's import graph has no circle (every import, also those inside functions)."""
+"""The package's import graph: no circle between modules, and the packages import each other only
+down the layers of ``LAYERS`` (every import, also those inside functions; those under
+``if TYPE_CHECKING:`` name types only and are left out).
+
+``python tests/test_import_graph.py`` prints the package graph that docs/architecture.md shows
+(``test_the_architecture_page_shows_the_graph`` checks that the page is current).
+"""
 
 from __future__ import annotations
 
@@ -95,6 +101,55 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+# package -> the packages it may import (besides itself and the top-level ``fl_lightning``, whose
+# ``__init__`` imports only ``package_names``). A module's package: its folder under fl_lightning/
+# (``models``/``datamodules`` for the bundled folders); docs/architecture.md, "Layout".
+LAYERS: dict[str, set[str]] = {
+    "core": set(),
+    "optim": {"core"},
+    "reliability": {"core"},
+    "models": {"core"},
+    "datamodules": {"core"},
+    "algorithms": {"core", "optim"},
+    "executors": {"core", "optim", "algorithms", "reliability"},
+    "pipeline": {"core", "optim", "algorithms", "executors"},
+    "compression": {"core", "pipeline"},
+    "engine": {"core", "reliability", "optim", "algorithms", "executors", "pipeline", "compression"},
+}
+LAYERS["run"] = {*LAYERS["engine"], "engine", "models", "datamodules"}
+LAYERS["experiments"] = {*LAYERS["run"], "run"}
+LAYERS["commands"] = {*LAYERS["experiments"], "experiments"}
+TOP = ("fl_lightning", "fl_lightning.package_names")  # the package's __init__ and its import names
+
+
+def package_of(module: str) -> str:
+    parts = module.split(".")
+    if parts[0] in ("models", "datamodules"):
+        return parts[0]
+    return "fl_lightning" if module in TOP else parts[1]
+
+
+def package_graph(graph: dict[str, set[str]] | None = None) -> dict[str, set[str]]:
+    """package -> the packages its modules import (itself and the top-level package left out)."""
+    packages: dict[str, set[str]] = {}
+    for module, deps in (graph or import_graph()).items():
+        if module in TOP:
+            continue
+        package = package_of(module)
+        packages.setdefault(package, set()).update(package_of(d) for d in deps if d.split(".")[0] in PACKAGES)
+    return {p: deps - {p, "fl_lightning"} for p, deps in packages.items()}
+
+
+def markdown(packages: dict[str, set[str]]) -> str:
+    """The package graph, lowest layer first: ``package -> the packages it imports`` (docs/architecture.md)."""
+    order: list[str] = []
+    while len(order) < len(packages):  # a topological order (the graph has no circle)
+        order += sorted(p for p, deps in packages.items() if p not in order and deps <= set(order))
+    width = max(map(len, order))
+    rows = [f"{p:<{width}}  -> {', '.join(sorted(packages[p], key=order.index)) or '(nothing of the package)'}" for p in order]
+    return "\n".join(rows)
+
+
 def test_no_import_circle():
     assert circles(import_graph()) == []
 
@@ -107,3 +162,30 @@ def test_subcommands_do_not_import_the_dispatcher():
     graph = import_graph()
     importers = sorted(m for m, deps in graph.items() if "fl_lightning.commands.cli" in deps)
     assert importers == []
+
+
+def test_every_module_lies_in_a_package_of_the_layers():
+    """A new folder, or a module left in fl_lightning/ itself, has to be placed in LAYERS first."""
+    unplaced = sorted(m for m in import_graph() if package_of(m) not in LAYERS and m not in TOP)
+    assert unplaced == []
+
+
+def test_packages_import_only_their_layers():
+    graph = import_graph()
+    wrong = sorted(f"{m} -> {d}" for m, deps in graph.items() if m not in TOP for d in deps
+                   if package_of(d) not in (package_of(m), "fl_lightning") and package_of(d) not in LAYERS[package_of(m)])  # fmt: skip
+    assert wrong == []
+    assert graph["fl_lightning"] <= {"fl_lightning.package_names"} and graph["fl_lightning.package_names"] == set()
+
+
+def test_the_layers_have_no_circle():
+    assert circles(LAYERS) == [] and circles(package_graph()) == []
+
+
+def test_the_architecture_page_shows_the_graph():
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    assert markdown(package_graph()) in page, "regenerate with: python tests/test_import_graph.py"
+
+
+if __name__ == "__main__":
+    print(markdown(package_graph()))

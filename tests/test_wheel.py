@@ -83,3 +83,12 @@ def test_the_installed_wheel_lists_and_copies_its_configs(installed, tmp_path):
     assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["compare_quickstart.yaml", "quickstart.yaml"]
     assert (tmp_path / "mine" / "quickstart.yaml").read_text() == (ROOT / "configs" / "quickstart.yaml").read_text()
     assert "\nbase: quickstart.yaml" in (tmp_path / "mine" / "compare_quickstart.yaml").read_text()  # the copy's base
+
+
+@pytest.mark.wheel
+def test_the_installed_wheel_keeps_the_old_module_names(installed, tmp_path):
+    """The modules that moved into the package's folders import under their old flat names too."""
+    bin_, env = installed
+    code = ("import fl_lightning.module as old, fl_lightning.engine.module as new; assert old is new; "  # old name
+            "from fl_lightning.callbacks import GlobalCost; print(GlobalCost.__module__)")  # old name
+    assert _run([bin_ / "python", "-c", code], tmp_path, env).stdout.strip() == "fl_lightning.engine.callbacks"

@@ -1,4 +1,7 @@
-"""Federated algorithms, one small file each."""
+"""Federated algorithms, one small file each: the client and server rules (base: ``Algorithm``).
+
+May import: core, optim.
+"""
 
 from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientResult, Payload, RoundInfo
 from fl_lightning.algorithms.fadam import FAdamET, FAdamGT

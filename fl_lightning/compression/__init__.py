@@ -2,6 +2,8 @@
 and the message-pipeline stages that apply them (``Compression``, ``--model.compression.*``).
 
 docs/algorithms.md, section 24 (encodings and bits per coordinate); docs/compression.md (the study).
+
+May import: core, pipeline.
 """
 
 from fl_lightning.compression.base import Compressor, Encoded, Identity

@@ -1,4 +1,7 @@
-"""Executors: how a round's client tasks are run (see ``docs/architecture.md``)."""
+"""Executors: how a round's client tasks are run (see ``docs/architecture.md``).
+
+May import: core, optim, algorithms, reliability.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Client update rules as pure functions over tensor dicts."""
+"""Client update rules as pure functions over tensor dicts.
+
+May import: core.
+"""
 
 from fl_lightning.optim.control import control_variate_option2
 from fl_lightning.optim.inertial import inertial_step
