@@ -270,6 +270,14 @@ def test_bad_privacy_settings_are_rejected_with_their_name(kwargs, message):
         ClientPrivacy(**kwargs)
 
 
+def test_pld_with_sampling_without_replacement_is_one_line_before_training(tmp_path):
+    """dp-accounting's PLD accountant has no rule for SampledWithoutReplacementDpEvent (it raised mid-setup)."""
+    module = _module(privacy=ClientPrivacy(clip_norm=1.0, noise_multiplier=1.0, accountant="pld"))
+    with pytest.raises(ValueError, match=r"^privacy.accountant=pld cannot account UniformSampling .*; use accountant: rdp"):
+        _fit(tmp_path, module, rounds=2)
+    assert module.trainer.global_step == 0
+
+
 def test_an_unreachable_target_stops_before_training(tmp_path):
     module = _module(privacy=ClientPrivacy(clip_norm=1.0, target_epsilon=1e-4, delta=1e-5))
     with pytest.raises(ValueError, match="privacy.target_epsilon=0.0001 cannot be reached in 50 rounds"):

@@ -222,6 +222,11 @@ class ClientPrivacy:
         """Before training: the sampling scheme, sigma (calibrated to ``target_epsilon`` if asked, or
         restored from a checkpoint) and the accountant (replayed to the checkpoint's round)."""
         self.scheme = SamplingScheme.of(participation, num_clients)
+        if self.method == "pld" and self.scheme.kind == "without_replacement":
+            raise ValueError(
+                "privacy.accountant=pld cannot account UniformSampling (sampling without replacement): dp-accounting's PLD "
+                "accountant has no rule for it; use accountant: rdp, or BernoulliParticipation (Poisson sampling)"
+            )
         restored = self._restored
         if restored is not None and "noise_multiplier" in restored:
             saved = float(restored["noise_multiplier"])
