@@ -31,7 +31,7 @@ from torch import Tensor
 from torch.func import grad_and_value, vmap
 from torch.utils._pytree import tree_map
 
-from fl_lightning import params as P
+from fl_lightning.core import params as P
 from fl_lightning.core.params import TensorDict
 from fl_lightning.core.participation import derive_seed
 
