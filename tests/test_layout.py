@@ -93,7 +93,7 @@ def test_the_repository_uses_the_new_names():
     old = "|".join(m for modules in MOVED.values() for m in modules)
     if not old:
         pytest.skip("nothing moved")
-    pattern = re.compile(rf"\bfl_lightning[./]({old})\b")
+    pattern = re.compile(rf"\bfl_lightning[./]({old})\b|^\s*from fl_lightning import ({old})\b")
     files = subprocess.run(["git", "ls-files", "*.py", "*.md", "*.yaml", "*.toml"], cwd=ROOT, capture_output=True,
                            text=True, check=True).stdout.split()  # fmt: skip
     skip = {"fl_lightning/package_names.py", "tests/test_layout.py"}
