@@ -129,6 +129,16 @@ def _summed_over_processes(count: int) -> int:
     return int(total.item())
 
 
+def check_gaussian_mechanism(setting: str, clip_norm: float, noise_multiplier: float, delta: float) -> None:
+    """The settings every clipped Gaussian mechanism here shares, each refused in one line naming ``setting``."""
+    if not (isinstance(clip_norm, (int, float)) and clip_norm > 0 and math.isfinite(clip_norm)):
+        raise ValueError(f"{setting}.clip_norm must be > 0 (finite), got {clip_norm}")
+    if not (isinstance(noise_multiplier, (int, float)) and noise_multiplier >= 0 and math.isfinite(noise_multiplier)):
+        raise ValueError(f"{setting}.noise_multiplier must be >= 0 (finite), got {noise_multiplier}")
+    if not (isinstance(delta, (int, float)) and 0 < delta < 1):
+        raise ValueError(f"{setting}.delta must be in (0, 1), got {delta}")
+
+
 class ClientPrivacy:
     """Client-level DP settings (``--model.privacy``); docs/privacy.md.
 
@@ -169,12 +179,7 @@ class ClientPrivacy:
         clip_lr: float = 0.2,
         count_noise: float | None = None,
     ) -> None:
-        if not (isinstance(clip_norm, (int, float)) and clip_norm > 0 and math.isfinite(clip_norm)):
-            raise ValueError(f"privacy.clip_norm must be > 0 (finite), got {clip_norm}")
-        if not (isinstance(noise_multiplier, (int, float)) and noise_multiplier >= 0 and math.isfinite(noise_multiplier)):
-            raise ValueError(f"privacy.noise_multiplier must be >= 0 (finite), got {noise_multiplier}")
-        if not (isinstance(delta, (int, float)) and 0 < delta < 1):
-            raise ValueError(f"privacy.delta must be in (0, 1), got {delta}")
+        check_gaussian_mechanism("privacy", clip_norm, noise_multiplier, delta)
         if target_epsilon is not None and not (target_epsilon > 0 and math.isfinite(target_epsilon)):
             raise ValueError(f"privacy.target_epsilon must be > 0 (or null), got {target_epsilon}")
         if budget not in ("calibrate", "stop"):

@@ -9,7 +9,6 @@ round logs ``privacy/record_epsilon`` (the worst client's) and its distribution 
 
 from __future__ import annotations
 
-import math
 from typing import Any, Literal
 
 import numpy as np
@@ -17,6 +16,7 @@ import torch
 from torch import nn
 
 from fl_lightning.core.capabilities import declared
+from fl_lightning.pipeline.privacy import check_gaussian_mechanism
 from fl_lightning.pipeline.record_accounting import RecordAccountant
 
 RULE_METHODS = ("client_init", "client_step", "local_loss", "client_warmup")
@@ -55,12 +55,7 @@ class RecordPrivacy:
         sampling_rate: float | None = None,
         accountant: Literal["rdp", "pld"] = "rdp",
     ) -> None:
-        if not (isinstance(clip_norm, (int, float)) and clip_norm > 0 and math.isfinite(clip_norm)):
-            raise ValueError(f"record_privacy.clip_norm must be > 0 (finite), got {clip_norm}")
-        if not (isinstance(noise_multiplier, (int, float)) and noise_multiplier >= 0 and math.isfinite(noise_multiplier)):
-            raise ValueError(f"record_privacy.noise_multiplier must be >= 0 (finite), got {noise_multiplier}")
-        if not (isinstance(delta, (int, float)) and 0 < delta < 1):
-            raise ValueError(f"record_privacy.delta must be in (0, 1), got {delta}")
+        check_gaussian_mechanism("record_privacy", clip_norm, noise_multiplier, delta)
         if sampling not in ("poisson", "fixed"):
             raise ValueError(f"record_privacy.sampling must be 'poisson' or 'fixed', got {sampling!r}")
         if sampling_rate is not None and not (isinstance(sampling_rate, (int, float)) and 0 < sampling_rate <= 1):
