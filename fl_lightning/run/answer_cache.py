@@ -14,6 +14,7 @@ per answer; ``FL_LIGHTNING_CACHE_DIR=off`` disables it. A request that imports u
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -22,11 +23,11 @@ import shutil
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 READ_ONLY_FLAGS = ("-h", "--help", "--print_config")
 DISTRIBUTIONS = ("fl-lightning", "lightning", "jsonargparse", "torch", "torchmetrics", "transformers", "peft")
-SOURCE_FOLDERS = ("fl_lightning", "models", "datamodules", "configs")
+SOURCE_FOLDERS = ("models", "datamodules", "configs")  # beside fl_lightning/ in a checkout, inside it in the wheel
 
 
 def store() -> Path | None:
@@ -48,12 +49,10 @@ def key(argv: list[str]) -> str:
 
     expanded = expand_bases(list(argv))  # every --config preceded by its base: chain
     parts = {
+        **environment(),
         "argv": expanded,
         "files": {a: _digest(Path(a)) for a in expanded if Path(a).is_file()},
-        "source": source_state(),
-        "versions": versions(),
         "columns": shutil.get_terminal_size().columns,
-        "python": sys.version,
         "cwd": os.getcwd(),
         "env": {k: v for k, v in os.environ.items() if k.startswith(("FL_LIGHTNING", "JSONARGPARSE", "COLUMNS", "PYTHONPATH"))},
     }
@@ -64,10 +63,19 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@functools.cache
+def environment() -> dict[str, Any]:
+    """What every stored answer and schema depends on beyond its request: the package's source, the
+    installed versions, the Python (computed once per process: a command asks for it more than once)."""
+    return {"source": source_state(), "versions": versions(), "python": sys.version}
+
+
 def source_state() -> list:
-    """Path, size and modification time of every source file of the package (an edit changes the key)."""
-    package = Path(__file__).resolve().parents[1]  # fl_lightning/
-    roots = [package] + [package.parent / name for name in SOURCE_FOLDERS[1:] if (package.parent / name).is_dir()]
+    """Path, size and modification time of every source file of the package (an edit changes the key);
+    in a repository checkout also of the top-level models/, datamodules/ and configs/ folders."""
+    from fl_lightning.package_names import PACKAGE, REPOSITORY, in_repository
+
+    roots = [PACKAGE] + ([REPOSITORY / name for name in SOURCE_FOLDERS] if in_repository() else [])
     state = []
     for root in roots:
         for path in sorted(root.rglob("*")):

@@ -27,6 +27,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.cli import LightningCLI, LRSchedulerTypeTuple, SaveConfigCallback, instantiate_class
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 
+from fl_lightning.run.setting_check import config_files
 from fl_lightning.run.terminal import RoundProgressBar, RunSummary, quiet_lightning
 from fl_lightning.run.threads import apply_threads, parse_threads
 
@@ -51,18 +52,6 @@ class SeveralProcesses(ValueError):
 
 def _is_optimizer_flag(arg: Any) -> bool:
     return isinstance(arg, str) and (arg == "--optimizer" or arg.startswith(("--optimizer.", "--optimizer=")))
-
-
-def _config_files(args: list[Any]) -> list[Path]:
-    files = []
-    for i, arg in enumerate(args):
-        if not isinstance(arg, str):
-            continue
-        if arg in ("--config", "-c") and i + 1 < len(args) and isinstance(args[i + 1], str):
-            files.append(Path(args[i + 1]))
-        elif arg.startswith("--config="):
-            files.append(Path(arg.split("=", 1)[1]))
-    return [f for f in files if f.is_file()]
 
 
 def _sets_optimizer(path: Path) -> bool:
@@ -280,7 +269,7 @@ class FLCli(LightningCLI):
     def parse_arguments(self, parser, args) -> None:
         self.command_line = [a for a in args if isinstance(a, str)] if isinstance(args, list) else []
         if isinstance(args, list) and (
-            any(_is_optimizer_flag(a) for a in args) or any(_sets_optimizer(f) for f in _config_files(args))
+            any(_is_optimizer_flag(a) for a in args) or any(_sets_optimizer(f) for f in config_files(args))
         ):
             raise ValueError(OPTIMIZER_ERROR)
         _save_schema(parser, self.command_line)

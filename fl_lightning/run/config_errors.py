@@ -22,11 +22,10 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, get_args
 
-import yaml
 from lightning.pytorch.cli import LightningArgumentParser
 
 from fl_lightning.core.errors import did_you_mean
-from fl_lightning.run.setting_check import class_kind, config_files, nearest_key, unknown_class_line, unknown_key_line
+from fl_lightning.run.setting_check import class_kind, unknown_class_line, unknown_key_line
 from fl_lightning.run.setting_check import source as _source_in
 
 PROJECT_PACKAGES = ("fl_lightning", "models", "datamodules")
@@ -192,7 +191,8 @@ def allowed_classes(bases: list[type]) -> list[str]:
 
 
 def _unknown_class(key: str, value: str, bases: list[type]) -> str:
-    where = "" if f"{value}" in _ARGS else (f" (in {_source(key, value)})" if _source(key, value) else "")
+    found = None if f"{value}" in _ARGS else _source(key, value)
+    where = f" (in {found})" if found else ""
     return unknown_class_line(key, value, allowed_classes(bases), class_kind(bases), where)
 
 
@@ -217,10 +217,8 @@ def schema_of(parser: Any) -> dict[str, Any]:
 
 def _only_project_classes(hint: Any, bases: list[type]) -> bool:
     """A setting whose value can only be a class of this project or None (no strings, lists, torch modules)."""
-    from typing import get_args
-
+    ours = tuple(f"{p}." for p in PROJECT_PACKAGES)
     members = get_args(hint) or (hint,)
-    return all(
-        m is type(None) or (isinstance(m, type) and not get_args(m) and m.__module__.startswith(("fl_lightning.", "models.", "datamodules.")))
-        for m in members
-    ) and all(b.__module__.startswith(("fl_lightning.", "models.", "datamodules.")) for b in bases)
+    return all(m is type(None) or (isinstance(m, type) and not get_args(m) and m.__module__.startswith(ours)) for m in members) and all(
+        b.__module__.startswith(ours) for b in bases
+    )

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +41,7 @@ def _schema_path(subcommand: str) -> Path | None:
     folder = answer_cache.store()
     if folder is None:
         return None
-    parts = {"subcommand": subcommand, "source": answer_cache.source_state(), "versions": answer_cache.versions(), "python": sys.version}
+    parts = {"subcommand": subcommand, **answer_cache.environment()}
     digest = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
     return folder / f"schema-{digest}.json"
 
@@ -89,8 +88,9 @@ def check(args: list[str], schema: dict[str, Any]) -> str | None:
                     return unknown_key_line(key, schema["known"], where=source(key, None, args))
                 name = value.get("class_path") if isinstance(value, dict) else value
                 if key in classes and isinstance(name, str) and not _possible_class(name, classes[key]["names"]):
-                    given = [v for _, v in flags if v == name]
-                    where = "" if given else (f" (in {source(key, name, args)})" if source(key, name, args) else "")
+                    given = any(v == name for _, v in flags)
+                    found = None if given else source(key, name, args)
+                    where = f" (in {found})" if found else ""
                     return unknown_class_line(key, name, classes[key]["names"], classes[key]["kind"], where)
     return None
 
@@ -175,10 +175,13 @@ def unknown_class_line(key: str, value: str, names: list[str], kind: str, where:
     return f"--{key}: no {kind} named {value!r}{where}; {hint}allowed: {', '.join(names)} (or the full import path of your own subclass)"
 
 
-def config_files(args: list[str]) -> list[Path]:
+def config_files(args: list[Any]) -> list[Path]:
+    """The existing config files named by ``--config``/``-c`` in ``args`` (non-string arguments skipped)."""
     files = []
     for i, arg in enumerate(args):
-        if arg in ("--config", "-c") and i + 1 < len(args):
+        if not isinstance(arg, str):
+            continue
+        if arg in ("--config", "-c") and i + 1 < len(args) and isinstance(args[i + 1], str):
             files.append(Path(args[i + 1]))
         elif arg.startswith("--config="):
             files.append(Path(arg.split("=", 1)[1]))
