@@ -11,10 +11,15 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def fl_lightning(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+def run_fl_lightning(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """The installed ``fl-lightning`` command run as a user runs it, whatever its exit code."""
     exe = Path(sys.executable).with_name("fl-lightning")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([str(exe), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run([str(exe), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def fl_lightning(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    proc = run_fl_lightning(*args, cwd=cwd)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc
 

@@ -4,30 +4,20 @@
 from __future__ import annotations
 
 import csv
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from fl_lightning.core.participation import BernoulliParticipation
 from fl_lightning.pipeline.privacy_accounting import SamplingScheme, epsilon_after
+from tests.test_cli import ROOT, run_fl_lightning
 
-ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "configs" / "dp_fedavg_digits.yaml")
 SMALL = ["--trainer.max_steps", "3", "--trainer.val_check_interval", "3", "--trainer.enable_progress_bar", "false",
          "--data.init_args.num_clients", "40", "--model.local.steps", "2"]  # fmt: skip
 
 
-def _fl(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    exe = Path(sys.executable).with_name("fl-lightning")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([str(exe), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
-
-
 def test_dp_config_logs_the_accountants_epsilon_every_round(tmp_path):
-    proc = _fl("fit", "--config", CONFIG, *SMALL, cwd=tmp_path)
+    proc = run_fl_lightning("fit", "--config", CONFIG, *SMALL, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(tmp_path / "runs" / "dp_fedavg_digits" / "version_0" / "metrics.csv") as f:
         rows = [r for r in csv.DictReader(f) if r["privacy/epsilon"]]
@@ -46,7 +36,7 @@ def test_dp_config_logs_the_accountants_epsilon_every_round(tmp_path):
 )
 def test_bad_privacy_settings_exit_2_with_one_line(tmp_path, flag, value, message):
     """(The constructor's checks, e.g. clip_norm <= 0, exit 2 through the same mapping: test_privacy.py checks their lines.)"""
-    proc = _fl("fit", "--config", CONFIG, *SMALL, flag, value, cwd=tmp_path)
+    proc = run_fl_lightning("fit", "--config", CONFIG, *SMALL, flag, value, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if message in line]
     assert errors and "Traceback" not in proc.stderr

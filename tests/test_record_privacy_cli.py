@@ -5,33 +5,23 @@ training with one line, exit 2."""
 from __future__ import annotations
 
 import csv
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.test_cli import ROOT, run_fl_lightning
 from tests.test_privacy_accounting import ORDERS, _epsilon, _rdp_poisson
 
-ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "configs" / "dpsgd_digits.yaml")
 SMALL = ["--trainer.max_steps", "4", "--trainer.val_check_interval", "4", "--trainer.enable_progress_bar", "false",
          "--model.local.steps", "3"]  # fmt: skip
-
-
-def _fl(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    exe = Path(sys.executable).with_name("fl-lightning")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([str(exe), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
 def test_dpsgd_config_logs_the_record_epsilon_every_round(tmp_path):
     """With one sampling rate q for every client, the worst client is the one that ran the most steps: after
     each round the logged epsilon is the numpy RDP epsilon of 3 m steps, m the rounds that client took part in."""
     q, sigma, delta = 0.25, 1.0, 1e-5
-    proc = _fl("fit", "--config", CONFIG, *SMALL, "--model.record_privacy.init_args.sampling_rate", str(q), cwd=tmp_path)
+    proc = run_fl_lightning("fit", "--config", CONFIG, *SMALL, "--model.record_privacy.init_args.sampling_rate", str(q), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(tmp_path / "runs" / "dpsgd_digits" / "version_0" / "metrics.csv") as f:
         rows = [r for r in csv.DictReader(f) if r["privacy/record_epsilon"]]
@@ -57,7 +47,7 @@ def test_dpsgd_config_logs_the_record_epsilon_every_round(tmp_path):
 )
 def test_bad_record_privacy_settings_exit_2_with_one_line(tmp_path, flag, value, message):
     """(The other constructor checks and refusals exit 2 through the same mapping: test_record_privacy.py checks their lines.)"""
-    proc = _fl("fit", "--config", CONFIG, *SMALL, flag, value, cwd=tmp_path)
+    proc = run_fl_lightning("fit", "--config", CONFIG, *SMALL, flag, value, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if message in line]
     assert errors and "Traceback" not in proc.stderr

@@ -33,7 +33,7 @@ from torch.func import grad_and_value, vmap
 from fl_lightning.core import params as P
 from fl_lightning.algorithms.base import ClientContext, ClientIdUnavailable, RoundInfo, declares_capability, defines_local_loss
 from fl_lightning.core.client_data import Unstackable
-from fl_lightning.executors.dpsgd import NoiseSource, dp_sampler, private_grad_fn, private_steps
+from fl_lightning.executors.dpsgd import client_noise, dp_sampler, private_grad_fn, private_steps
 from fl_lightning.core.errors import FLError, interrupted, one_line
 from fl_lightning.executors.base import ClientRuntime, Executor, check_loss, seed_client, to_device
 from fl_lightning.executors.compiled import DEFAULT_MAX_VARIANTS, CompiledPrograms, Uncompilable, log_fallback, tensor_lr
@@ -275,7 +275,7 @@ class BatchedExecutor(Executor):
         if self.programs is not None:
             rule = functools.partial(self._compiled_rule, rule)
         if dp is not None:
-            step_batches = (dataclasses.replace(b, batch=to_device(b.batch, runtime.device), mask=b.mask.to(runtime.device)) for b in batches)
+            step_batches = (b.to(runtime.device) for b in batches)
         else:
             step_batches = (to_device(batch, runtime.device) for batch in batches)
         loss = client_loss(runtime.algorithm, ids, broadcast, stacked_states, info, runtime.data, runtime.device)
@@ -304,8 +304,7 @@ class BatchedExecutor(Executor):
         local_state = algorithm.client_init(params, ctx)
         dp = runtime.record_privacy
         if dp is not None:  # the clients' noise sources and B_i, as sequential execution's
-            noise = [NoiseSource(s, dp.noise_multiplier * dp.clip_norm) for s in self._seeds]
-            denominators = torch.tensor([dp.denominator(int(c)) for c in ids.tolist()])
+            noise, denominators = client_noise(dp, ids.tolist(), self._seeds)
         for step, batch in enumerate(batches):
             if runtime.should_stop():
                 raise interrupted(info.round, int(ids[0]), step, runtime.local.steps)

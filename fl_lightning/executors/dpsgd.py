@@ -48,6 +48,12 @@ class PrivateStep:
     mask: Tensor
     count: Tensor
 
+    def to(self, device: torch.device) -> PrivateStep:
+        """The batch and mask on ``device`` (the count stays where it is)."""
+        from fl_lightning.executors.base import to_device
+
+        return dataclasses.replace(self, batch=to_device(self.batch, device), mask=self.mask.to(device))
+
 
 class RecordSampler:
     """The records of each local step of one client (see the module docstring)."""
@@ -66,6 +72,12 @@ class RecordSampler:
 def dp_sampler(dp: Any, client: int, seed: int) -> RecordSampler:
     """Client ``client``'s sampler in a round (``dp``: the ``RecordPrivacy`` settings, prepared)."""
     return RecordSampler(int(dp.sizes[client]), float(dp.rates[client]), dp.batch_size, dp.sampling, seed)
+
+
+def client_noise(dp: Any, clients: Sequence[int], seeds: Sequence[int]) -> tuple[list[NoiseSource], Tensor]:
+    """Each client's noise source (std sigma C, from its round seed) and its B_i of (RDP.1)."""
+    noise = [NoiseSource(seed, dp.noise_multiplier * dp.clip_norm) for seed in seeds]
+    return noise, torch.tensor([dp.denominator(int(c)) for c in clients])
 
 
 def padded(draws: Sequence[Tensor]) -> tuple[Tensor, Tensor, Tensor]:

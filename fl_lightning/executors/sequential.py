@@ -6,7 +6,6 @@ copy is made) and its stored state; no per-client model copies exist.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import math
@@ -17,7 +16,7 @@ import torch
 
 from fl_lightning.core import params as P
 from fl_lightning.algorithms.base import ClientContext, ClientIdUnavailable, RoundInfo
-from fl_lightning.executors.dpsgd import NoiseSource, dp_sampler, private_grad_fn, private_steps
+from fl_lightning.executors.dpsgd import client_noise, dp_sampler, private_grad_fn, private_steps
 from fl_lightning.core.errors import FLError, interrupted
 from fl_lightning.executors.base import ClientRuntime, Executor, check_loss, seed_client, to_device
 from fl_lightning.executors.compiled import DEFAULT_MAX_VARIANTS, CompiledPrograms, Uncompilable, log_fallback, tensor_lr
@@ -139,7 +138,7 @@ def _train_client(task: ClientTask, info: RoundInfo, runtime: ClientRuntime, rec
     dp = runtime.record_privacy
     if dp is not None:  # record-level DP-SGD: its own draws, (RDP.1) in place of the minibatch gradient
         batches = private_steps(data, [cid], [dp_sampler(dp, cid, task.seed)], task.num_steps, stacked=False)
-        noise, denominator = [NoiseSource(task.seed, dp.noise_multiplier * dp.clip_norm)], torch.tensor(dp.denominator(cid))
+        noise, denominators = client_noise(dp, [cid], [task.seed])
     else:
         batches = data.client_batches(cid, task.seed, local.batch_size, local.steps, local.epochs)
     for step, batch in zip(range(task.num_steps), batches):  # a straggler's budget stops it early
@@ -147,9 +146,8 @@ def _train_client(task: ClientTask, info: RoundInfo, runtime: ClientRuntime, rec
             raise interrupted(info.round, cid, step, task.num_steps)
         ctx.step = step
         if dp is not None:
-            batch = dataclasses.replace(batch, batch=to_device(batch.batch, device), mask=batch.mask.to(device))
             ctx.grad = private_grad_fn(
-                objective, batch, noise, denominator, dp.clip_norm, local.weight_decay, record, loss, name=type(algorithm).__name__
+                objective, batch.to(device), noise, denominators[0], dp.clip_norm, local.weight_decay, record, loss, name=type(algorithm).__name__
             )
         else:
             ctx.grad = objective.grad_fn(to_device(batch, device), local.weight_decay, record, loss=loss)

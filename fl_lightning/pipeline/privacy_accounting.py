@@ -119,6 +119,18 @@ def _epsilon_from_rdp(rdp: np.ndarray, delta: float) -> float:
     return float(compute_epsilon(ORDERS, rdp, delta)[0])
 
 
+def pld_poisson_epsilon(p: float, query: Any, steps: int, delta: float) -> float:
+    """Epsilon at ``delta`` of ``steps`` compositions of the Gaussian ``query`` (a ``DpEvent``), each
+    Poisson-sampled with probability ``p``, add/remove adjacency, by privacy loss distributions (the
+    client-level rounds and the record-level local steps alike)."""
+    import dp_accounting
+    from dp_accounting.pld import PLDAccountant
+
+    accountant = PLDAccountant()
+    accountant.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(p, query), steps))
+    return float(accountant.get_epsilon(delta))
+
+
 class ClientAccountant:
     """The epsilon of every client after the rounds run so far (``step`` once a round).
 
@@ -182,21 +194,11 @@ class ClientAccountant:
         return float(self.epsilons().max()) if self.rounds else 0.0
 
     def _pld_epsilon(self, p: float, rounds: int) -> float:
-        import dp_accounting
-        from dp_accounting.pld import PLDAccountant
-
         if self.sigma == 0 or (isinstance(self.sigma, tuple) and 0 in self.sigma):
             return math.inf
-        if self.scheme.kind == "poisson":
-            accountant = PLDAccountant()
-            event = dp_accounting.PoissonSampledDpEvent(p, _queries("poisson", self.sigma))
-        else:
-            accountant = PLDAccountant(dp_accounting.NeighboringRelation.REPLACE_ONE)
-            event = dp_accounting.SampledWithoutReplacementDpEvent(
-                self.scheme.num_clients, self.scheme.sample_size, _queries("without_replacement", self.sigma)
-            )
-        accountant.compose(dp_accounting.SelfComposedDpEvent(event, rounds))
-        return float(accountant.get_epsilon(self.delta))
+        if self.scheme.kind != "poisson":  # refused before training where it is configured (ClientPrivacy.prepare)
+            raise ValueError("accountant 'pld' accounts Poisson sampling only: dp-accounting's PLD has no rule for sampling without replacement")
+        return pld_poisson_epsilon(p, _queries("poisson", self.sigma), rounds, self.delta)
 
 
 def epsilon_after(scheme: SamplingScheme, noise_multiplier: float, delta: float, rounds: int, method: str = "rdp") -> float:

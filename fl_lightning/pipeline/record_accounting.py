@@ -24,7 +24,7 @@ import math
 
 import numpy as np
 
-from fl_lightning.pipeline.privacy_accounting import _epsilon_from_rdp, _rdp_event
+from fl_lightning.pipeline.privacy_accounting import _epsilon_from_rdp, _queries, _rdp_event, pld_poisson_epsilon
 
 
 class RecordAccountant:
@@ -73,13 +73,7 @@ class RecordAccountant:
             return math.inf
         if self.method == "rdp":
             return _epsilon_from_rdp(self._step_rdp(i) * steps, self.delta)
-        import dp_accounting
-        from dp_accounting.pld import PLDAccountant
-
-        event = dp_accounting.PoissonSampledDpEvent(float(self.rates[i]), dp_accounting.GaussianDpEvent(self.sigma))
-        accountant = PLDAccountant()
-        accountant.compose(dp_accounting.SelfComposedDpEvent(event, steps))
-        return float(accountant.get_epsilon(self.delta))
+        return pld_poisson_epsilon(float(self.rates[i]), _queries("poisson", self.sigma), steps, self.delta)
 
     def epsilons(self) -> np.ndarray:
         """Each client's epsilon at ``delta`` (0 for a client that never trained)."""

@@ -124,7 +124,7 @@ class RecordPrivacy:
     def account(self, clients, steps) -> dict[str, float]:
         """The round's local steps accounted; the metrics logged with it."""
         self.accountant.add(clients, steps)
-        return {**self.accountant.metrics(), "privacy/record_noise_multiplier": self.noise_multiplier}
+        return self.metrics()
 
     def metrics(self) -> dict[str, float]:
         return {**self.accountant.metrics(), "privacy/record_noise_multiplier": self.noise_multiplier}
