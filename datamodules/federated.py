@@ -39,6 +39,9 @@ def gather_rows(tensor: Tensor, index: Tensor) -> Tensor:
     return tensor.index_select(0, index.reshape(-1)).view(*index.shape, *tensor.shape[1:])
 
 
+PLAN_BLOCK = 32  # rounds planned at once (``Participation.plans``: equal plans, one seed derivation per block)
+
+
 class RoundPlans(IterableDataset):
     """Endless stream of round plans, starting at the trainer's current step (so a resume continues)."""
 
@@ -50,8 +53,8 @@ class RoundPlans(IterableDataset):
         trainer = getattr(dm, "trainer", None)
         round_idx = trainer.global_step if trainer is not None else 0
         while True:
-            yield dm.participation.plan(round_idx, dm.client_sizes, dm.seed)
-            round_idx += 1
+            yield from dm.participation.plans(round_idx, PLAN_BLOCK, dm.client_sizes, dm.seed)
+            round_idx += PLAN_BLOCK
 
 
 class FederatedDataModule(L.LightningDataModule):

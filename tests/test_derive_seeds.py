@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fl_lightning.core import participation
-from fl_lightning.core.participation import UniformSampling, derive_seed, derive_seeds
+from fl_lightning.core.participation import BernoulliParticipation, UniformSampling, derive_seed, derive_seeds
 
 small = st.integers(0, 2**32 - 1)
 any_key = st.one_of(small, st.integers(0, 2**63 - 1))  # 1 or 2 entropy words
@@ -64,3 +64,50 @@ def test_edge_cases():
         derive_seeds(1, [-1, 2])
     with pytest.raises(ValueError):
         derive_seeds([1, 2], [1, 2, 3])
+
+
+class _Pure(UniformSampling):
+    """A subclass that rewrites ``sample`` without declaring ``pure_sampling`` again."""
+
+    def sample(self, round_idx, client_sizes, generator):
+        return super().sample(round_idx, client_sizes, generator)
+
+
+@pytest.mark.parametrize(
+    "participation", [UniformSampling(7), UniformSampling(0.25, weighting="samples"), BernoulliParticipation(0.4), _Pure(5)]
+)
+def test_plans_ahead_equal_round_by_round_plans(participation):
+    """``plans`` (blocks of rounds drawn at once where sampling is pure) equals ``plan`` of each round, bit for bit."""
+    sizes = torch.arange(1, 41)
+    plans = list(participation.plans(2**31 + 5, 40, sizes, seed=2**40 + 3))  # keys past 32 bits: two entropy words
+    assert [p.round for p in plans] == list(range(2**31 + 5, 2**31 + 45))
+    for got in plans:
+        want = participation.plan(got.round, sizes, seed=2**40 + 3)
+        for field in ("clients", "weights", "seeds"):
+            assert getattr(got, field).dtype == getattr(want, field).dtype
+            assert torch.equal(getattr(got, field), getattr(want, field)), (got.round, field)
+
+
+def test_only_declared_pure_sampling_is_planned_ahead():
+    """A participation that has not declared ``pure_sampling`` (its ``sample`` may read state that changes
+    during the run) is planned when the iterator reaches the round, not ahead."""
+    calls = []
+
+    class Counting(BernoulliParticipation):
+        def sample(self, round_idx, client_sizes, generator):
+            calls.append(round_idx)
+            return super().sample(round_idx, client_sizes, generator)
+
+    class CountingUniform(UniformSampling):
+        pure_sampling = True
+
+        def sample(self, round_idx, client_sizes, generator):
+            calls.append(round_idx)
+            return super().sample(round_idx, client_sizes, generator)
+
+    plans = Counting(0.5).plans(0, 8, torch.ones(10), seed=1)
+    next(plans)
+    assert calls == [0]
+    calls.clear()
+    next(CountingUniform(3).plans(0, 8, torch.ones(10), seed=1))
+    assert calls == list(range(8))  # declared pure: the block drawn at once

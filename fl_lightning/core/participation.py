@@ -10,12 +10,14 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Literal
 
 import numpy as np
 import torch
 from torch import Tensor
+
+from fl_lightning.core.capabilities import declared
 
 _SAMPLING_STREAM = 0x5A3
 
@@ -163,9 +165,34 @@ class Participation(ABC):
         seeds = torch.from_numpy(derive_seeds(seed, round_idx, clients))  # derive_seed(seed, round_idx, c) of each client
         return RoundPlan(round=round_idx, clients=clients, weights=weights.double(), seeds=seeds)
 
+    def plans(self, first_round: int, count: int, client_sizes: Tensor, seed: int) -> Iterator[RoundPlan]:
+        """``plan`` of rounds ``first_round .. first_round + count - 1``, equal to it bit for bit.
+
+        A participation whose ``sample`` is a pure function of the round and its generator declares
+        ``pure_sampling = True`` (``fl_lightning.core.capabilities``): its plans are drawn ahead in blocks, with
+        the rounds' and clients' seeds derived by one vectorised call each (a plan's seed derivations are
+        most of its cost). Any other participation (its ``sample`` may read state that changes during the
+        run, or it overrides ``plan``) is planned round by round, when the iterator reaches the round.
+        """
+        rounds = range(first_round, first_round + count)
+        if type(self).plan is not Participation.plan or not declared(self, "pure_sampling", ("sample",)):
+            return (self.plan(r, client_sizes, seed) for r in rounds)
+        sampling_seeds = derive_seeds(seed, np.arange(first_round, first_round + count, dtype=np.int64), _SAMPLING_STREAM)
+        drawn = [self.sample(r, client_sizes, torch.Generator().manual_seed(int(s))) for r, s in zip(rounds, sampling_seeds.tolist())]
+        round_of = torch.cat([torch.full((len(clients),), r, dtype=torch.int64) for r, (clients, _) in zip(rounds, drawn)])
+        seeds = torch.from_numpy(derive_seeds(seed, round_of, torch.cat([clients for clients, _ in drawn])))
+        plans, start = [], 0
+        for r, (clients, weights) in zip(rounds, drawn):
+            plans.append(RoundPlan(round=r, clients=clients, weights=weights.double(), seeds=seeds[start : start + len(clients)].clone()))
+            start += len(clients)
+        return iter(plans)
+
 
 class UniformSampling(Participation):
     """Sample ``clients_per_round`` of the N clients uniformly without replacement.
+
+    Its ``sample`` reads only the round's generator and the clients' sizes (``pure_sampling``: plans
+    are drawn ahead in blocks, see ``Participation.plans``).
 
     Args:
         clients_per_round: a count S >= 1, or a fraction in (0, 1] of the N clients.
@@ -184,6 +211,8 @@ class UniformSampling(Participation):
             raise ValueError(f"weighting must be 'uniform' or 'samples', got {weighting!r}")
         self.clients_per_round = clients_per_round
         self.weighting = weighting
+
+    pure_sampling = True
 
     def count(self, num_clients: int) -> int:
         if isinstance(self.clients_per_round, float):
