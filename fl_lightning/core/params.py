@@ -108,6 +108,33 @@ def across(dicts: Sequence[TensorDict], name: str) -> list[Tensor]:
     """Tensor ``name`` of every dict: as one stacked ``[S, ...]`` tensor if small, else one per dict."""
     tensors = [d[name] for d in dicts]
     if len(tensors) > 1 and tensors[0].numel() * len(tensors) <= STACK_LIMIT:
+        source = getattr(dicts[0], "stacked", None)
+        if source is not None:  # rows of one stacked tensor (``unstack_rows``): that tensor, not a copy
+            stacked, views = source[0].get(name), source[1].get(name)
+            if views is not None and len(tensors) <= len(views) and all(t is v for t, v in zip(tensors, views)):
+                return [stacked if len(tensors) == len(views) else stacked[: len(tensors)]]
         return [torch.stack(tensors)]
     return tensors
+
+
+class StackedRow(dict):
+    """One client's tensors, each a row of a stacked ``[S, ...]`` tensor (``unstack_rows``): a plain
+    tensor dict to every reader; ``across`` of rows 0 .. n-1 returns the stacked tensor's first n rows
+    instead of stacking the rows again (the same values and layout: a contiguous stacked tensor)."""
+
+    __slots__ = ("stacked",)
+
+
+def unstack_rows(stacked: TensorDict, num_rows: int) -> list[TensorDict]:
+    """``stacked``'s rows as ``num_rows`` per-row tensor dicts (views, one ``unbind`` per tensor) that
+    ``across`` turns back into ``stacked`` without a copy. Tensors that are not contiguous are stacked
+    again by ``across`` (a copy of the layout ``torch.stack`` gives)."""
+    views = {k: v.unbind(0) for k, v in stacked.items()}
+    source = ({k: v for k, v in stacked.items() if v.is_contiguous()}, {k: views[k] for k, v in stacked.items() if v.is_contiguous()})
+    rows = []
+    for i in range(num_rows):
+        row = StackedRow({k: parts[i] for k, parts in views.items()})
+        row.stacked = source
+        rows.append(row)
+    return rows
 

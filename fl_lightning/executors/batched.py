@@ -63,10 +63,14 @@ def _stack(states: list[Any]) -> Any:
     return torch.stack(states)
 
 
-def _unstack(state: Any, num_clients: int) -> list[Any]:
-    """The inverse of ``_stack``: one view per client (``unbind``: one op per tensor, not per client)."""
+def _unstack(state: Any, num_clients: int, rows: bool = False) -> list[Any]:
+    """The inverse of ``_stack``: one view per client (``unbind``: one op per tensor, not per client).
+    ``rows`` (the uploads): each dict of tensors becomes ``P.unstack_rows``' rows, which aggregation and
+    metrics read back as the stacked tensors without stacking the clients' views again (``P.across``)."""
+    if rows and isinstance(state, dict) and state and all(isinstance(v, Tensor) for v in state.values()):
+        return P.unstack_rows(state, num_clients)
     if isinstance(state, dict):
-        per_key = {k: _unstack(v, num_clients) for k, v in state.items()}
+        per_key = {k: _unstack(v, num_clients, rows) for k, v in state.items()}
         return [{k: parts[i] for k, parts in per_key.items()} for i in range(num_clients)]
     return list(state.unbind(0))
 
@@ -415,7 +419,7 @@ class BatchedExecutor(Executor):
             try:
                 ctx = self._context(ids, broadcast, stacked_state, info, runtime, step=last)
                 upload, new_state = algorithm.client_finish(params, local_state, ctx)
-                return _unstack(upload, len(states)), _unstack(new_state, len(states))
+                return _unstack(upload, len(states), rows=True), _unstack(new_state, len(states))
             except ClientIdUnavailable:
                 self._finish_per_client.add(type(algorithm))
         views, local_views = _unstack(params, len(states)), _unstack(local_state, len(states))
