@@ -8,6 +8,7 @@ code serves one client or many clients stacked on a leading dimension.
 from __future__ import annotations
 
 import fnmatch
+import operator
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -96,7 +97,7 @@ def sq_norm(td: TensorDict) -> Tensor:
 
 
 def num_bytes(tensors: Iterable[Tensor]) -> int:
-    return sum(t.nbytes for t in tensors)  # numel() * element_size(), in one attribute read
+    return sum([t.nbytes for t in tensors])  # numel() * element_size(), in one attribute read
 
 
 STACK_LIMIT = 1 << 22
@@ -111,7 +112,7 @@ def across(dicts: Sequence[TensorDict], name: str) -> list[Tensor]:
         source = getattr(dicts[0], "stacked", None)
         if source is not None:  # rows of one stacked tensor (``unstack_rows``): that tensor, not a copy
             stacked, views = source[0].get(name), source[1].get(name)
-            if views is not None and len(tensors) <= len(views) and all(t is v for t, v in zip(tensors, views)):
+            if views is not None and len(tensors) <= len(views) and all(map(operator.is_, tensors, views)):
                 return [stacked if len(tensors) == len(views) else stacked[: len(tensors)]]
         return [torch.stack(tensors)]
     return tensors
@@ -131,9 +132,9 @@ def unstack_rows(stacked: TensorDict, num_rows: int) -> list[TensorDict]:
     again by ``across`` (a copy of the layout ``torch.stack`` gives)."""
     views = {k: v.unbind(0) for k, v in stacked.items()}
     source = ({k: v for k, v in stacked.items() if v.is_contiguous()}, {k: views[k] for k, v in stacked.items() if v.is_contiguous()})
-    rows = []
-    for i in range(num_rows):
-        row = StackedRow({k: parts[i] for k, parts in views.items()})
+    keys, rows = tuple(views), []
+    for parts in zip(*views.values()) if views else [()] * num_rows:
+        row = StackedRow(zip(keys, parts))
         row.stacked = source
         rows.append(row)
     return rows

@@ -350,6 +350,10 @@ class BatchedExecutor(Executor):
             except Uncompilable as error:
                 reason = str(error)
             else:
+                if padded == size:  # no padding to cut off
+                    for value, out, target, terms in evaluations:
+                        record.add(value, out, target, terms or None)
+                    return new_params, local_state
                 for value, out, target, terms in evaluations:
                     terms = {k: v[:size] for k, v in terms.items()} or None
                     record.add(value[:size], None if out is None else out[:size], target[:size], terms)
