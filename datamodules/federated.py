@@ -405,7 +405,11 @@ class FederatedDataModule(L.LightningDataModule):
             sizes = [len(indices) for indices in train]
             flat = torch.cat(train)
             starts = torch.tensor([0, *sizes[:-1]], dtype=torch.int64).cumsum(0)  # client i's indices in the concatenation
-        positions = torch.stack([self._step_positions(n, generator.manual_seed(s), batch_size, steps) for n, s in zip(sizes, seeds)])
+        needed, n = steps * batch_size, sizes[0] if sizes else 0
+        if sizes.count(n) == len(sizes) and needed <= n // batch_size * batch_size:  # equal clients, one pass: _step_positions inlined
+            positions = torch.stack([torch.randperm(n, generator=generator.manual_seed(s)) for s in seeds])[:, :needed]
+        else:
+            positions = torch.stack([self._step_positions(n, generator.manual_seed(s), batch_size, steps) for n, s in zip(sizes, seeds)])
         return flat[positions + starts.unsqueeze(1)].view(len(sizes), steps, batch_size)
 
     def _stacked(self, blocks: Iterator[Tensor], client_ids: Sequence[int], seeds: Sequence[int]) -> Iterator[Any]:
