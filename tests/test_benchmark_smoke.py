@@ -102,3 +102,11 @@ def test_flower_compare_names_the_first_error_of_a_log():
     )
     assert compare._first_exception(log) == "ValueError: ActorPool is empty."
     assert compare._first_exception("all fine\n") is None
+
+
+def test_round_floor_times_an_empty_lightning_round():
+    """benchmarks/round_floor.py: the milliseconds of a round that only steps the server optimizer (positive, finite)."""
+    from benchmarks.round_floor import floor_ms
+
+    ms = floor_ms(150)
+    assert 0.0 < ms < 1000.0
