@@ -375,8 +375,7 @@ class FederatedModule(L.LightningModule):
         for result in results:
             self.store.put(result.client_id, result.client_state)
 
-        optimizer = self.optimizers()
-        optimizer.zero_grad()
+        optimizer = self.optimizers()  # no zero_grad: the pseudo-gradient replaces every parameter's .grad
         for name, param in zip(self.federated_names, self.federated_parameters()):
             param.grad = pseudo_grad[name].to(param.dtype)
         optimizer.step()
