@@ -13,7 +13,8 @@ The compiled unit (``compile_unit``) is either
   fewest calls, but tracing and code generation grow with K;
 - ``"step"``: one local step is the program (``one_step``: ``ctx.grad`` and ``client_step`` on the
   step's batch), called K times; ``client_init`` runs eagerly (under ``vmap`` for stacked clients).
-  About 1/K of the round program's compile time, K calls a client. The step index is not an input:
+  About half the round program's compile time on the quickstart (K = 10), but K calls a client,
+  each paying dynamo's entry (slower rounds on small models). The step index is not an input:
   a ``client_step`` that reads ``ctx.step`` or ``ctx.num_steps`` (FedAlt's schedule) would make it a
   constant of the graph, one program per step, so ``StepIndexUnavailable`` is raised while tracing and
   that rule's clients run the round program instead (a declared reason, logged once).
@@ -245,8 +246,7 @@ class CompiledPrograms:
         self._programs = {
             (unit_fn, dynamic): torch.compile(_fresh(unit_fn), fullgraph=True, dynamic=dynamic, backend=backend)
             for unit_fn in (self._round_fn, self._step_fn) for dynamic in (False, True)
-        }  # fmt: skip
-        # (dynamo traces a program at its first call: the unit not used costs nothing)
+        }  # fmt: skip  (dynamo traces a program at its first call: a unit not run costs nothing)
         # dynamo's settings while a program runs (and may compile), made once: building the patch costs
         # ~1 ms (a copy of dynamo's whole config), entering it ~15 us
         self._config = torch._dynamo.config.patch(
