@@ -308,7 +308,8 @@ def framework(workload: str, clients_per_round: int, rounds: int, execution: str
 
     kwargs = {"execution": "batched"} if execution == "batched" else {}
     if execution.endswith("_compiled"):
-        kwargs = {"execution": (BatchedExecutor if execution.startswith("batched") else SequentialExecutor)(compile=True)}
+        unit = {"compile_unit": os.environ["FL_BENCH_COMPILE_UNIT"]} if os.environ.get("FL_BENCH_COMPILE_UNIT") else {}
+        kwargs = {"execution": (BatchedExecutor if execution.startswith("batched") else SequentialExecutor)(compile=True, **unit)}
     distributed = dict(devices=2, strategy="ddp") if execution == "ddp2" else {}
     module = FederatedModule(model, FedAvg(), LocalTraining(lr=LR, steps=spec["steps"], batch_size=spec["batch"]), **kwargs)
     trainer = L.Trainer(
@@ -444,6 +445,7 @@ def main() -> None:
     parser.add_argument("--workloads", default="mlp,mlp400,cnn,lora", help=f"any of {', '.join(WORKLOADS)} ({', '.join(sorted(OPT_IN))}: opt-in)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where every row runs (ddp2 rows: cpu only)")
     parser.add_argument("--executions", default="bare,sequential,batched,ddp2")
+    parser.add_argument("--compile-unit", choices=["step", "round"], default=None, help="compiled rows' compile_unit (default: each executor's)")
     parser.add_argument("--_worker", nargs=4, help=argparse.SUPPRESS)
     parser.add_argument("--_ddp", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -460,6 +462,8 @@ def main() -> None:
 
     workloads = args.workloads.split(",")
     os.environ["FL_BENCH_DEVICE"] = args.device
+    if args.compile_unit:
+        os.environ["FL_BENCH_COMPILE_UNIT"] = args.compile_unit
     rounds = ({"mlp": 16, "mlp400": 6, "cnn": 8, "lora": 4, "resnet18": 3} if args.quick
               else {"mlp": 40, "mlp400": 10, "cnn": 15, "lora": 10, "resnet18": 4})  # fmt: skip
     rounds_arg = ",".join(f"{k}={v}" for k, v in rounds.items())

@@ -59,15 +59,19 @@ def _algorithm(name):
     return A.FedAvgSVRG(snapshots=1, inner_steps=3) if name == "FedAvgSVRG" else getattr(A, name)()
 
 
+READS_STEP = {"FedAlt", "FedAvgSVRG"}  # client_step reads ctx.step / ctx.num_steps: the round program in step mode
+
+
 def _executor(kind, **kw):
     return (BatchedExecutor if kind == "batched" else SequentialExecutor)(compile=True, **kw)
 
 
+@pytest.mark.parametrize("unit", ["step", "round"])
 @pytest.mark.parametrize("kind", ["sequential", "batched"])
 @pytest.mark.parametrize("name", REGISTRY)
-def test_every_algorithm_compiled_equals_eager(tmp_path, name, kind):
+def test_every_algorithm_compiled_equals_eager(tmp_path, name, kind, unit):
     eager = _fit(tmp_path, _algorithm(name), "sequential")
-    executor = _executor(kind, backend=SWEEP_BACKEND)
+    executor = _executor(kind, backend=SWEEP_BACKEND, compile_unit=unit)
     compiled = _fit(tmp_path, _algorithm(name), executor)
     _assert_close(eager, compiled)
     inner = executor.sequential if kind == "batched" else executor
@@ -77,12 +81,14 @@ def test_every_algorithm_compiled_equals_eager(tmp_path, name, kind):
     else:  # an algorithm's own objective (local_loss: MOON, FedNTD, FedLC, FedRS, FedDecorr, ...) is compiled too
         assert not fallbacks, fallbacks
         assert executor.compile_seconds > 0
+    unit_fallbacks = {**executor.programs.unit_fallbacks, **inner.programs.unit_fallbacks}  # the round program for a declared reason
+    assert bool(unit_fallbacks) == (name in READS_STEP and (unit == "step" or kind == "batched")), unit_fallbacks  # batched's sequential rounds: step
 
 
-@pytest.mark.parametrize("name, kind", [("FedAvg", "sequential"), ("FedSAM", "batched")])
-def test_inductor_compiled_equals_eager(tmp_path, name, kind):
+@pytest.mark.parametrize("name, kind, unit", [("FedAvg", "sequential", "step"), ("FedAvg", "sequential", "round"), ("FedSAM", "batched", "round")])
+def test_inductor_compiled_equals_eager(tmp_path, name, kind, unit):
     eager = _fit(tmp_path, getattr(A, name)(), "sequential")
-    executor = _executor(kind)
+    executor = _executor(kind, compile_unit=unit)
     compiled = _fit(tmp_path, getattr(A, name)(), executor)
     _assert_close(eager, compiled)
     assert not executor.compile_fallbacks if kind == "batched" else not executor.fallbacks
@@ -185,10 +191,12 @@ def test_compiled_execution_detects_divergence(tmp_path):
     (dict(compile="yes"), "execution.compile must be true or false"),
     (dict(compile=True, max_variants=0), "execution.max_variants must be an integer >= 1"),
     (dict(compile=True, backend="nvcc"), "execution.backend must be one of"),
+    (dict(compile=True, compile_unit="epoch"), "execution.compile_unit must be one of"),
 ])  # fmt: skip
-def test_bad_compile_settings_are_rejected(kwargs, match):
+@pytest.mark.parametrize("executor", [SequentialExecutor, BatchedExecutor])
+def test_bad_compile_settings_are_rejected(kwargs, match, executor):
     with pytest.raises(ValueError, match=match):
-        SequentialExecutor(**kwargs)
+        executor(**kwargs)
 
 
 def test_compiled_quickstart_through_the_cli(tmp_path):
@@ -227,3 +235,57 @@ def test_a_rule_reading_the_client_id_runs_eagerly_with_a_reason(tmp_path, caplo
     assert "ReadsClientId reads ctx.client_id in its local steps" in caplog.text
     for a, b in zip(eager.model.parameters(), compiled.model.parameters()):
         assert torch.equal(a, b)
+
+
+# ---- the compiled unit (compile_unit: step | round) ----------------------------------------------
+@pytest.mark.parametrize("kind", ["sequential", "batched"])
+def test_per_step_and_unrolled_programs_agree(tmp_path, kind):
+    """One step a program called K times and the K steps unrolled into one program: the same model, client
+    states and step records (SCAFFOLD: a local state, a client state and a server payload; a decaying step size)."""
+    local = LocalTraining(lr=0.1, steps=4, batch_size=8, weight_decay=1e-3, lr_decay=0.9)
+    runs = {unit: _fit(tmp_path, A.SCAFFOLD(), _executor(kind, backend="aot_eager", compile_unit=unit), rounds=3, local=local)
+            for unit in ("step", "round")}  # fmt: skip
+    _assert_close(runs["round"], runs["step"])
+
+
+class ReadsStep(A.FedAvg):
+    """FedAvg whose step size halves after the first step: a schedule on ``ctx.step`` (a Python number)."""
+
+    elementwise = True
+
+    def client_step(self, params, local, ctx):
+        _, grad = ctx.grad(params)
+        scale = 1.0 if ctx.step == 0 else 0.5
+        return {k: p - scale * ctx.lr * grad[k] for k, p in params.items()}, local
+
+
+@pytest.mark.parametrize("algorithm", [ReadsStep, A.FedAlt])
+def test_a_rule_reading_the_step_index_runs_the_unrolled_program(tmp_path, caplog, algorithm):
+    """The per-step program does not take the step index (it would be a constant: a program per step): a
+    client_step reading ctx.step or ctx.num_steps runs the round program, with the reason logged once."""
+    eager = _fit(tmp_path, algorithm(), "sequential")
+    executor = SequentialExecutor(compile=True, backend="aot_eager", compile_unit="step")
+    with caplog.at_level(logging.WARNING, logger="fl_lightning.executors.compiled"):
+        compiled = _fit(tmp_path, algorithm(), executor)
+    _assert_close(eager, compiled)
+    name = algorithm.__name__
+    assert caplog.text.count("compiled execution falls back to the unrolled round program") == 1
+    assert f"{name}'s client_step reads ctx." in caplog.text
+    assert executor.programs.unit == "round" and not executor.fallbacks
+    assert {k for k, *_ in executor.programs.variants} == {3}  # the round program's K, no step program kept
+
+
+def test_step_programs_serve_every_straggler(tmp_path):
+    """Stragglers run fewer steps: the round unit compiles one program per distinct K, the step unit one for all
+    (plus one with a dynamic batch where a client has fewer samples than the batch)."""
+    faults, local = ClientFaults(straggler=0.6), LocalTraining(lr=0.1, steps=6, batch_size=8)
+    data = dict(num_clients=8, clients_per_round=4)
+    programs = {}
+    for unit in ("step", "round"):
+        executor = SequentialExecutor(compile=True, backend="aot_eager", compile_unit=unit)
+        _fit(tmp_path, A.FedAvg(), executor, rounds=6, faults=faults, local=local, data=tiny_datamodule(**data))
+        programs[unit] = executor.programs
+    steps, rounds = programs["step"], programs["round"]
+    assert {k for k, *_ in steps.variants} == {"step"} and steps.compiled == len(steps.variants) <= 2
+    assert len({k for k, *_ in rounds.variants}) > 1  # several K: one round program each
+    assert rounds.compiled == len(rounds.variants) > steps.compiled

@@ -36,7 +36,7 @@ from fl_lightning.core.client_data import Unstackable
 from fl_lightning.executors.dpsgd import client_noise, dp_sampler, private_grad_fn, private_steps
 from fl_lightning.core.errors import FLError, interrupted, one_line
 from fl_lightning.executors.base import ClientRuntime, Executor, check_loss, seed_client, to_device
-from fl_lightning.executors.compiled import DEFAULT_MAX_VARIANTS, CompiledPrograms, Uncompilable, log_fallback, tensor_lr
+from fl_lightning.executors.compiled import DEFAULT_MAX_VARIANTS, CompiledPrograms, Uncompilable, check_compile_unit, log_fallback, tensor_lr
 from fl_lightning.executors.sequential import SequentialExecutor, compiled_unsupported_reason
 from fl_lightning.core.local_loss import client_loss
 from fl_lightning.core.objective import StepRecord
@@ -181,11 +181,14 @@ class BatchedExecutor(Executor):
             execution's to float tolerance; what cannot be compiled runs eagerly (declared, logged).
         max_variants: with ``compile``, the most compiled programs (shapes) before running eagerly.
         backend: with ``compile``, ``torch.compile``'s backend (``inductor``, or ``aot_eager``: see ``SequentialExecutor``).
+        compile_unit: with ``compile``, the stacked clients' program: ``"round"`` (the K steps unrolled, the
+            default: faster than one step a program at S = 50, docs/performance.md) or ``"step"`` (one step,
+            called K times); see ``SequentialExecutor``. Rounds run sequentially use sequential's default.
     """
 
     def __init__(
         self, max_stacked_clients: int | None = None, verify_first_round: bool = False, compile: bool = False,
-        max_variants: int = DEFAULT_MAX_VARIANTS, backend: str = "inductor",
+        max_variants: int = DEFAULT_MAX_VARIANTS, backend: str = "inductor", compile_unit: str = "round",
     ) -> None:
         if max_stacked_clients is not None and (type(max_stacked_clients) is not int or max_stacked_clients < 1):
             raise ValueError(f"execution.max_stacked_clients must be an integer >= 1 or null, got {max_stacked_clients!r}")
@@ -194,7 +197,8 @@ class BatchedExecutor(Executor):
         self._verified: set[type] = set()
         self.sequential = SequentialExecutor(compile=compile, max_variants=max_variants, backend=backend)
         self.compile = compile
-        self.programs = CompiledPrograms(stacked=True, max_variants=max_variants, backend=backend) if compile else None
+        unit = check_compile_unit(compile_unit)
+        self.programs = CompiledPrograms(stacked=True, max_variants=max_variants, backend=backend, unit=unit) if compile else None
         self.compile_fallbacks: Counter[str] = Counter()  # compiled execution: stacked rounds run eagerly, by reason
         self.fallbacks: Counter[str] = Counter()  # rounds run sequentially, by reason
         self._finish_per_client: set[type] = set()  # rules whose client_finish reads ctx.client_id

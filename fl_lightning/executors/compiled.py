@@ -1,4 +1,4 @@
-"""Compiled client execution: a client's K local steps (or the stacked clients' K steps) as one program.
+"""Compiled client execution: a client's local steps (or the stacked clients') as compiled programs.
 
 The program is the algorithm's rule as eager execution runs it (``client_init``, then K times
 ``ctx.grad`` and ``client_step``), with the gradient taken by ``Objective.grad_fn(...,
@@ -7,9 +7,22 @@ and their gradient together with the rule into one graph. Stacked clients run th
 under ``vmap``. An algorithm's ``local_loss`` (MOON, FedNTD, FedLC, FedRS, FedDecorr) is traced with
 the rest. ``client_finish`` stays eager (once a round, and it may read ``ctx.client_id``).
 
+The compiled unit (``compile_unit``) is either
+
+- ``"round"``: ``client_init`` and the K steps unrolled into one program (``local_steps``): the
+  fewest calls, but tracing and code generation grow with K;
+- ``"step"``: one local step is the program (``one_step``: ``ctx.grad`` and ``client_step`` on the
+  step's batch), called K times; ``client_init`` runs eagerly (under ``vmap`` for stacked clients).
+  About half the round program's compile time on the quickstart (K = 10), but K calls a client,
+  each paying dynamo's entry (slower rounds on small models). The step index is not an input:
+  a ``client_step`` that reads ``ctx.step`` or ``ctx.num_steps`` (FedAlt's schedule) would make it a
+  constant of the graph, one program per step, so ``StepIndexUnavailable`` is raised while tracing and
+  that rule's clients run the round program instead (a declared reason, logged once).
+
 Compiled variants are keyed by what the graph depends on, and bounded:
 
-- K (stragglers run fewer steps): one variant per distinct number of local steps;
+- K (stragglers run fewer steps): one round program per distinct number of local steps; the step
+  program does not depend on K (one program serves every straggler);
 - the batch shape: a client with fewer samples than ``local.batch_size`` trains on its whole
   set; such short batches share one variant with a dynamic batch dimension;
 - S (batched): the number of stacked clients is padded up to a power of two, but at most to the
@@ -24,9 +37,17 @@ what was compiled before, so a resumed run uses the same programs as an uninterr
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import logging
+import os
+import platform
+import shutil
+import sys
 import time
 import types
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -51,6 +72,35 @@ class Uncompilable(Exception):
 
 class CompileError(FLError, RuntimeError):
     """Compilation failed for a reason other than a rule or model that cannot be traced."""
+
+
+class StepIndexUnavailable(Uncompilable):
+    """A ``client_step`` read ``ctx.step`` or ``ctx.num_steps`` inside the per-step program (the message says which)."""
+
+
+class _StepContext(ClientContext):
+    """The context of the per-step program: ``step`` and ``num_steps`` are not inputs of the graph
+    (a Python number there would be a constant: one program per step), so reading them raises
+    ``StepIndexUnavailable`` (the rule then runs the round program)."""
+
+    @property
+    def step(self) -> int:
+        raise StepIndexUnavailable(self._unavailable("ctx.step"))
+
+    @step.setter
+    def step(self, value: int) -> None:
+        pass  # set by ClientContext's __init__; never read
+
+    @property
+    def num_steps(self) -> int:
+        raise StepIndexUnavailable(self._unavailable("ctx.num_steps"))
+
+    @num_steps.setter
+    def num_steps(self, value: int) -> None:
+        pass
+
+    def _unavailable(self, name: str) -> str:
+        return f"client_step reads {name}, which the per-step program (compile_unit: step) does not take; its K steps run as one unrolled program"
 
 
 class _Recorder:
@@ -102,6 +152,50 @@ def stacked_local_steps(algorithm, objective, weight_decay, params, client_state
     return torch.func.vmap(one, in_dims=in_dims, randomness="different")(params, client_state, clients, batches, label_counts)
 
 
+def init_state(algorithm: Algorithm, params: TensorDict, client_state: Any, client: Any, info: RoundInfo, broadcast: Any,
+               personal: TensorDict, num_steps: int) -> Any:  # fmt: skip
+    """One client's ``client_init`` as the round program runs it (the client's id a tensor), eagerly: the step unit's first part."""
+    ctx = ClientContext(client, broadcast, client_state, info, num_steps, full_grad=_no_full_grad, personal=personal)
+    return algorithm.client_init(params, ctx)
+
+
+def stacked_init_state(algorithm, params, client_state, clients, info, broadcast, personal, num_steps):  # fmt: skip
+    """``init_state`` of stacked clients, under ``vmap`` as the stacked round program runs it."""
+
+    def one(p, state, cid):
+        return init_state(algorithm, p, state, cid, info, broadcast, personal, num_steps)
+
+    return torch.func.vmap(one, randomness="different")(params, client_state, clients)
+
+
+def one_step(
+    algorithm: Algorithm, objective: Objective, weight_decay: float, params: TensorDict, local: Any, client_state: Any, client: Any,
+    info: RoundInfo, broadcast: Any, personal: TensorDict, batch: Any, label_counts: Tensor | None = None,
+) -> tuple[TensorDict, Any, list]:
+    """One local step (``ctx.grad`` on ``batch`` and ``client_step``): the per-step program (``compile_unit: step``).
+
+    The step index and K are not inputs (``_StepContext``). Returns the parameters, the local state and the
+    step's first evaluation as ``local_steps`` returns them (a list: empty where the step takes no gradient).
+    """
+    ctx = _StepContext(client, broadcast, client_state, info, 0, full_grad=_no_full_grad, personal=personal)
+    loss = ClientLoss(algorithm, client, broadcast, client_state, info, label_counts) if defines_local_loss(algorithm) else None
+    records: list = []
+    ctx.grad = objective.grad_fn(batch, weight_decay, _Recorder(records), functional=True, loss=loss)
+    params, local = algorithm.client_step(params, local, ctx)
+    return params, local, records
+
+
+def stacked_one_step(algorithm, objective, weight_decay, params, local, client_state, clients, info, broadcast, personal, batch,
+                     label_counts=None):  # fmt: skip
+    """``one_step`` of stacked clients (a leading client dimension on params, local and client state, ids, the batch, label counts)."""
+
+    def one(p, loc, state, cid, b, counts):
+        return one_step(algorithm, objective, weight_decay, p, loc, state, cid, info, broadcast, personal, b, counts)
+
+    in_dims = (0, 0, 0, 0, 0, None if label_counts is None else 0)
+    return torch.func.vmap(one, in_dims=in_dims, randomness="different")(params, local, client_state, clients, batch, label_counts)
+
+
 def _fresh(fn: Callable) -> Callable:
     """A copy of ``fn`` with its own code object: dynamo keeps compiled variants (and counts them
     against its recompile limit) per code object, so each executor's programs stay its own."""
@@ -118,6 +212,16 @@ def _is_untraceable(error: BaseException) -> bool:
     return type(error).__name__ in ("GuardOnDataDependentSymNode", "DataDependentOutputException")
 
 
+COMPILE_UNITS = ("step", "round")
+
+
+def check_compile_unit(unit: str) -> str:
+    """``unit`` if it is a compiled unit (``COMPILE_UNITS``), else a one-line ``ValueError``."""
+    if unit not in COMPILE_UNITS:
+        raise ValueError(f"execution.compile_unit must be one of {list(COMPILE_UNITS)}, got {unit!r}")
+    return unit
+
+
 class CompiledPrograms:
     """The compiled local-step programs of one executor, their variants and compile time.
 
@@ -125,28 +229,48 @@ class CompiledPrograms:
         stacked: clients stacked on a leading dimension (batched execution) or one client at a time.
         max_variants: the most compiled variants; beyond it execution is eager (declared).
         backend: ``torch.compile``'s backend (``inductor``; ``aot_eager`` traces without generating code).
+        unit: ``"step"`` (one local step a program, called K times) or ``"round"`` (the K steps unrolled
+            into one program); see the module docstring.
     """
 
-    def __init__(self, stacked: bool, max_variants: int = DEFAULT_MAX_VARIANTS, backend: str = "inductor") -> None:
-        self.stacked, self.max_variants, self.backend = stacked, max_variants, backend
+    def __init__(self, stacked: bool, max_variants: int = DEFAULT_MAX_VARIANTS, backend: str = "inductor", unit: str = "round") -> None:
+        self.stacked, self.max_variants, self.backend, self.unit = stacked, max_variants, backend, unit
         self.compile_seconds = 0.0
         self.compiled = 0  # graphs compiled (the variants actually built)
         self.variants: set[tuple] = set()  # the keys run so far
         self.disabled: str | None = None  # the declared reason execution went eager for good
+        self.unit_fallbacks: Counter[str] = Counter()  # clients run by the round program instead of the step's, by reason
         self._disabled_error: BaseException | None = None  # the declared error to raise again, if one was traced
-        fn = stacked_local_steps if stacked else local_steps
-        self._static = torch.compile(_fresh(fn), fullgraph=True, dynamic=False, backend=backend)
-        self._dynamic = torch.compile(_fresh(fn), fullgraph=True, dynamic=True, backend=backend)
+        self._round_fn = stacked_local_steps if stacked else local_steps
+        self._step_fn = stacked_one_step if stacked else one_step
+        self._programs = {
+            (unit_fn, dynamic): torch.compile(_fresh(unit_fn), fullgraph=True, dynamic=dynamic, backend=backend)
+            for unit_fn in (self._round_fn, self._step_fn) for dynamic in (False, True)
+        }  # fmt: skip  (dynamo traces a program at its first call: a unit not run costs nothing)
         # dynamo's settings while a program runs (and may compile), made once: building the patch costs
         # ~1 ms (a copy of dynamo's whole config), entering it ~15 us
         self._config = torch._dynamo.config.patch(
             recompile_limit=max_variants, fail_on_recompile_limit_hit=True, automatic_dynamic_shapes=False,
             automatic_dynamic_local_pgo=False,
         )  # fmt: skip
+        self._inductor_config: Any = None  # inductor's settings (``_inductor_settings``), made at the first run
 
     def __call__(self, key: tuple, dynamic: bool, *args: Any) -> tuple[TensorDict, Any, list]:
-        """Run the program for variant ``key`` (compiling it the first time); ``Uncompilable`` for a declared
-        reason to run eagerly, ``CompileError`` (one line) for any other compile failure."""
+        """Run the client's (or stacked clients') local steps as variant ``key`` = (K, shapes...) of the
+        compiled unit (compiling it the first time; the step unit's key drops K); ``Uncompilable`` for a
+        declared reason to run eagerly, ``CompileError`` (one line) for any other compile failure."""
+        if self.unit == "step":
+            rng = torch.random.get_rng_state()
+            try:
+                return self._run(("step", *key[1:]), dynamic, args)
+            except StepIndexUnavailable as error:
+                self.unit = "round"  # for good: the rule reads the step index in every round
+                log_fallback(self.unit_fallbacks, f"{type(args[0]).__name__}'s {error}", log, to="the unrolled round program")
+                torch.random.set_rng_state(rng)  # client_init ran eagerly: the round program draws again
+        return self._run(key, dynamic, args)
+
+    def _run(self, key: tuple, dynamic: bool, args: tuple) -> tuple[TensorDict, Any, list]:
+        """Variant ``key`` of the unit its first element names ("step", else the round's K), counted and timed."""
         if self.disabled:
             raise self._disabled_error or Uncompilable(self.disabled)
         new = key not in self.variants
@@ -154,9 +278,33 @@ class CompiledPrograms:
             self.disabled = f"more than execution.max_variants = {self.max_variants} compiled variants would be needed"
             raise Uncompilable(self.disabled)
         started, graphs = time.perf_counter(), _graphs_compiled()
+        if self._inductor_config is None:
+            self._inductor_config = _inductor_settings(self.backend)
+        with self._config, self._inductor_config:
+            out = self._steps(dynamic, new, args) if key[0] == "step" else self._guarded(self._round_fn, dynamic, new, args)
+        self.variants.add(key)
+        compiled = _graphs_compiled() - graphs
+        if compiled:
+            self.compiled += compiled
+            self.compile_seconds += time.perf_counter() - started
+        return out
+
+    def _steps(self, dynamic: bool, new: bool, args: tuple) -> tuple[TensorDict, Any, list]:
+        """The step unit: ``client_init`` eagerly, then the per-step program once per batch."""
+        algorithm, objective, weight_decay, params, client_state, client, info, broadcast, personal, batches, counts = args
+        init = stacked_init_state if self.stacked else init_state
+        local = init(algorithm, params, client_state, client, info, broadcast, personal, len(batches))
+        records: list = []
+        for batch in batches:
+            step_args = (algorithm, objective, weight_decay, params, local, client_state, client, info, broadcast, personal, batch, counts)
+            params, local, evaluations = self._guarded(self._step_fn, dynamic, new, step_args)
+            records += evaluations
+        return params, local, records
+
+    def _guarded(self, unit_fn: Callable, dynamic: bool, new: bool, args: tuple) -> Any:
+        """``unit_fn``'s compiled program on ``args``, its failures sorted into declared reasons and ``CompileError``."""
         try:
-            with self._config:
-                out = (self._dynamic if dynamic else self._static)(*args)
+            return self._programs[unit_fn, dynamic](*args)
         except (Uncompilable, ClientIdUnavailable, FLError, ValueError):
             raise
         except Exception as error:
@@ -164,7 +312,9 @@ class CompiledPrograms:
             if cause is not None:
                 raise cause from error
             if _is_untraceable(error):
-                declared = self._eager_error(args)  # a declared error raised while tracing: dynamo reports it only as observed
+                declared = _eager_error(unit_fn, args)  # a declared error raised while tracing: dynamo reports it only as observed
+                if isinstance(declared, StepIndexUnavailable):  # the round program may still compile
+                    raise declared from error
                 if isinstance(declared, Uncompilable | ClientIdUnavailable):  # for good: this rule never traces
                     self.disabled, self._disabled_error = str(declared), declared
                 if declared is not None:
@@ -176,23 +326,61 @@ class CompiledPrograms:
                     f"compiling the local steps failed: {one_line(error)}; run with --model.execution.init_args.compile false"
                 ) from error
             raise
-        self.variants.add(key)
-        compiled = _graphs_compiled() - graphs
-        if compiled:
-            self.compiled += compiled
-            self.compile_seconds += time.perf_counter() - started
-        return out
 
 
-    def _eager_error(self, args: tuple) -> BaseException | None:
-        """The declared error (``Uncompilable``, ``ClientIdUnavailable``, a rule's ``ValueError``) the program
-        raises when run eagerly, if any; the random state is restored (the eager fallback draws it again)."""
-        with torch.random.fork_rng(devices=[]):
-            try:
-                (stacked_local_steps if self.stacked else local_steps)(*args)
-            except Exception as error:
-                return _declared_cause(error)
-        return None
+def _eager_error(unit_fn: Callable, args: tuple) -> BaseException | None:
+    """The declared error (``Uncompilable``, ``ClientIdUnavailable``, a rule's ``ValueError``) ``unit_fn`` raises
+    when run eagerly on ``args``, if any; the random state is restored (the eager fallback draws it again)."""
+    with torch.random.fork_rng(devices=[]):
+        try:
+            unit_fn(*args)
+        except Exception as error:
+            return _declared_cause(error)
+    return None
+
+
+def _inductor_settings(backend: str) -> Any:
+    """inductor's settings while the programs run: ``cpp.vec_isa_ok`` where ``_vec_isa_known`` (a no-op context otherwise)."""
+    if backend != "inductor" or not _vec_isa_known():
+        return contextlib.nullcontext()
+    from torch._inductor import config
+
+    return config.patch({"cpp.vec_isa_ok": True})
+
+
+def _vec_isa_known() -> bool:
+    """Whether every vector instruction set this x86-64 CPU reports is known to build and load with this torch and
+    C++ compiler: inductor otherwise probes them in every process, programs cached or not (~0.9 s: a test library
+    built and loaded by 2 to 6 fresh Python processes). The probe's outcome is kept in inductor's cache folder
+    (a fresh ``TORCHINDUCTOR_CACHE_DIR`` probes again); where an instruction set failed, or on another platform,
+    or where ``TORCHINDUCTOR_VEC_ISA_OK`` is set, inductor's own handling is kept. Either way every process of a
+    setting compiles with the same inductor settings (they are part of its cache key)."""
+    from torch._inductor import config, cpu_vec_isa
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    if config.cpp.vec_isa_ok is not None or sys.platform != "linux" or platform.machine() != "x86_64":
+        return False
+    flags = cpu_vec_isa.x86_isa_checker()
+    reported = [str(isa) for isa in cpu_vec_isa.supported_vec_isa_list if all(flag in flags for flag in str(isa).split())]
+    path = os.path.join(cache_dir(), "fl_lightning", f"vec_isa_ok-{_machine_key(reported)}")
+    if os.path.exists(path):
+        return True
+    if [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()] != reported:  # inductor's probe, once
+        return False
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(" ".join(reported))
+    return True
+
+
+def _machine_key(reported: list[str]) -> str:
+    """A digest of what the vector instruction set probe depends on: torch, Python, the C++ compiler, the CPU's sets."""
+    from torch._inductor.cpp_builder import get_cpp_compiler
+
+    compiler = shutil.which(get_cpp_compiler()) or get_cpp_compiler()
+    stamp = os.stat(compiler).st_mtime_ns if os.path.exists(compiler) else 0
+    parts = [torch.__version__, sys.executable, compiler, stamp, reported]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
 
 def _graphs_compiled() -> int:
@@ -222,8 +410,8 @@ def tensor_lr(info: RoundInfo) -> RoundInfo:
                    personal_lr=None if info.personal_lr is None else torch.scalar_tensor(info.personal_lr, dtype=torch.float64))  # fmt: skip
 
 
-def log_fallback(counter, reason: str, logger: logging.Logger = log) -> None:
-    """Log a declared reason to run eagerly once, and count it."""
+def log_fallback(counter, reason: str, logger: logging.Logger = log, to: str = "eager") -> None:
+    """Log a declared reason to run eagerly (or ``to`` another compiled unit) once, and count it."""
     if not counter[reason]:
-        logger.warning("compiled execution falls back to eager: %s", reason)
+        logger.warning("compiled execution falls back to %s: %s", to, reason)
     counter[reason] += 1
