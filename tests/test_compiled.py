@@ -82,7 +82,7 @@ def test_every_algorithm_compiled_equals_eager(tmp_path, name, kind, unit):
         assert not fallbacks, fallbacks
         assert executor.compile_seconds > 0
     unit_fallbacks = {**executor.programs.unit_fallbacks, **inner.programs.unit_fallbacks}  # the round program for a declared reason
-    assert bool(unit_fallbacks) == (name in READS_STEP and (unit == "step" or kind == "batched")), unit_fallbacks  # batched's sequential rounds: step
+    assert bool(unit_fallbacks) == (name in READS_STEP and unit == "step"), unit_fallbacks  # batched's sequential rounds: the same unit
 
 
 @pytest.mark.parametrize("name, kind, unit", [("FedAvg", "sequential", "step"), ("FedAvg", "sequential", "round"), ("FedSAM", "batched", "round")])

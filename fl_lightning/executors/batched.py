@@ -183,7 +183,7 @@ class BatchedExecutor(Executor):
         backend: with ``compile``, ``torch.compile``'s backend (``inductor``, or ``aot_eager``: see ``SequentialExecutor``).
         compile_unit: with ``compile``, the stacked clients' program: ``"round"`` (the K steps unrolled, the
             default: faster than one step a program at S = 50, docs/performance.md) or ``"step"`` (one step,
-            called K times); see ``SequentialExecutor``. Rounds run sequentially use sequential's default.
+            called K times); see ``SequentialExecutor``. Rounds run sequentially use the same unit.
     """
 
     def __init__(
@@ -195,7 +195,7 @@ class BatchedExecutor(Executor):
         self.max_stacked_clients = max_stacked_clients
         self.verify_first_round = verify_first_round
         self._verified: set[type] = set()
-        self.sequential = SequentialExecutor(compile=compile, max_variants=max_variants, backend=backend)
+        self.sequential = SequentialExecutor(compile=compile, max_variants=max_variants, backend=backend, compile_unit=compile_unit)
         self.compile = compile
         unit = check_compile_unit(compile_unit)
         self.programs = CompiledPrograms(stacked=True, max_variants=max_variants, backend=backend, unit=unit) if compile else None

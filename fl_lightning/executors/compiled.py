@@ -379,7 +379,7 @@ def _machine_key(reported: list[str]) -> str:
 
     compiler = shutil.which(get_cpp_compiler()) or get_cpp_compiler()
     stamp = os.stat(compiler).st_mtime_ns if os.path.exists(compiler) else 0
-    parts = [torch.__version__, sys.executable, compiler, stamp, reported]
+    parts = [torch.__version__, os.path.realpath(sys.executable), compiler, stamp, reported]  # python and python3: one interpreter
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
 
