@@ -405,9 +405,9 @@ class FederatedDataModule(L.LightningDataModule):
             sizes = [len(indices) for indices in train]
             flat = torch.cat(train)
             starts = torch.tensor([0, *sizes[:-1]], dtype=torch.int64).cumsum(0)  # client i's indices in the concatenation
-        needed, n = steps * batch_size, sizes[0] if sizes else 0
-        if sizes.count(n) == len(sizes) and needed <= n // batch_size * batch_size:  # equal clients, one pass: _step_positions inlined
-            positions = torch.stack([torch.randperm(n, generator=generator.manual_seed(s)) for s in seeds])[:, :needed]
+        n = sizes[0] if sizes else 0
+        if sizes.count(n) == len(sizes) and steps <= n // batch_size:  # equal clients, one pass: _step_positions' draws, cut once
+            positions = torch.stack([torch.randperm(n, generator=generator.manual_seed(s)) for s in seeds])[:, : steps * batch_size]
         else:
             positions = torch.stack([self._step_positions(n, generator.manual_seed(s), batch_size, steps) for n, s in zip(sizes, seeds)])
         return flat[positions + starts.unsqueeze(1)].view(len(sizes), steps, batch_size)

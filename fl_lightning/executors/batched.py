@@ -36,7 +36,7 @@ from fl_lightning.core.client_data import Unstackable
 from fl_lightning.executors.dpsgd import client_noise, dp_sampler, private_grad_fn, private_steps
 from fl_lightning.core.errors import FLError, interrupted, one_line
 from fl_lightning.executors.base import ClientRuntime, Executor, check_loss, seed_client, to_device
-from fl_lightning.executors.compiled import DEFAULT_MAX_VARIANTS, CompiledPrograms, Uncompilable, check_compile_unit, log_fallback, tensor_lr
+from fl_lightning.executors.compiled import DEFAULT_MAX_VARIANTS, CompiledPrograms, Uncompilable, log_fallback, tensor_lr
 from fl_lightning.executors.sequential import SequentialExecutor, compiled_unsupported_reason
 from fl_lightning.core.local_loss import client_loss
 from fl_lightning.core.objective import StepRecord
@@ -95,11 +95,14 @@ def padded_clients(size: int, cohort: int | None) -> int:
     return min(power, cohort) if cohort is not None and size <= cohort else power
 
 
-def _cut(tree: Any, size: int) -> Any:
-    """The first ``size`` clients of ``tree``'s tensors (padding removed)."""
+def _unpad_clients(extra: int, tree: Any) -> Any:
+    """``tree``'s tensors without their last ``extra`` clients (``_pad_clients``' padding cut off); ``tree`` itself
+    when nothing was padded."""
+    if not extra or tree is None:
+        return tree
     if isinstance(tree, dict):
-        return {k: _cut(v, size) for k, v in tree.items()}
-    return tree[:size]
+        return {k: _unpad_clients(extra, v) for k, v in tree.items()}
+    return tree[:-extra]
 
 
 def _no_full_grad(params: TensorDict) -> TensorDict:
@@ -197,8 +200,7 @@ class BatchedExecutor(Executor):
         self._verified: set[type] = set()
         self.sequential = SequentialExecutor(compile=compile, max_variants=max_variants, backend=backend, compile_unit=compile_unit)
         self.compile = compile
-        unit = check_compile_unit(compile_unit)
-        self.programs = CompiledPrograms(stacked=True, max_variants=max_variants, backend=backend, unit=unit) if compile else None
+        self.programs = CompiledPrograms(stacked=True, max_variants=max_variants, backend=backend, unit=compile_unit) if compile else None
         self.compile_fallbacks: Counter[str] = Counter()  # compiled execution: stacked rounds run eagerly, by reason
         self.fallbacks: Counter[str] = Counter()  # rounds run sequentially, by reason
         self._finish_per_client: set[type] = set()  # rules whose client_finish reads ctx.client_id
@@ -344,7 +346,7 @@ class BatchedExecutor(Executor):
                 raise interrupted(info.round, int(ids[0]), 0, runtime.local.steps)
             size = len(ids)
             padded = padded_clients(size, self._cohort(runtime))
-            pad = functools.partial(_pad_clients, padded - size)
+            pad, unpad = functools.partial(_pad_clients, padded - size), functools.partial(_unpad_clients, padded - size)
             try:
                 new_params, local_state, evaluations = self.programs(
                     (len(batches), padded, False), False, runtime.algorithm, runtime.objective, runtime.local.weight_decay,
@@ -354,14 +356,9 @@ class BatchedExecutor(Executor):
             except Uncompilable as error:
                 reason = str(error)
             else:
-                if padded == size:  # no padding to cut off
-                    for value, out, target, terms in evaluations:
-                        record.add(value, out, target, terms or None)
-                    return new_params, local_state
                 for value, out, target, terms in evaluations:
-                    terms = {k: v[:size] for k, v in terms.items()} or None
-                    record.add(value[:size], None if out is None else out[:size], target[:size], terms)
-                return _cut(new_params, size), _cut(local_state, size)
+                    record.add(unpad(value), unpad(out), unpad(target), unpad(terms) or None)
+                return unpad(new_params), unpad(local_state)
         log_fallback(self.compile_fallbacks, reason, log)
         return eager_rule(runtime, params, client_state, ids, broadcast, info, iter(batches), record, loss)
 
