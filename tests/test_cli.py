@@ -18,6 +18,15 @@ def run_fl_lightning(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([str(exe), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
+def assert_refused_in_one_line(proc: subprocess.CompletedProcess, message: str, run_dir: Path) -> None:
+    """A refused setting: exit 2, one stderr line holding ``message``, no traceback, no checkpoint in ``run_dir``."""
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if message in line]
+    assert errors and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-3000:]
+    assert not (run_dir / "checkpoints").exists()
+
+
 def fl_lightning(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     proc = run_fl_lightning(*args, cwd=cwd)
     assert proc.returncode == 0, proc.stderr[-4000:]

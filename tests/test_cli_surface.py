@@ -229,3 +229,13 @@ def test_a_bad_max_stacked_clients_fails_in_one_line_before_training(capsys):
     err = capsys.readouterr().err.strip()
     assert exit_.value.code == 2 and len(err.splitlines()) == 1
     assert "execution.max_stacked_clients must be an integer >= 1" in err
+
+
+@pytest.mark.parametrize("executor", ["SequentialExecutor", "BatchedExecutor"])
+def test_a_bad_compile_unit_fails_in_one_line_before_training(executor, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["fit", "--config", QUICKSTART, "--model.execution.class_path", f"fl_lightning.executors.{executor}",
+              "--model.execution.init_args.compile", "true", "--model.execution.init_args.compile_unit", "epoch"])  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1
+    assert "execution.compile_unit must be one of ['step', 'round'], got 'epoch'" in err

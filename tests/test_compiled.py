@@ -111,6 +111,21 @@ def test_compiled_runs_repeat_bitwise_and_variants_are_bounded(tmp_path):
     assert {s for _, s, _ in executor.programs.variants} <= {1, 2, 4}
 
 
+def test_padded_rounds_equal_eager_execution(tmp_path, monkeypatch):
+    """Rounds whose clients are padded up to the program's size (dropout: 3 of a cohort of 4 run as 4) and the
+    padding cut off again give what eager sequential execution gives (SCAFFOLD: a client state and a local state)."""
+    import fl_lightning.executors.batched as batched
+
+    cut = []
+    unpad = batched._unpad_clients
+    monkeypatch.setattr(batched, "_unpad_clients", lambda extra, tree: cut.append(extra) or unpad(extra, tree))
+    settings = dict(rounds=8, faults=ClientFaults(dropout=0.4), data=tiny_datamodule(clients_per_round=4))
+    eager = _fit(tmp_path, A.SCAFFOLD(), "sequential", **settings)
+    compiled = _fit(tmp_path, A.SCAFFOLD(), BatchedExecutor(compile=True, backend=SWEEP_BACKEND), **settings)
+    assert any(cut), "no round was padded: the test does not reach the cut"
+    _assert_close(eager, compiled)
+
+
 def test_stacked_clients_are_padded_to_the_cohort_at_most():
     """A fixed cohort (UniformSampling) runs unpadded; fewer clients (dropout) pad to a power of two
     below it: at most log2(S) + 2 programs; without a fixed cohort, powers of two."""
