@@ -20,6 +20,7 @@ from fl_lightning.core.client_data import Unstackable
 from fl_lightning.core.participation import Participation, RoundPlan, UniformSampling, derive_seed
 
 _HOLDOUT_STREAM = 0x401D
+_UNSEEN_STREAM = 0x0E5C
 _AUGMENT_STREAM = 0xA06
 GATHER_STEPS = 1024
 """Local steps whose in-memory batches are gathered in one indexing op (bounds the memory of long rounds)."""
@@ -81,6 +82,13 @@ class FederatedDataModule(L.LightningDataModule):
         dtype: ``float32`` or ``float64``: cast the floating tensors of the training and test sets
             to it when the data is loaded (integer labels and token ids stay as they are); for float64
             training with ``trainer.precision: 64-true``. ``None`` (the default): the source's own dtype.
+        new_client_fraction: share of the ``num_clients`` partitioned clients that never train, in [0, 1)
+            (needs ``holdout_fraction > 0``): ``round(fraction * num_clients)`` of them (at least one),
+            drawn by the seed. The training federation is the others, numbered ``0 .. num_clients - U - 1``
+            (``self.num_clients`` becomes their count after ``setup``); the unseen clients are
+            ``self.unseen_clients`` (the ids after them), each with its own training and held-out split,
+            evaluated after the algorithm's personalization (docs/personalization.md, "Evaluation protocol").
+            ``self.partition_ids[i]`` is the partition's client behind id ``i``.
     """
 
     def __init__(
@@ -95,6 +103,7 @@ class FederatedDataModule(L.LightningDataModule):
         seed: int | None = None,
         val_fraction: float = 0.0,
         dtype: str | None = None,
+        new_client_fraction: float = 0.0,
     ) -> None:
         super().__init__()
         if num_clients < 1:
@@ -103,6 +112,15 @@ class FederatedDataModule(L.LightningDataModule):
             raise ValueError(f"holdout_fraction must be in [0, 1), got {holdout_fraction}")
         if not 0.0 <= val_fraction < 1.0 - holdout_fraction:
             raise ValueError(f"val_fraction must be in [0, 1 - holdout_fraction) = [0, {1.0 - holdout_fraction:g}), got {val_fraction}")
+        if isinstance(new_client_fraction, bool) or not 0.0 <= new_client_fraction < 1.0:
+            raise ValueError(f"data.new_client_fraction must be in [0, 1), got {new_client_fraction}")
+        if new_client_fraction and not holdout_fraction > 0:
+            raise ValueError(
+                f"data.new_client_fraction={new_client_fraction} needs data.holdout_fraction in (0, 1) (unseen clients are scored on "
+                "their held-out split), got 0"
+            )
+        if new_client_fraction and num_clients - max(1, round(new_client_fraction * num_clients)) < 1:
+            raise ValueError(f"data.new_client_fraction={new_client_fraction} of num_clients={num_clients} leaves no client to train")
         if eval_batch_size < 1:
             raise ValueError(f"eval_batch_size must be >= 1, got {eval_batch_size}")
         if dtype not in _DTYPES:
@@ -127,6 +145,9 @@ class FederatedDataModule(L.LightningDataModule):
         self.eval_batch_size = eval_batch_size
         self.seed = 0 if seed is None else seed
         self.dtype = dtype
+        self.new_client_fraction = new_client_fraction
+        self.unseen_clients: list[int] = []  # ids of the clients that never train (``new_client_fraction``)
+        self.partition_ids: Tensor | None = None  # the partition's client of each id (None: the identity)
         self.source: DataSource | None = None
         self._resident: Any = None  # the training set on the training device (``place``)
 
@@ -142,6 +163,8 @@ class FederatedDataModule(L.LightningDataModule):
         column = getattr(self.partition, "column", None)
         keys = source.train_labels if column is None else source.column(column)
         parts = self.partition.flat(keys, self.num_clients, self.seed)
+        if self.new_client_fraction:
+            parts = self._set_aside_unseen(parts)
         sizes = parts.sizes()
         empty = (sizes == 0).nonzero().flatten()
         if len(empty):
@@ -166,7 +189,7 @@ class FederatedDataModule(L.LightningDataModule):
             )
         self.client_train, self.client_holdout = split.train, split.holdout
         if self.val_fraction:
-            self.validation_indices = torch.cat([split.split(c)[2] for c in range(self.num_clients)]).sort().values
+            self.validation_indices = torch.cat([split.split(c)[2] for c in range(len(parts))]).sort().values
             if len(self.validation_indices) == 0:  # nothing to select on: val/acc would never be logged
                 largest = int(sizes.max())
                 raise ValueError(
@@ -176,7 +199,23 @@ class FederatedDataModule(L.LightningDataModule):
         else:
             self.validation_indices = torch.empty(0, dtype=torch.int64)
         self.client_sizes = split.train_sizes
+        if self.unseen_clients:  # the training federation: the clients before the unseen ones
+            self.num_clients = self.unseen_clients[0]
+            self.client_sizes = split.train_sizes[: self.num_clients]
         self.source = source
+
+    def _set_aside_unseen(self, parts: ClientIndices) -> ClientIndices:
+        """The partition's clients renumbered: the training clients first (in partition order), then the
+        ``new_client_fraction`` drawn by the seed to never train (``self.unseen_clients``)."""
+        total = len(parts)
+        count = max(1, round(self.new_client_fraction * total))
+        drawn = torch.randperm(total, generator=torch.Generator().manual_seed(derive_seed(self.seed, _UNSEEN_STREAM)))
+        unseen = drawn[:count].sort().values
+        keep = torch.ones(total, dtype=torch.bool)
+        keep[unseen] = False
+        self.partition_ids = torch.cat([keep.nonzero().flatten(), unseen])
+        self.unseen_clients = list(range(total - count, total))
+        return ClientIndices.from_parts([parts[int(c)] for c in self.partition_ids])
 
     @property
     def num_classes(self) -> int:

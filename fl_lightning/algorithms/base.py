@@ -24,6 +24,13 @@ personal values at the start of the round, so ``ctx.personal.keys()`` names
 them); ``ctx.grad`` differentiates both. ``client_finish`` sees only the shared
 tensors, and ``personal_finish`` returns the personal tensors the client keeps.
 Without personal tensors nothing of this is visible.
+
+Personalized models (docs/architecture.md, "Personalized models"): a client may keep a whole model of
+its own, or any tensors, as ordinary client state (``client_state_init``), trained by its own rule
+beside the shared parameters (``ctx.grad`` takes any parameters). What each client predicts with is
+declared by ``personal_model`` (default: the global tensors with the client's personal ones), and
+``personalize`` adapts it at evaluation from the client's training data (default: unchanged). A
+client rule may read the model's outputs on its whole training set through ``ctx.data_pass``.
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ from fl_lightning.core.state import NestedState
 from fl_lightning.core.tasks import ClientResult, Payload
 
 __all__ = [
-    "Algorithm", "ClientContext", "ClientIdUnavailable", "ClientResult", "LossContext", "ModelOutputs", "Payload", "RoundInfo",
+    "Algorithm", "ClientContext", "DataPass", "ClientIdUnavailable", "ClientResult", "LossContext", "ModelOutputs", "Payload", "RoundInfo",
     "declares_capability", "defines_local_loss",
 ]  # fmt: skip
 
@@ -82,6 +89,7 @@ class ClientContext:
     step: int = 0
     personal: TensorDict = field(default_factory=dict)  # the client's personal tensors at the start of the round
     mean_grad: Callable[[TensorDict], TensorDict] = None  # mean minibatch gradient over the round's K batches
+    data_pass: Callable[[TensorDict], DataPass] = None  # the model's outputs on the client's whole training set
 
     @property
     def client_id(self) -> int:
@@ -100,6 +108,23 @@ class ClientContext:
     def personal_lr(self) -> float:
         """gamma_v, the step size of personal tensors (``local.personal_lr``, default ``lr``)."""
         return self.info.local_lr if self.info.personal_lr is None else self.info.personal_lr
+
+
+@dataclass(frozen=True)
+class DataPass:
+    """The model's outputs on a client's whole training set at given parameters (``ctx.data_pass``).
+
+    ``features`` is the representation the head reads (``[n, d]``), ``logits`` ``[n, C]``,
+    ``target`` ``[n]``; ``mask`` ``[n]`` is 1.0 for the client's samples and 0.0 for padding rows
+    (where clients of different sizes run stacked), so a statistic written with it, e.g. a class
+    mean ``sum(mask * onehot * z) / sum(mask * onehot)``, is the same either way. Computed without
+    gradient.
+    """
+
+    features: Tensor
+    logits: Tensor
+    target: Tensor
+    mask: Tensor
 
 
 _RULE_METHODS = ("client_init", "client_step", "client_finish", "personal_finish")
@@ -196,6 +221,23 @@ class Algorithm:
     def personal_finish(self, params: TensorDict, local: NestedState, ctx: ClientContext) -> TensorDict:
         """The personal tensors the client keeps: ``v_{i,K}`` (the values after the last step)."""
         return {k: params[k] for k in ctx.personal}
+
+    # ---- the model each client predicts with (docs/algorithms.md, section 25, (25.1)-(25.2)) -----------
+    #: How many times evaluation runs ``personalize_step``, each on one of the client's training batches; 0: never.
+    personalize_steps: int = 0
+
+    def personal_model(self, x: TensorDict, client_state: NestedState, personal: TensorDict) -> TensorDict:
+        """The parameters client i predicts with (25.1), from the global tensors ``x``, its stored state
+        and its personal tensors: here ``x`` with the personal tensors (the global model without them).
+        Every evaluation of a client's own data uses it (then ``personalize_step``)."""
+        return {**x, **personal}
+
+    def personalize_step(self, params: TensorDict, ctx: ClientContext) -> TensorDict:
+        """One step of adaptation at evaluation (25.2), run ``personalize_steps`` times from ``personal_model``'s
+        parameters, ``ctx.grad`` on one of the client's training batches (``ctx.step`` counts them;
+        ``ctx.client_state``/``ctx.personal`` as stored, ``ctx.broadcast["x"]`` the global tensors).
+        Here: unchanged (Per-FedAvg takes a gradient step, FedBABU fine-tunes its head)."""
+        return params
 
     # ---- the local objective (optional: fl_lightning.core.local_loss) ------------------------
     @keeps_model_loss

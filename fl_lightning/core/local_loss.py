@@ -10,8 +10,10 @@ method returns (e.g. ``{"ce": ..., "contrastive": ...}``), and each term is logg
   ``needs_features``);
 - ``target``: the batch's targets;
 - ``ctx``: a ``LossContext``: the broadcast, the client's stored state, the round's facts, the
-  client's label counts (if it declares ``needs_label_counts``) and ``evaluate(params)``, the same
-  model's outputs at other parameters on the same batch (a pure function: nothing is shared).
+  client's label counts (if it declares ``needs_label_counts``), ``params``, the parameters being
+  trained (differentiated: a proximal term ``||params - broadcast["x"]||^2`` is a loss term), and
+  ``evaluate(params)``, the same model's outputs at other parameters on the same batch (a pure
+  function: nothing is shared).
 
 It is written for one client; batched execution runs it per client under ``torch.func.vmap``.
 """
@@ -54,7 +56,9 @@ class LossContext:
     stored state; ``label_counts`` its training samples per class (int64 ``[C]``, None unless the
     algorithm declares ``needs_label_counts``); ``evaluate(params)`` the model's ``ModelOutputs`` on
     this batch with ``params`` substituted (any tensor not in ``params`` keeps the model's own value,
-    the global model's).
+    the global model's); ``params`` the parameters the loss is taken at, the ones being trained (the
+    gradient flows through them: a term reading them, e.g. FedProx's or Ditto's proximal term, is
+    differentiated with the rest).
     """
 
     client: int | Tensor
@@ -63,6 +67,7 @@ class LossContext:
     info: RoundInfo
     label_counts: Tensor | None
     evaluate: Callable[[TensorDict], ModelOutputs]
+    params: TensorDict | None = None
 
 
 def total(terms: dict[str, Tensor]) -> Tensor:
@@ -88,7 +93,7 @@ class ClientLoss:
     def at(self, objective: Objective, params: TensorDict, batch: Any) -> tuple[Tensor, dict[str, Tensor], Tensor, Tensor]:
         """``(loss, terms, logits, target)`` of one client at ``params`` on ``batch``."""
         out, target = objective.outputs_at(params, batch, self.features)
-        terms = self._terms(objective, out, target, batch, self.client, self.client_state, self.label_counts)
+        terms = self._terms(objective, out, target, batch, self.client, self.client_state, self.label_counts, params)
         return total(terms), terms, out.logits, target
 
     def stacked(self, objective: Objective, params: TensorDict, batch: Any) -> tuple[Tensor, dict[str, Tensor], Tensor, Tensor]:
@@ -96,19 +101,19 @@ class ClientLoss:
         (client rows or vmap), the loss per client under vmap; ``[S]`` losses and terms."""
         out, target = objective.stacked_outputs(params, batch, self.features)
 
-        def one(logits, features, target, batch, client, state, counts):
-            terms = self._terms(objective, ModelOutputs(logits, features), target, batch, client, state, counts)
+        def one(logits, features, target, batch, client, state, counts, params):
+            terms = self._terms(objective, ModelOutputs(logits, features), target, batch, client, state, counts, params)
             return total(terms), terms
 
-        args = (out.logits, out.features, target, batch, self.client, self.client_state, self.label_counts)
+        args = (out.logits, out.features, target, batch, self.client, self.client_state, self.label_counts, params)
         loss, terms = vmap(one, in_dims=tuple(None if a is None else 0 for a in args), randomness="different")(*args)
         return loss, terms, out.logits, target
 
-    def _terms(self, objective, out, target, batch, client, state, counts) -> dict[str, Tensor]:
+    def _terms(self, objective, out, target, batch, client, state, counts, params=None) -> dict[str, Tensor]:
         def evaluate(params: TensorDict) -> ModelOutputs:
             return objective.outputs_at(params, batch, self.features)[0]
 
-        ctx = LossContext(client, self.broadcast, state, self.info, counts, evaluate)
+        ctx = LossContext(client, self.broadcast, state, self.info, counts, evaluate, params)
         terms = self.algorithm.local_loss(out, target, ctx)
         if not isinstance(terms, dict) or not terms:
             raise TypeError(f"{type(self.algorithm).__name__}.local_loss must return a non-empty dict of named loss terms")

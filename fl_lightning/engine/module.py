@@ -32,7 +32,7 @@ from fl_lightning.core.objective import Objective
 from fl_lightning.pipeline.privacy import ClientPrivacy
 from fl_lightning.pipeline.record_privacy import RecordPrivacy
 from fl_lightning.core.params import TensorDict
-from fl_lightning.core.participation import RoundPlan, derive_seeds
+from fl_lightning.core.participation import RoundPlan, derive_seed, derive_seeds
 from fl_lightning.core.state import ClientStore, NestedState, flatten_state, unflatten_state
 from fl_lightning.core.tasks import PERSONAL, ClientState, ClientTask, Payload, SummedRound
 
@@ -42,6 +42,8 @@ LOSS_GROWTH_WARNING = 100.0
 """A round's mean training loss this many times the first round's is reported (once per run)."""
 WARMUP_STREAM = 0x3A4D
 """Seed stream of the warm-up pass: its samples xi^{-1} are fresh and addressable by client."""
+PERSONALIZE_STREAM = 0x9E25
+"""Seed stream of evaluation's personalization (``personalize_step`` batches, an unseen client's local round)."""
 
 
 def quiet_known_warnings() -> None:
@@ -307,9 +309,59 @@ class FederatedModule(L.LightningModule):
             )
 
     def configure_callbacks(self) -> list[L.Callback]:
+        from fl_lightning.engine.personal_eval import PersonalizedEvaluation
         from fl_lightning.reliability.stopping import StopCheckpoint
 
-        return [StopCheckpoint()]  # SIGTERM/SIGINT end the run with a checkpoint of the last completed round
+        callbacks: list[L.Callback] = [StopCheckpoint()]  # SIGTERM/SIGINT end the run with a checkpoint of the last completed round
+        data = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        if getattr(data, "holdout_fraction", 0) > 0:  # every run with per-client held-out data scores each client's own model
+            callbacks.append(PersonalizedEvaluation())  # (replaces one configured in trainer.callbacks: no double logging)
+        return callbacks
+
+    # ---- the model each client predicts with (docs/personalization.md, "Evaluation protocol") ------------
+    def prediction_params(self, client_id: int) -> TensorDict:
+        """The parameters training client ``client_id`` predicts with: the algorithm's ``personal_model`` of
+        its stored state (25.1), then ``personalize_step`` (25.2)."""
+        with torch.inference_mode(False), torch.enable_grad():  # evaluation runs under inference mode
+            x = self.global_params()
+            state = self.client_state(client_id, x)
+            return self._personalized(client_id, self.algorithm.personal_model(x, state.algorithm, state.personal), state, x)
+
+    def unseen_prediction_params(self, client_id: int) -> TensorDict:
+        """The parameters an unseen client predicts with: from its initial state it runs one round of the
+        algorithm's local training on its own training split (seeded by (seed, client, round); nothing is
+        uploaded, aggregated or stored), then ``personal_model`` and ``personalize_step`` as any client."""
+        from fl_lightning.executors.sequential import run_task
+
+        with torch.inference_mode(False), torch.enable_grad():
+            x, data, info = self.global_params(), self.datamodule, self._evaluation_info()
+            server_state = {n: {k: v.to(self.device) for k, v in td.items()} for n, td in (self.server_state or {}).items()}
+            broadcast = self.algorithm.broadcast(x, server_state, info)
+            initial = self.client_state(client_id, x)  # never trained: the algorithm's initial state, the model's personal values
+            steps = data.num_local_steps(client_id, self.local.batch_size, self.local.steps, self.local.epochs)
+            seed = derive_seed(data.seed, client_id, info.round, PERSONALIZE_STREAM)
+            result = run_task(ClientTask(client_id, seed, steps, broadcast, lambda: initial), info, self._runtime(private=False))
+            if result is None:
+                raise ClientError(f"unseen client {client_id} failed its personalization round; see the warning above")
+            state = dict(result.client_state)
+            personal = state.pop(PERSONAL, initial.personal)
+            return self._personalized(client_id, self.algorithm.personal_model(x, state, personal), ClientState(state, personal), x)
+
+    def _evaluation_info(self) -> RoundInfo:
+        """The facts of the last completed round, for rules run at evaluation."""
+        round_idx = max(self.global_step - 1, 0)
+        personal_lr = self.local.personal_lr_at(round_idx) if self.personal_names else None
+        return RoundInfo(round_idx, self.local.lr_at(round_idx), self.datamodule.num_clients, None, personal_lr)
+
+    def _personalized(self, client_id: int, params: TensorDict, state: ClientState, x: TensorDict) -> TensorDict:
+        """``algorithm.personalize_step`` run ``personalize_steps`` times on the client's training batches (25.2)."""
+        steps = self.algorithm.personalize_steps
+        if not steps:
+            return params
+        from fl_lightning.executors.sequential import personalize_client
+
+        seed = derive_seed(self.datamodule.seed, client_id, PERSONALIZE_STREAM)
+        return personalize_client(params, client_id, seed, state, x, self._evaluation_info(), self._runtime(private=False))
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return self.algorithm.server_optimizer(self.federated_parameters())
@@ -445,10 +497,12 @@ class FederatedModule(L.LightningModule):
         last = f"the last good checkpoint is {max(paths, key=os.path.getmtime)}" if paths else "no checkpoint was written"
         return DivergenceError(f"{message}; {last}; lower local.lr or the algorithm's global_lr")
 
-    def _runtime(self, aggregation_weights=None) -> ClientRuntime:
+    def _runtime(self, aggregation_weights=None, private: bool = True) -> ClientRuntime:
+        """What client training may use; ``private=False``: without record-level DP-SGD (evaluation's
+        personalization trains on the client's own device and sends nothing)."""
         return ClientRuntime(
             self.algorithm, self.objective, self.datamodule, self.local, self.device, self.faults.fail_fast,
-            tuple(self.personal_names), self._stop_requested, aggregation_weights, self.record_privacy,
+            tuple(self.personal_names), self._stop_requested, aggregation_weights, self.record_privacy if private else None,
         )  # fmt: skip
 
     def _stop_requested(self) -> bool:

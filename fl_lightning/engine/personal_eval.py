@@ -1,7 +1,8 @@
-"""Evaluation callbacks for partial personalization.
+"""Evaluation callbacks for personalized federated learning.
 
-``PersonalizedEvaluation``: each client's personalized model (global shared u plus
-its own v_i) on its own held-out data; logs the mean and the worst 10% of clients.
+``PersonalizedEvaluation``: each client's own model (what the algorithm says it predicts with)
+on its own held-out data, for the training clients and for unseen ones; logs the mean, the
+weighted mean and the worst 10% of clients.
 ``GradientNorm``: the stationarity measure of Chen, Cao, Yuan & Wen 2023 (arXiv:2309.17409; docs/algorithms.md §14), the gradient
 of f(u, V) = (1/n) sum_i f_i(u, v_i) on all clients' training data.
 Both run at every evaluation (``trainer.val_check_interval``).
@@ -10,8 +11,10 @@ Both run at every evaluation (``trainer.val_check_interval``).
 from __future__ import annotations
 
 import math
+from typing import Any, Protocol
 
 import torch
+from torch import Tensor
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch import Callback, LightningModule, Trainer
 
@@ -28,10 +31,62 @@ def _client_params(module, client_id: int) -> dict:
     return {**module.global_params(), **module.client_personal(client_id)}
 
 
+class ClientModels(Protocol):
+    """What personalized evaluation reads: the objective, the device, and the parameters each client
+    predicts with (``FederatedModule`` implements it)."""
+
+    objective: Any
+    device: torch.device
+
+    def prediction_params(self, client_id: int) -> dict: ...
+
+    def unseen_prediction_params(self, client_id: int) -> dict: ...
+
+
+def client_scores(models: ClientModels, data: Any, clients: list[int], params_of) -> tuple[Tensor, Tensor, Tensor]:
+    """Each client's (accuracy, loss, held-out size) with ``params_of(client)`` on its held-out split."""
+    accs, losses, sizes = [], [], []
+    for cid in clients:
+        if len(data.client_holdout[cid]) == 0:
+            continue
+        params = params_of(cid)
+        batch = move_data_to_device(data.client_holdout_batch(cid), models.device)
+        with torch.no_grad():
+            loss, logits, target = models.objective.at(params, batch)
+        accs.append((logits.argmax(-1) == target).double().mean())
+        losses.append(loss.double())
+        sizes.append(float(target.numel()))
+    if not accs:
+        empty = torch.zeros(0, dtype=torch.float64)
+        return empty, empty, empty
+    return torch.stack(accs).cpu(), torch.stack(losses).cpu(), torch.tensor(sizes, dtype=torch.float64)
+
+
+def summary(prefix: str, accs: Tensor, losses: Tensor, sizes: Tensor) -> dict[str, float]:
+    """``<prefix>_acc_mean`` (unweighted over clients), ``_acc_weighted`` (by held-out samples), ``_acc_worst10``
+    (mean of the worst 10% of clients) and ``_loss_mean``; nothing for no client."""
+    if not len(accs):
+        return {}
+    return {
+        f"{prefix}_acc_mean": float(accs.mean()),
+        f"{prefix}_acc_weighted": float((accs * sizes).sum() / sizes.sum()),
+        f"{prefix}_acc_worst10": worst_fraction_mean(accs, 0.1),
+        f"{prefix}_loss_mean": float(losses.mean()),
+    }
+
+
 class PersonalizedEvaluation(Callback):
-    """Logs ``<stage>/personal_acc_mean``, ``<stage>/personal_acc_worst10`` and ``<stage>/personal_loss_mean``:
-    client i's model (u, v_i) on client i's held-out split (``data.holdout_fraction > 0``);
-    unweighted over clients, worst10 = mean accuracy of the worst 10% of clients."""
+    """Each client's own model on its own held-out split (``data.holdout_fraction > 0``), the protocol of
+    docs/personalization.md ("Evaluation protocol"), at every evaluation and at test:
+
+    - ``<stage>/personal_acc_mean``, ``_acc_weighted``, ``_acc_worst10``, ``_loss_mean``: every training
+      client, with the parameters it predicts with (the algorithm's ``personal_model`` of its stored state,
+      then ``personalize_step``; FedAvg: the global model);
+    - ``<stage>/unseen_acc_*`` likewise for the clients that never trained (``data.new_client_fraction``),
+      each after one round of the algorithm's local training on its own training split.
+
+    ``<stage>`` (``val``/``test``) says when it was measured; the data is the clients' held-out split in
+    both. Added to every run whose data has a held-out split (``FederatedModule.configure_callbacks``)."""
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._check(pl_module)
@@ -47,20 +102,11 @@ class PersonalizedEvaluation(Callback):
     @torch.no_grad()
     def evaluate(self, pl_module) -> dict[str, float]:
         data = pl_module.datamodule
-        accs, losses = [], []
-        for cid in range(data.num_clients):
-            if len(data.client_holdout[cid]) == 0:
-                continue
-            batch = move_data_to_device(data.client_holdout_batch(cid), pl_module.device)
-            loss, logits, target = pl_module.objective.at(_client_params(pl_module, cid), batch)
-            accs.append((logits.argmax(-1) == target).double().mean())
-            losses.append(loss.double())
-        accs_t = torch.stack(accs).cpu()
-        return {
-            "personal_acc_mean": float(accs_t.mean()),
-            "personal_acc_worst10": worst_fraction_mean(accs_t, 0.1),
-            "personal_loss_mean": float(torch.stack(losses).mean()),
-        }
+        metrics = summary("personal", *client_scores(pl_module, data, list(range(data.num_clients)), pl_module.prediction_params))
+        unseen = list(getattr(data, "unseen_clients", []) or [])
+        if unseen:
+            metrics.update(summary("unseen", *client_scores(pl_module, data, unseen, pl_module.unseen_prediction_params)))
+        return metrics
 
     def _log(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if trainer.sanity_checking:

@@ -15,7 +15,7 @@ import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from torch import Tensor
 
-from fl_lightning.algorithms.base import Algorithm, RoundInfo
+from fl_lightning.algorithms.base import Algorithm, DataPass, RoundInfo
 from fl_lightning.core.client_data import ClientData
 from fl_lightning.core.config import LocalTraining
 from fl_lightning.reliability.faults import DivergenceError
@@ -91,3 +91,16 @@ def check_loss(round_idx: int, client_id: int, loss: float) -> None:
     """A recorded non-finite training loss is divergence (``DivergenceError`` names round and client)."""
     if not math.isfinite(loss):
         raise DivergenceError(f"round {round_idx}: client {client_id}'s training loss is non-finite ({loss})")
+
+
+def data_pass_fn(runtime: ClientRuntime, client_id: int) -> Callable[[dict], DataPass]:
+    """``ctx.data_pass`` of one client: the model's outputs, representation included, on its whole
+    training set at given parameters, without gradient (``fl_lightning.algorithms.base.DataPass``)."""
+
+    def data_pass(params: dict) -> DataPass:
+        batch = to_device(runtime.data.client_full_batch(client_id), runtime.device)
+        with torch.no_grad():
+            out, target = runtime.objective.outputs_at(params, batch, features=True)
+        return DataPass(out.features, out.logits, target, torch.ones(target.shape[0], dtype=out.logits.dtype, device=target.device))
+
+    return data_pass

@@ -109,6 +109,10 @@ def _no_full_grad(params: TensorDict) -> TensorDict:
     raise Unbatchable("full local gradients need sequential execution (clients differ in size)")
 
 
+def _no_data_pass(params: TensorDict) -> Any:
+    raise Unbatchable("a pass over each client's whole training set (ctx.data_pass) runs client by client (clients differ in size)")
+
+
 def _model_not_vmappable(error: Exception, runtime: ClientRuntime) -> str | None:
     """The declared reason when a rule that runs per client under vmap meets a model whose forward
     vmap cannot trace (e.g. transformers' masking code, which branches on tensor values); else None."""
@@ -305,7 +309,7 @@ class BatchedExecutor(Executor):
 
     @staticmethod
     def _context(ids: Tensor, broadcast: Payload, state: Any, info: RoundInfo, runtime: ClientRuntime, **kw) -> ClientContext:
-        return ClientContext(ids, broadcast, state, info, runtime.local.steps, full_grad=_no_full_grad, **kw)
+        return ClientContext(ids, broadcast, state, info, runtime.local.steps, full_grad=_no_full_grad, data_pass=_no_data_pass, **kw)
 
     def _elementwise_rule(self, runtime, params, client_state, ids, broadcast, info, batches, record, loss=None):
         """The rule applied once to all clients' stacked tensors (no vmap around it)."""

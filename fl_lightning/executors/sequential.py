@@ -18,13 +18,13 @@ from fl_lightning.core import params as P
 from fl_lightning.algorithms.base import ClientContext, ClientIdUnavailable, RoundInfo
 from fl_lightning.executors.dpsgd import client_noise, dp_sampler, private_grad_fn, private_steps
 from fl_lightning.core.errors import FLError, interrupted
-from fl_lightning.executors.base import ClientRuntime, Executor, check_loss, seed_client, to_device
+from fl_lightning.executors.base import ClientRuntime, Executor, check_loss, data_pass_fn, seed_client, to_device
 from fl_lightning.executors.compiled import DEFAULT_MAX_VARIANTS, CompiledPrograms, Uncompilable, check_compile_unit, log_fallback, tensor_lr
 from fl_lightning.core.local_loss import client_loss
 from fl_lightning.core.objective import StepRecord, round_means
 from fl_lightning.reliability.faults import TRANSIENT_ERRORS, ClientError, fatal_client_error
 from fl_lightning.core.params import TensorDict
-from fl_lightning.core.tasks import PERSONAL, ClientResult, ClientTask
+from fl_lightning.core.tasks import PERSONAL, ClientResult, ClientState, ClientTask
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,9 @@ def _train_client(task: ClientTask, info: RoundInfo, runtime: ClientRuntime, rec
     def full_grad(params: TensorDict) -> TensorDict:
         return objective.grad_fn(to_device(data.client_full_batch(cid), device), local.weight_decay, loss=loss)(params)[1]
 
-    ctx = ClientContext(cid, broadcast, client_state, info, task.num_steps, full_grad=full_grad, personal=personal)
+    ctx = ClientContext(
+        cid, broadcast, client_state, info, task.num_steps, full_grad=full_grad, personal=personal, data_pass=data_pass_fn(runtime, cid)
+    )
     params = {**broadcast["x"], **personal}  # personal tensors train beside the shared ones and never leave
     local_state = algorithm.client_init(params, ctx)
     dp = runtime.record_privacy
@@ -166,6 +168,23 @@ def _train_client(task: ClientTask, info: RoundInfo, runtime: ClientRuntime, rec
     if personal:
         new_state = {**new_state, PERSONAL: algorithm.personal_finish(params, local_state, ctx)}
     return ClientResult(cid, upload, new_state, task.num_steps, math.nan)
+
+
+def personalize_client(
+    params: TensorDict, client_id: int, seed: int, state: ClientState, x: TensorDict, info: RoundInfo, runtime: ClientRuntime
+) -> TensorDict:
+    """Evaluation's adaptation of a client's prediction parameters (docs/algorithms.md (25.2)): the algorithm's
+    ``personalize_step`` on ``personalize_steps`` of the client's training batches, drawn from ``seed``."""
+    algorithm, objective, data, local, device = runtime.algorithm, runtime.objective, runtime.data, runtime.local, runtime.device
+    seed_client(seed, device)
+    steps = algorithm.personalize_steps
+    ctx = ClientContext(client_id, {"x": x}, state.algorithm, info, steps, personal=state.personal)
+    batches = data.client_batches(client_id, seed, local.batch_size, steps, None)
+    for step, batch in zip(range(steps), batches):
+        ctx.step = step
+        ctx.grad = objective.grad_fn(to_device(batch, device), local.weight_decay)
+        params = algorithm.personalize_step(params, ctx)
+    return {k: v.detach() for k, v in params.items()}
 
 
 def _warmup_client(task: ClientTask, info: RoundInfo, runtime: ClientRuntime) -> ClientResult:
@@ -245,7 +264,7 @@ def train_client_compiled(programs: CompiledPrograms, task: ClientTask, info: Ro
     )  # fmt: skip
     for loss, out, target, terms in evaluations:
         record.add(loss, out, target, terms or None)
-    ctx = ClientContext(cid, broadcast, client_state, info, steps, personal=personal, step=steps - 1)
+    ctx = ClientContext(cid, broadcast, client_state, info, steps, personal=personal, step=steps - 1, data_pass=data_pass_fn(runtime, cid))
     shared = {k: params[k] for k in broadcast["x"]} if personal else params
     upload, new_state = algorithm.client_finish(shared, local_state, ctx)
     if personal:
