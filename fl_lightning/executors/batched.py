@@ -42,7 +42,7 @@ from fl_lightning.core.local_loss import client_loss
 from fl_lightning.core.objective import StepRecord
 from fl_lightning.core.participation import UniformSampling
 from fl_lightning.core.params import TensorDict
-from fl_lightning.core.tasks import ClientResult, ClientTask, Payload
+from fl_lightning.core.tasks import PERSONAL, ClientResult, ClientTask, Payload
 
 log = logging.getLogger(__name__)
 
@@ -255,8 +255,6 @@ class BatchedExecutor(Executor):
         model = runtime.objective.model
         if any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats for m in model.modules()):
             return "BatchNorm running statistics are module state that vmap cannot update per client"
-        if runtime.personal_names:
-            return "personal tensors are trained client by client"
         if not getattr(algorithm, "batchable", True):
             return f"{type(algorithm).__name__} declares batchable = False"
         return None
@@ -278,10 +276,13 @@ class BatchedExecutor(Executor):
             batches = private_steps(runtime.data, clients, samplers, local.steps, stacked=True)
         else:
             batches = runtime.data.stacked_client_batches(clients, seeds, local.batch_size, local.steps)
-        states = [task.load_state().algorithm for task in tasks]
+        loaded = [task.load_state() for task in tasks]
+        states = [state.algorithm for state in loaded]
+        personal = _stack([state.personal for state in loaded]) if runtime.personal_names else {}  # each client's own, stacked
         # Different randomness per client (dropout); the CPU generator seeded from the group's first client.
         seed_client(seeds[0], runtime.device)
         params = {k: v.unsqueeze(0).expand(len(tasks), *v.shape) for k, v in broadcast["x"].items()}
+        params.update(personal)
         ids, stacked_states = torch.tensor(clients), _stack(states)
         record = StepRecord()
         self._seeds = seeds  # the clients' round seeds (record-level DP-SGD's noise)
@@ -293,8 +294,8 @@ class BatchedExecutor(Executor):
         else:
             step_batches = (to_device(batch, runtime.device) for batch in batches)
         loss = client_loss(runtime.algorithm, ids, broadcast, stacked_states, info, runtime.data, runtime.device)
-        params, local_state = rule(runtime, params, stacked_states, ids, broadcast, info, step_batches, record, loss)
-        uploads, new_states = self._finish(runtime, params, local_state, (states, stacked_states), ids, broadcast, info)
+        params, local_state = rule(runtime, params, stacked_states, ids, broadcast, info, step_batches, record, loss, personal)
+        uploads, new_states = self._finish(runtime, params, local_state, (states, stacked_states), ids, broadcast, info, personal)
         losses = record.losses
         mean_losses = torch.stack(losses).mean(0).tolist() if losses else [float("nan")] * len(tasks)
         for client, loss in zip(clients, mean_losses if losses else []):
@@ -311,10 +312,10 @@ class BatchedExecutor(Executor):
     def _context(ids: Tensor, broadcast: Payload, state: Any, info: RoundInfo, runtime: ClientRuntime, **kw) -> ClientContext:
         return ClientContext(ids, broadcast, state, info, runtime.local.steps, full_grad=_no_full_grad, data_pass=_no_data_pass, **kw)
 
-    def _elementwise_rule(self, runtime, params, client_state, ids, broadcast, info, batches, record, loss=None):
+    def _elementwise_rule(self, runtime, params, client_state, ids, broadcast, info, batches, record, loss=None, personal=None):
         """The rule applied once to all clients' stacked tensors (no vmap around it)."""
         algorithm, objective, weight_decay = runtime.algorithm, runtime.objective, runtime.local.weight_decay
-        ctx = self._context(ids, broadcast, client_state, info, runtime)
+        ctx = self._context(ids, broadcast, client_state, info, runtime, personal=personal or {})
         local_state = algorithm.client_init(params, ctx)
         dp = runtime.record_privacy
         if dp is not None:  # the clients' noise sources and B_i, as sequential execution's
@@ -338,7 +339,7 @@ class BatchedExecutor(Executor):
         """Seconds spent compiling so far, stacked and sequential (None: not compiled execution)."""
         return None if self.programs is None else self.programs.compile_seconds + self.sequential.compile_seconds
 
-    def _compiled_rule(self, eager_rule, runtime, params, client_state, ids, broadcast, info, batches, record, loss=None):
+    def _compiled_rule(self, eager_rule, runtime, params, client_state, ids, broadcast, info, batches, record, loss=None, personal=None):
         """The stacked clients' K steps as one compiled program, S padded up (``padded_clients``: the
         padding repeats the last client and is cut off: a bounded number of variants; the broadcast parameters
         are copied out of their stride-0 views, so padded and unpadded rounds share a program); ``eager_rule``
@@ -354,8 +355,8 @@ class BatchedExecutor(Executor):
             try:
                 new_params, local_state, evaluations = self.programs(
                     (len(batches), padded, False), False, runtime.algorithm, runtime.objective, runtime.local.weight_decay,
-                    pad({k: v.contiguous() for k, v in params.items()}), pad(client_state), pad(ids), tensor_lr(info), broadcast, {},
-                    pad(batches), pad(None if loss is None else loss.label_counts),
+                    pad({k: v.contiguous() for k, v in params.items()}), pad(client_state), pad(ids), tensor_lr(info), broadcast,
+                    pad(personal or {}), pad(batches), pad(None if loss is None else loss.label_counts),
                 )  # fmt: skip
             except Uncompilable as error:
                 reason = str(error)
@@ -364,7 +365,7 @@ class BatchedExecutor(Executor):
                     record.add(unpad(value), unpad(out), unpad(target), unpad(terms) or None)
                 return unpad(new_params), unpad(local_state)
         log_fallback(self.compile_fallbacks, reason, log)
-        return eager_rule(runtime, params, client_state, ids, broadcast, info, iter(batches), record, loss)
+        return eager_rule(runtime, params, client_state, ids, broadcast, info, iter(batches), record, loss, personal)
 
     def _cohort(self, runtime: ClientRuntime) -> int | None:
         """The most clients a stacked program runs when the number sampled per round is fixed
@@ -375,7 +376,7 @@ class BatchedExecutor(Executor):
         cohort = participation.count(num_clients)
         return cohort if self.max_stacked_clients is None else min(cohort, self.max_stacked_clients)
 
-    def _vmapped_rule(self, runtime, params, client_state, ids, broadcast, info, batches, record, loss=None):
+    def _vmapped_rule(self, runtime, params, client_state, ids, broadcast, info, batches, record, loss=None, personal=None):
         """A rule with reductions (e.g. FedSAM's gradient norm): run per client under vmap."""
         algorithm, objective, weight_decay = runtime.algorithm, runtime.objective, runtime.local.weight_decay
         counts = None if loss is None else loss.label_counts
@@ -388,7 +389,7 @@ class BatchedExecutor(Executor):
             return value, (out, target, terms)
 
         def step_fn(step: int):
-            def one_client(params: TensorDict, local_state: Any, state: Any, cid: Tensor, batch: Any, counts: Any):
+            def one_client(params: TensorDict, local_state: Any, state: Any, cid: Tensor, batch: Any, counts: Any, own: TensorDict):
                 first: list[tuple] = []  # the step's first evaluation: (loss, outputs, targets, terms)
                 bound = None if loss is None else dataclasses.replace(loss, client=cid, client_state=state, label_counts=counts)
 
@@ -400,40 +401,53 @@ class BatchedExecutor(Executor):
                         first.append((value, out, target, terms))
                     return value, g
 
-                ctx = self._context(cid, broadcast, state, info, runtime, grad=grad, step=step)
+                ctx = self._context(cid, broadcast, state, info, runtime, grad=grad, step=step, personal=own)
                 new_params, new_local = algorithm.client_step(params, local_state, ctx)
                 return new_params, new_local, first[0]
 
-            return vmap(one_client, in_dims=(0, 0, 0, 0, 0, None if counts is None else 0), randomness="different")
+            return vmap(one_client, in_dims=(0, 0, 0, 0, 0, None if counts is None else 0, 0), randomness="different")
 
-        def init(p: TensorDict, state: Any, cid: Tensor) -> Any:
-            return algorithm.client_init(p, self._context(cid, broadcast, state, info, runtime))
+        def init(p: TensorDict, state: Any, cid: Tensor, own: TensorDict) -> Any:
+            return algorithm.client_init(p, self._context(cid, broadcast, state, info, runtime, personal=own))
 
-        local_state = vmap(init, randomness="different")(params, client_state, ids)
+        personal = personal or {}
+        local_state = vmap(init, randomness="different")(params, client_state, ids, personal)
         for step, batch in enumerate(batches):
             if runtime.should_stop():
                 raise interrupted(info.round, int(ids[0]), step, runtime.local.steps)
-            params, local_state, (value, out, target, terms) = step_fn(step)(params, local_state, client_state, ids, batch, counts)
+            params, local_state, (value, out, target, terms) = step_fn(step)(params, local_state, client_state, ids, batch, counts, personal)
             record.add(value, out, target, terms if loss is not None else None)
         return params, local_state
 
-    def _finish(self, runtime, params, local_state, states, ids, broadcast, info) -> tuple[list[Payload], list[Any]]:
+    def _finish(self, runtime, params, local_state, states, ids, broadcast, info, personal=None) -> tuple[list[Payload], list[Any]]:
         """Every client's (upload, new state): once on the stacked tensors for an elementwise rule that
         does not read ``ctx.client_id``, else client by client on the final tensors (once a round: cheap).
 
         ``states`` is (the clients' states, the same stacked); ``ctx.step`` is the last step, as in sequential execution.
+        With personal tensors (``personal``, stacked), ``client_finish`` sees the shared tensors only and each
+        client keeps ``personal_finish``'s values under ``PERSONAL``, as in sequential execution.
         """
         algorithm, (states, stacked_state), last = runtime.algorithm, states, runtime.local.steps - 1
+        personal = personal or {}
+        shared = {k: params[k] for k in broadcast["x"]} if personal else params
         if declares_capability(algorithm, "elementwise") and type(algorithm) not in self._finish_per_client:
             try:
-                ctx = self._context(ids, broadcast, stacked_state, info, runtime, step=last)
-                upload, new_state = algorithm.client_finish(params, local_state, ctx)
-                return _unstack(upload, len(states), rows=True), _unstack(new_state, len(states))
+                ctx = self._context(ids, broadcast, stacked_state, info, runtime, step=last, personal=personal)
+                upload, new_state = algorithm.client_finish(shared, local_state, ctx)
+                new_states = _unstack(new_state, len(states))
+                if personal:
+                    kept = _unstack(algorithm.personal_finish(params, local_state, ctx), len(states))
+                    new_states = [{**state, PERSONAL: own} for state, own in zip(new_states, kept)]
+                return _unstack(upload, len(states), rows=True), new_states
             except ClientIdUnavailable:
                 self._finish_per_client.add(type(algorithm))
         views, local_views = _unstack(params, len(states)), _unstack(local_state, len(states))
-        outputs = [
-            algorithm.client_finish(views[i], local_views[i], self._context(int(c), broadcast, states[i], info, runtime, step=last))
-            for i, c in enumerate(ids.tolist())
-        ]
+        personal_views = _unstack(personal, len(states)) if personal else [{}] * len(states)
+        outputs = []
+        for i, c in enumerate(ids.tolist()):
+            ctx = self._context(int(c), broadcast, states[i], info, runtime, step=last, personal=personal_views[i])
+            upload, new_state = algorithm.client_finish({k: views[i][k] for k in broadcast["x"]} if personal else views[i], local_views[i], ctx)
+            if personal:
+                new_state = {**new_state, PERSONAL: algorithm.personal_finish(views[i], local_views[i], ctx)}
+            outputs.append((upload, new_state))
         return [u for u, _ in outputs], [s for _, s in outputs]

@@ -145,11 +145,11 @@ def stacked_local_steps(algorithm, objective, weight_decay, params, client_state
                         label_counts=None):  # fmt: skip
     """``local_steps`` of stacked clients (a leading client dimension on params, state, ids, batches and label counts)."""
 
-    def one(p, state, cid, b, counts):
-        return local_steps(algorithm, objective, weight_decay, p, state, cid, info, broadcast, personal, b, counts)
+    def one(p, state, cid, b, counts, own):
+        return local_steps(algorithm, objective, weight_decay, p, state, cid, info, broadcast, own, b, counts)
 
-    in_dims = (0, 0, 0, 0, None if label_counts is None else 0)
-    return torch.func.vmap(one, in_dims=in_dims, randomness="different")(params, client_state, clients, batches, label_counts)
+    in_dims = (0, 0, 0, 0, None if label_counts is None else 0, 0)  # personal tensors: each client's own, stacked
+    return torch.func.vmap(one, in_dims=in_dims, randomness="different")(params, client_state, clients, batches, label_counts, personal)
 
 
 def init_state(algorithm: Algorithm, params: TensorDict, client_state: Any, client: Any, info: RoundInfo, broadcast: Any,
@@ -162,10 +162,10 @@ def init_state(algorithm: Algorithm, params: TensorDict, client_state: Any, clie
 def stacked_init_state(algorithm, params, client_state, clients, info, broadcast, personal, num_steps):  # fmt: skip
     """``init_state`` of stacked clients, under ``vmap`` as the stacked round program runs it."""
 
-    def one(p, state, cid):
-        return init_state(algorithm, p, state, cid, info, broadcast, personal, num_steps)
+    def one(p, state, cid, own):
+        return init_state(algorithm, p, state, cid, info, broadcast, own, num_steps)
 
-    return torch.func.vmap(one, randomness="different")(params, client_state, clients)
+    return torch.func.vmap(one, randomness="different")(params, client_state, clients, personal)
 
 
 def one_step(
@@ -189,11 +189,11 @@ def stacked_one_step(algorithm, objective, weight_decay, params, local, client_s
                      label_counts=None):  # fmt: skip
     """``one_step`` of stacked clients (a leading client dimension on params, local and client state, ids, the batch, label counts)."""
 
-    def one(p, loc, state, cid, b, counts):
-        return one_step(algorithm, objective, weight_decay, p, loc, state, cid, info, broadcast, personal, b, counts)
+    def one(p, loc, state, cid, b, counts, own):
+        return one_step(algorithm, objective, weight_decay, p, loc, state, cid, info, broadcast, own, b, counts)
 
-    in_dims = (0, 0, 0, 0, 0, None if label_counts is None else 0)
-    return torch.func.vmap(one, in_dims=in_dims, randomness="different")(params, local, client_state, clients, batch, label_counts)
+    in_dims = (0, 0, 0, 0, 0, None if label_counts is None else 0, 0)
+    return torch.func.vmap(one, in_dims=in_dims, randomness="different")(params, local, client_state, clients, batch, label_counts, personal)
 
 
 def _fresh(fn: Callable) -> Callable:
