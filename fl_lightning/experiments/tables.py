@@ -59,6 +59,7 @@ class Table:
     note: str
     header: list[str]
     rows: list[list[str]] = field(default_factory=list)
+    brief: str = ""  # the note's gist, printed with the table on the terminal
 
 
 def _markdown(table: Table) -> list[str]:
@@ -203,6 +204,7 @@ def summary_tables(
         + (f"{RULE} " if total > 1 else "")
         + "A seed that failed or diverged is left out (see Failures).",
         ["Measured on (split, model, evaluation)", *runs],
+        brief=f"{spread}, in %." + (" **Bold**: the best mean of a row; ≈: within seed noise of it (summary.md says how)." if total > 1 else ""),
     )
     for what, when, fn in measures:
         row, cells, judged = what.row(when), [], []
@@ -320,6 +322,6 @@ def first_table_markdown(
     statuses: Mapping[str, Sequence[str | None]] | None = None,
     seconds: Mapping[str, Sequence[float | None]] | None = None,
 ) -> str:
-    """The accuracy table alone (what ``compare`` prints at the end)."""
+    """The accuracy table alone, under its title and the gist of its note (what ``compare`` prints at the end)."""
     (table,) = summary_tables(histories, seeds, [], None, statuses, seconds)
-    return "\n".join(_markdown(table)[2 + (2 if table.note else 0):]).rstrip()
+    return "\n".join([f"{table.title}. {table.brief}", ""] + _markdown(table)[2 + (2 if table.note else 0):]).rstrip()
