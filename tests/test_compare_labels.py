@@ -57,6 +57,8 @@ def test_a_test_set_evaluated_only_at_the_end_gives_a_validation_target_table_th
     accuracy = rows(tables[0])
     assert accuracy["Test accuracy, global model, final evaluation (%)"] == ["81.0"]
     assert not any("best-validation" in row for row in accuracy)  # no test accuracy at the other evaluations
+    # a run with one evaluation has the test set at every evaluation: both target tables
+    assert len(summary_tables({"FedAvg": [history({30: 0.82}, {30: 0.81})]}, [0], [0.8])) == 3
 
 
 def test_without_a_validation_split_val_acc_is_labelled_as_the_test_set():
