@@ -233,9 +233,9 @@ def summary_tables(
     if not targets:
         return tables
 
-    on = [(ACC, val)] + ([(TEST_ACC, test)] if split and test_per_eval else [])
+    on = [(ACC, val)] + ([(TEST_ACC, test)] if test_per_eval else [])
+    only_val = split and not test_per_eval  # test/acc logged, but only at the end
     for metric, what in on:
-        only_val = split and not test_per_eval and TEST_ACC in logged
         table = Table(
             f"Cost to reach a target {what.quantity.lower()} ({what.model}, at each evaluation)",
             f"First evaluation with `{metric}` at or above the target (resolution: the evaluation interval). "
