@@ -88,8 +88,9 @@ def test_compare_writes_plots_and_tables_with_the_logged_numbers(tmp_path):
         accs = [logged(s, "val/acc") for s in seeds]
         assert all(len(a) == 3 for a in accs)  # evaluations after rounds 2, 4, 6
         final = [a[-1] for a in accs]
-        assert summary("Final test accuracy", run) == final
-        assert summary("Best test accuracy", run) == [max(a) for a in accs]
+        # no validation split in BASE: val/acc is the test set, and the rows say so
+        assert summary("Test accuracy, global model, final evaluation", run) == final
+        assert summary("Test accuracy, global model, best evaluation (selected on the test set)", run) == [max(a) for a in accs]
         assert f"{100 * np.mean(final):.1f} ± {100 * np.std(final, ddof=1):.1f}" in md  # percentages, 1 decimal
 
         # rounds to 0.4: the table equals what the TargetAccuracy callback logged during the runs
@@ -113,9 +114,9 @@ def test_compare_writes_plots_and_tables_with_the_logged_numbers(tmp_path):
             assert float(r["val/acc mean"]) == pytest.approx(np.mean([a[i] for a in accs]), abs=1e-12)
             assert float(r["val/acc std"]) == pytest.approx(np.std([a[i] for a in accs], ddof=1), abs=1e-12)
     assert "| Total global iterations (rounds) | 0.999 | >6.0 | >6.0 |" in md
-    assert "| Wall time (s) |" in md and "| Status |" not in md  # no failures: no status row
+    assert "| Wall time (s) |" in md and "| Seeds finished |" not in md and "## Failures" not in md  # no failures
     tex = (out / "summary.tex").read_text()
-    assert "\\toprule" in tex and "$\\pm$" in tex and "Final test accuracy (\\%)" in tex
+    assert "\\toprule" in tex and "$\\pm$" in tex and "Test accuracy, global model, final evaluation (\\%)" in tex
 
     # --reuse: a finished run with the same arguments is not trained again
     info = out / "runs" / "K=3" / "seed0" / INFO
@@ -169,7 +170,7 @@ def test_compare_cli_reports_bad_sweeps_in_one_line_and_fail_fast_stops_on_a_bad
     assert not (tmp_path / "o" / "runs").exists()
 
 
-def test_a_diverging_run_and_a_bad_config_are_recorded_and_the_sweep_goes_on(tmp_path, capsys):
+def test_a_diverging_run_and_a_bad_config_are_recorded_the_sweep_goes_on_and_the_exit_code_says_so(tmp_path, capsys):
     sweep = write_sweep(
         tmp_path,
         seeds=[0],
@@ -181,23 +182,65 @@ def test_a_diverging_run_and_a_bad_config_are_recorded_and_the_sweep_goes_on(tmp
         },
     )
     out = tmp_path / "out"
-    main(["compare", "--config", str(sweep), "--out", str(out)])
+    with pytest.raises(SystemExit) as exit_:
+        main(["compare", "--config", str(sweep), "--out", str(out)])
+    assert exit_.value.code == 2  # a failure is bad input (an invalid run config)
     printed = capsys.readouterr().out
-    assert "[compare] diverges seed 0: diverged at round 0" in printed
-    assert "[compare] ok seed 0: final acc" in printed  # the next run still happened
-    assert "[compare] bad config seed 0: failed: " in printed and "mu" in printed
-    assert "[compare] typo seed 0: failed: " in printed and "no_such_key" in printed
-    assert "| Status |" in printed  # the summary table is printed at the end
+    assert "[compare] ok seed 0: global model at the final evaluation: test acc " in printed  # the next run still happened
+    assert "(no validation split)" in printed
+    # each failure once on the terminal; the final table says "failed" / "diverged", not the error
+    assert printed.count("diverged at round 0") == 1
+    assert printed.count("mu must be >= 0") == 1 and "[compare] bad config: failed: " in printed
+    assert printed.count("no_such_key") == 1 and "[compare] typo: failed: " in printed
+    final_printed = next(line for line in printed.splitlines() if line.startswith("| Test accuracy, global model, final"))
+    assert final_printed.split(" | ")[1:4] == ["diverged", "failed", "failed"]
+    assert "exit code 2" in printed and "--allow-failures" in printed
     infos = {name: json.loads((out / "runs" / d / "seed0" / INFO).read_text())
              for name, d in (("diverges", "diverges"), ("ok", "ok"), ("typo", "typo"))}  # fmt: skip
     assert infos["diverges"]["status"] == "diverged" and infos["ok"]["status"] == "ok"
-    assert infos["typo"]["status"] == "failed"
+    assert infos["typo"]["status"] == "failed" and infos["typo"]["bad_input"] is True
     md = (out / "summary.md").read_text()
-    status_row = next(line for line in md.splitlines() if line.startswith("| Status |"))
-    assert "diverged at round 0" in status_row and "ok" in status_row and "failed:" in status_row
-    final_row = next(line for line in md.splitlines() if line.startswith("| Final test accuracy (%) |"))
-    assert "diverged at round 0" in final_row  # no numbers for a run none of whose seeds finished
+    failures = md.split("## Failures", 1)[1]
+    for text in ("diverged at round 0", "no_such_key", "mu must be >= 0"):
+        assert md.count(text) == 1 and text in failures
+    final_row = next(line for line in md.splitlines() if line.startswith("| Test accuracy, global model, final"))
+    assert final_row.split(" | ")[1:4] == ["diverged", "failed", "failed"]  # no numbers, no error text
     assert (out / "overview.png").is_file() and (out / "summary.tex").is_file()
+    # --report-only judges the same runs the same way; --allow-failures opts out
+    with pytest.raises(SystemExit) as exit_:
+        main(["compare", "--config", str(sweep), "--out", str(out), "--report-only"])
+    assert exit_.value.code == 2
+    main(["compare", "--config", str(sweep), "--out", str(out), "--report-only", "--allow-failures"])
+
+
+def test_every_run_failing_exits_1_unless_failures_are_allowed(tmp_path, capsys):
+    sweep = write_sweep(tmp_path, seeds=[0, 1], runs={"diverges": {"model.local.lr": 1.0e12}})
+    with pytest.raises(SystemExit) as exit_:
+        main(["compare", "--config", str(sweep), "--out", str(tmp_path / "out")])
+    assert exit_.value.code == 1
+    printed = capsys.readouterr().out
+    assert printed.count("diverged at round 0") == 2  # once per seed
+    main(["compare", "--config", str(sweep), "--out", str(tmp_path / "out"), "--allow-failures"])
+    assert "2 of 2 runs failed or diverged" in capsys.readouterr().out
+
+
+def test_the_progress_line_and_the_tables_name_validation_and_test(tmp_path, capsys):
+    sweep = write_sweep(tmp_path, seeds=[0], runs={"split": {"data.init_args.val_fraction": 0.2}}, targets=[0.4])
+    out = tmp_path / "out"
+    main(["compare", "--config", str(sweep), "--out", str(out)])
+    val, test = logged(out / "runs" / "split" / "seed0", "val/acc"), logged(out / "runs" / "split" / "seed0", "test/acc")
+    assert len(val) == len(test) == 3  # the test set at every evaluation
+    printed = capsys.readouterr().out
+    assert printed.count("1 seed, no spread") == 1 and "±" not in printed  # the printed table says it too
+    line = next(line for line in printed.splitlines() if line.startswith("[compare] split seed 0: global"))
+    assert (f"global model at the final evaluation: validation acc {100 * val[-1]:.1f}%, test acc {100 * test[-1]:.1f}% · "
+            f"best validation acc {100 * max(val):.1f}%") in line  # fmt: skip
+    md = (out / "summary.md").read_text()
+    assert f"| Test accuracy, global model, final evaluation (%) | {100 * test[-1]:.1f} |" in md
+    assert f"| Validation accuracy, global model, final evaluation (%) | {100 * val[-1]:.1f} |" in md
+    assert "## Cost to reach a target validation accuracy (global model" in md
+    assert "## Cost to reach a target test accuracy (global model" in md
+    assert md.count("1 seed, no spread") == 1 and "±" not in md
 
 
 def test_fail_fast_stops_at_the_first_diverging_run(tmp_path, capsys):

@@ -28,3 +28,18 @@ def test_raw_metric_names_become_labels_with_units():
     assert label("time/round_s") == "wall time per round (s)"
     assert label("algo/h_norm") == "‖h‖" and label("time/eval_s") == "eval (s)"
     assert label("val/acc") == "validation accuracy" and label("test/acc") == "test accuracy"
+
+
+def test_val_acc_is_labelled_test_accuracy_when_there_is_no_validation_split():
+    from fl_lightning.experiments.history import History
+    from fl_lightning.experiments.plots import axis_names
+
+    no_split = {"A": [History([{"round": 5.0, "val/acc": 0.5}])]}
+    split = {"A": [History([{"round": 5.0, "val/acc": 0.5, "test/acc": 0.4}])]}
+    assert axis_names(split) == {}
+    names = axis_names(no_split)
+    assert names == {"val/acc": "test accuracy (no validation split)"}
+    fig, ax = plt.subplots()
+    draw(ax, {"A": _curve([0.1, 0.5])}, Figure("acc_vs_rounds", "val/acc"), {"A": style(0)}, names=names)
+    assert ax.get_ylabel() == "test accuracy (no validation split)"
+    plt.close(fig)

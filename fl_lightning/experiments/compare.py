@@ -4,9 +4,11 @@ Each run is an ordinary ``fl-lightning fit`` (same parser, same config file plus
 sweep's dotted keys), run in this process one after another and logged with a
 CSVLogger to ``DIR/runs/<name>/seed<s>/`` (and wandb if the sweep asks). Then:
 ``DIR/plots/*.png`` + ``*.csv`` (mean ± std over seeds), ``DIR/overview.png``,
-``DIR/summary.md`` and ``DIR/summary.tex`` (final accuracy, wall time, cost-to-target) and
-``DIR/summary.csv`` (per seed). A run that fails or diverges is recorded (``run_info.json``,
-the tables' Status row, the plot legends) and the sweep goes on (``--fail-fast`` stops).
+``DIR/summary.md`` and ``DIR/summary.tex`` (accuracy, wall time, cost-to-target, each row naming
+its split and model) and ``DIR/summary.csv`` (per seed). A run that fails or diverges is recorded
+(``run_info.json``, the Failures section of ``summary.md``, the plot legends), printed once, and
+the sweep goes on (``--fail-fast`` stops); compare then exits 1, or 2 when a run's config is invalid
+(``--allow-failures``: 0).
 """
 
 from __future__ import annotations
@@ -56,15 +58,21 @@ def describe_failure(error: BaseException) -> str:
 
 
 def result_line(name: str, seed: int, info: dict[str, Any]) -> str:
-    """The per-run line compare prints when a run finishes."""
+    """The per-run line compare prints when a run finishes, naming the split and model of each accuracy:
+    ``global model at the final evaluation: validation acc 80.0%, test acc 78.8% · best validation acc 81.0%``."""
     head = f"[compare] {name} seed {seed}:"
     if info.get("status", "ok") != "ok":
         rounds = info.get("rounds")
         return f"{head} {info['error']}" + (f" ({rounds} rounds done)" if rounds else "")
     parts = []
     if info.get("final_acc") is not None:
-        parts.append(f"final acc {100 * info['final_acc']:.1f}%")
-        parts.append(f"best {100 * info['best_acc']:.1f}%")
+        split = info.get("acc_split")  # "validation", "test" (no validation split); absent in older run_info.json
+        name_of = {"validation": "validation acc", "test": "test acc"}.get(split, "val/acc")
+        final = f"global model at the final evaluation: {name_of} {100 * info['final_acc']:.1f}%"
+        if info.get("final_test_acc") is not None:
+            final += f", test acc {100 * info['final_test_acc']:.1f}%"
+        parts.append(final + (" (no validation split)" if split == "test" else ""))
+        parts.append(f"best {name_of} {100 * info['best_acc']:.1f}%")
     parts.append(f"{info['rounds']} rounds")
     parts.append(f"{info['fit_seconds']:.1f} s")
     return f"{head} " + " · ".join(parts)
@@ -96,8 +104,8 @@ def run_one(
     if run_dir.exists():
         shutil.rmtree(run_dir)
     info: dict[str, Any] = {"name": name, "seed": seed, "args": args, "status": "ok"}
-    if config_error is not None:
-        return _record(run_dir, {**info, "status": "failed", "error": config_error, "rounds": 0})
+    if config_error is not None:  # bad input: compare exits 2
+        return _record(run_dir, {**info, "status": "failed", "error": config_error, "rounds": 0, "bad_input": True})
     print(f"[compare] {name} seed {seed}: training -> {run_dir}", flush=True)
     cli, start = None, time.perf_counter()
     try:
@@ -118,8 +126,13 @@ def run_one(
     if cli is not None:
         info["model_bytes"] = model_bytes(cli.model)
         summary = next((c for c in cli.trainer.callbacks if type(c).__name__ == "RunSummary"), None)
-        if summary is not None and summary.accuracies:
+        if summary is not None and summary.accuracies:  # val/acc: the validation split, else the test set
             info["final_acc"], info["best_acc"] = summary.final_acc, summary.best[1]
+            split = bool(getattr(cli.datamodule, "val_fraction", 0))
+            info["acc_split"] = "validation" if split else "test"
+            test_acc = cli.trainer.callback_metrics.get("test/acc") if split else None
+            if test_acc is not None:  # the test set at the last evaluation
+                info["final_test_acc"] = float(test_acc)
     return _record(run_dir, info)
 
 
@@ -199,6 +212,13 @@ def print_summary(sweep: Sweep, out: Path) -> None:
     print(first_table_markdown(load_histories(sweep, out), sweep.seeds, statuses, seconds), flush=True)
 
 
+def exit_code(sweep: Sweep, out: Path) -> int:
+    """0 when every run x seed finished; 2 when a failed one had an invalid config (bad input); else 1."""
+    infos = [_run_info(sweep, out, name, seed) or {} for name in sweep.runs for seed in sweep.seeds]
+    failed = [i for i in infos if i.get("status", "ok") != "ok"]
+    return 0 if not failed else 2 if any(i.get("bad_input") for i in failed) else 1
+
+
 def _config_errors(sweep: Sweep, out: Path) -> dict[str, str]:
     """Every run's config parsed before anything trains: run name -> its config error."""
     from fl_lightning.run.cli_app import SeveralProcesses
@@ -222,7 +242,7 @@ def compare(config: str | Path, out: str | Path, reuse: bool = False, fail_fast:
     """
     sweep, out = load_sweep(config), Path(out).resolve()
     errors = _config_errors(sweep, out)
-    for name, error in errors.items():
+    for name, error in errors.items():  # printed once here, not again per seed
         print(f"[compare] {name}: {error}", flush=True)
     if errors and fail_fast:
         name, error = next(iter(errors.items()))
@@ -233,7 +253,8 @@ def compare(config: str | Path, out: str | Path, reuse: bool = False, fail_fast:
     for name in sweep.runs:
         for seed in sweep.seeds:
             info = run_one(sweep, name, seed, out, reuse, config_error=errors.get(name))
-            print(result_line(name, seed, info), flush=True)
+            if name not in errors:
+                print(result_line(name, seed, info), flush=True)
             if info.get("status", "ok") != "ok":
                 failures += 1
                 if fail_fast:
@@ -243,7 +264,7 @@ def compare(config: str | Path, out: str | Path, reuse: bool = False, fail_fast:
     print("", flush=True)
     print_summary(sweep, out)
     total = len(sweep.runs) * len(sweep.seeds)
-    failed = f"; {failures} of {total} runs failed or diverged (see Status)" if failures else ""
+    failed = f"; {failures} of {total} runs failed or diverged (each printed above, listed under Failures in summary.md)" if failures else ""
     plots = sum(1 for p in written if p.suffix == ".png")
     print(f"\n[compare] wrote {out / 'summary.md'}, summary.tex and {plots} plots under {out}{failed}", flush=True)
     return written
@@ -261,15 +282,25 @@ def main(argv: list[str]) -> None:
     parser.add_argument(
         "--fail-fast", action="store_true", help="stop at the first failed or diverged run (default: record it and go on)"
     )
+    parser.add_argument(
+        "--allow-failures",
+        action="store_true",
+        help="exit 0 even if a run failed or diverged (default: exit 1, or 2 when a run's config is invalid)",
+    )
     ns = parser.parse_args(argv)
     if Path(ns.out).exists() and not Path(ns.out).is_dir():
         raise ValueError(f"--out {ns.out} is a file; give a folder (compare writes runs/, plots and summary.md into it)")
+    sweep, out = load_sweep(ns.config), Path(ns.out).resolve()
     if ns.report_only:
-        sweep, out = load_sweep(ns.config), Path(ns.out).resolve()
         report(sweep, out)
         print_summary(sweep, out)
     else:
         compare(ns.config, ns.out, reuse=ns.reuse, fail_fast=ns.fail_fast)
+    code = exit_code(sweep, out)
+    if code and not ns.allow_failures:
+        why = "a run's config is invalid" if code == 2 else "a run failed or diverged"
+        print(f"[compare] exit code {code}: {why} (--allow-failures exits 0)", flush=True)
+        raise SystemExit(code)
 
 
-__all__ = ["compare", "describe_failure", "dir_name", "load_histories", "load_statuses", "main", "report", "run_one"]
+__all__ = ["compare", "describe_failure", "dir_name", "exit_code", "load_histories", "load_statuses", "main", "report", "run_one"]

@@ -22,7 +22,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from fl_lightning.experiments.history import ACC, BYTES, PER_CLIENT, ROUND, UPLOADS, History, seed_curve  # noqa: E402
+from fl_lightning.experiments.history import ACC, BYTES, PER_CLIENT, ROUND, TEST_ACC, UPLOADS, History, seed_curve  # noqa: E402
 
 LABELS = {
     ACC: "validation accuracy",  # the test set when the data has no validation split (data.val_fraction)
@@ -133,8 +133,15 @@ def style(index: int) -> dict:
     }
 
 
+def axis_names(histories: Mapping[str, Sequence[History]]) -> dict[str, str]:
+    """Axis labels that depend on the data: without a validation split (no ``test/acc`` logged)
+    ``val/acc`` is the test set's accuracy."""
+    split = any(TEST_ACC in r for hs in histories.values() for h in hs for r in h.records)
+    return {} if split else {ACC: "test accuracy (no validation split)"}
+
+
 def draw(ax, data: Mapping[str, Mapping[str, np.ndarray]], figure: Figure, styles: Mapping[str, dict],
-         labels: Mapping[str, str] | None = None, short: bool = False) -> None:  # fmt: skip
+         labels: Mapping[str, str] | None = None, short: bool = False, names: Mapping[str, str] | None = None) -> None:  # fmt: skip
     low, high = value_range(figure.metric)
     same = coinciding(data)
     for run, curve in data.items():
@@ -149,8 +156,8 @@ def draw(ax, data: Mapping[str, Mapping[str, np.ndarray]], figure: Figure, style
         lower = np.clip(curve["mean"] - curve["std"], low, high)
         upper = np.clip(curve["mean"] + curve["std"], low, high)
         ax.fill_between(curve["x"], lower, upper, color=st["color"], alpha=0.15, lw=0)
-    ax.set_xlabel(label(figure.x, short))
-    ax.set_ylabel(label(figure.metric, short))
+    ax.set_xlabel((names or {}).get(figure.x) or label(figure.x, short))
+    ax.set_ylabel((names or {}).get(figure.metric) or label(figure.metric, short))
     means = np.concatenate([np.asarray(c["mean"], dtype=float) for c in data.values()]) if data else np.array([])
     if means.size and (means > 0).all() and means.max() > 1e3 * means.min():  # e.g. gradient norms: span decades
         ax.set_yscale("log")
@@ -216,6 +223,7 @@ def plot_all(
     plots.mkdir(parents=True, exist_ok=True)
     seeds = max(len(hs) for hs in histories.values())
     histories, labels = _plotted(histories, statuses)
+    names = axis_names(histories)
     styles = {run: style(i) for i, run in enumerate(histories)}
     written: list[Path] = []
     drawn: dict[str, tuple[Figure, dict]] = {}
@@ -224,7 +232,7 @@ def plot_all(
         if not data or all_zero(data):
             continue
         fig, ax = plt.subplots(figsize=(6, 4.2), layout="constrained")
-        draw(ax, data, figure, styles, labels)
+        draw(ax, data, figure, styles, labels, names=names)
         ax.set_title(f"{title} (mean ± std over {seeds} seeds)".strip(), fontsize=9)
         ax.legend(fontsize=8)
         fig.savefig(plots / f"{figure.name}.png", dpi=110)
@@ -239,7 +247,7 @@ def plot_all(
         rows = -(-len(panels) // cols)
         fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.8 * rows), squeeze=False, layout="constrained")
         for ax, name in zip(axes.flat, panels):
-            draw(ax, drawn[name][1], drawn[name][0], styles, labels, short=True)
+            draw(ax, drawn[name][1], drawn[name][0], styles, labels, short=True, names=names)
         for ax in list(axes.flat)[len(panels):]:
             ax.set_visible(False)
         axes[0][0].legend(fontsize=8)

@@ -11,7 +11,7 @@ runs:                              # name -> dotted CLI keys of that run (may be
   FedAvg K=1: {model.local.steps: 1}
 grid:                              # optional: every run x every combination of these values,
   model.local.lr: [0.01, 0.03]     # named "<run> lr=0.01", ...
-targets: [0.8, 0.9]                # test-accuracy targets for the cost-to-target tables
+targets: [0.8, 0.9]                # accuracy targets: cost tables on validation (and test) accuracy
 wandb: {project: my-project}       # optional: also log every run to wandb (WandbLogger init_args;
                                    # group = run name, job_type = sweep file name, name = "<run> seed<s>")
 ```

@@ -1,0 +1,58 @@
+"""What a number of a comparison was measured on: each logged accuracy's human label, naming its
+split (validation, test, client holdout, unseen clients) and its model (global, personalized).
+
+``compare``'s tables (tables.py) build every row and heading from this mapping, so a metric logged
+in ``metrics.csv`` that is listed here becomes a labelled row when present; the progress line of
+each run (compare.py) uses the same words.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fl_lightning.experiments.history import ACC, TEST_ACC
+
+GLOBAL = "global model"
+PERSONAL = "personalized models"
+
+FINAL = "final evaluation"
+AT_BEST_VAL = "at the best-validation evaluation"
+BEST_ON_TEST = "best evaluation (selected on the test set)"
+
+
+@dataclass(frozen=True)
+class Measured:
+    """``quantity`` names the split; ``model`` which model was evaluated on it."""
+
+    quantity: str
+    model: str
+
+    def row(self, when: str) -> str:
+        """A table row: ``Test accuracy, global model, final evaluation (%)``."""
+        return f"{self.quantity}, {self.model}, {when} (%)"
+
+    def short(self) -> str:
+        """``test accuracy (global model)``: a heading's words."""
+        return f"{self.quantity[0].lower()}{self.quantity[1:]} ({self.model})"
+
+
+METRICS: dict[str, Measured] = {  # metric in metrics.csv -> what it measured; table rows in this order
+    ACC: Measured("Validation accuracy", GLOBAL),
+    TEST_ACC: Measured("Test accuracy", GLOBAL),
+    "clients/acc_mean": Measured("Client-holdout accuracy (mean over clients)", GLOBAL),
+    "clients/acc_worst10": Measured("Client-holdout accuracy (worst 10% of clients)", GLOBAL),
+    "val/personal_acc_mean": Measured("Validation personalized accuracy (client holdout, mean over clients)", PERSONAL),
+    "val/personal_acc_worst10": Measured("Validation personalized accuracy (client holdout, worst 10% of clients)", PERSONAL),
+    "test/personal_acc_mean": Measured("Test personalized accuracy (client holdout, mean over clients)", PERSONAL),
+    "test/personal_acc_worst10": Measured("Test personalized accuracy (client holdout, worst 10% of clients)", PERSONAL),
+    "test/personal_acc_weighted": Measured("Test personalized accuracy (client holdout, weighted by client size)", PERSONAL),
+    "test/unseen_acc_mean": Measured("Test accuracy on unseen clients (mean over clients)", "model given to unseen clients"),
+}
+EXTRA = [metric for metric in METRICS if metric not in (ACC, TEST_ACC)]  # rows added when logged
+
+
+def measured(metric: str, validation_split: bool = True) -> Measured:
+    """What ``metric`` measured; without a validation split ``val/acc`` is the test set's accuracy."""
+    if metric == ACC and not validation_split:
+        return METRICS[TEST_ACC]
+    return METRICS[metric]
