@@ -2,7 +2,7 @@
 ICML 2021, Algorithm 1): FedAvg on the global model w, and per client a personal model v_i trained on the
 same minibatches towards w by the proximal objective F_i(v) + lambda/2 ||v - w||^2.
 
-Rule: docs/algorithms.md, section 25.3, (25.3)-(25.5); lambda = 0 makes v_i the purely local model, and
+Rule: docs/algorithms.md, section 25.3, (25.3.1)-(25.3.4); lambda = 0 makes v_i the purely local model, and
 the global model is FedAvg's bit for bit for any lambda (same uploads).
 """
 

@@ -3,7 +3,7 @@ Algorithm 1): each local step solves the Moreau-envelope inner problem
 theta = argmin f_i(theta; batch) + lambda/2 ||theta - w_i||^2 approximately, then moves the local model
 w_i towards theta; the server averages the local models with step beta.
 
-Rule: docs/algorithms.md, section 25.4, (25.6)-(25.9); inner_steps = 0 leaves every model where it is,
+Rule: docs/algorithms.md, section 25.4, (25.4.1)-(25.4.5); inner_steps = 0 leaves every model where it is,
 lambda = 0 trains theta by plain local SGD and keeps w.
 """
 
