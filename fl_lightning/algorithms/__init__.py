@@ -4,6 +4,7 @@ May import: core, optim.
 """
 
 from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientResult, Payload, RoundInfo
+from fl_lightning.algorithms.ditto import Ditto
 from fl_lightning.algorithms.fadam import FAdamET, FAdamGT
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.fedavg_svrg import FedAvgSVRG
@@ -23,6 +24,7 @@ from fl_lightning.algorithms.fedprox import FedProx
 from fl_lightning.algorithms.fedsam import FedSAM
 from fl_lightning.algorithms.local_adam import LocalAdam
 from fl_lightning.algorithms.moon import MOON
+from fl_lightning.algorithms.pfedme import PFedMe
 from fl_lightning.algorithms.scaffold import SCAFFOLD
 from fl_lightning.algorithms.scaffold_p import ScaffoldP
 
@@ -32,6 +34,7 @@ __all__ = [
     "Algorithm",
     "ClientContext",
     "ClientResult",
+    "Ditto",
     "FAdamET",
     "FAdamGT",
     "FedAdam",
@@ -56,6 +59,7 @@ __all__ = [
     "FedYogi",
     "LocalAdam",
     "Payload",
+    "PFedMe",
     "RoundInfo",
     "ScaffoldP",
 ]

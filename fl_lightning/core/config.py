@@ -35,7 +35,8 @@ class LocalTraining:
         min_lr: the cosine schedule's final lr, in [0, lr).
         step_rounds: rounds between two ``lr_decay`` steps of the ``step`` schedule, >= 1.
         personal_lr: step size gamma_v of personal tensors, > 0 (``None``: same as
-            ``lr``); follows ``lr_schedule`` like ``lr``. Used by personalization algorithms.
+            ``lr``); follows ``lr_schedule`` like ``lr``. Used by personalization algorithms
+            (``ctx.personal_lr``), also for a personal model kept as client state (Ditto, pFedMe).
     """
 
     lr: float = 0.1

@@ -350,7 +350,7 @@ class FederatedModule(L.LightningModule):
     def _evaluation_info(self) -> RoundInfo:
         """The facts of the last completed round, for rules run at evaluation."""
         round_idx = max(self.global_step - 1, 0)
-        personal_lr = self.local.personal_lr_at(round_idx) if self.personal_names else None
+        personal_lr = self.local.personal_lr_at(round_idx) if self.personal_names or self.local.personal_lr is not None else None
         return RoundInfo(round_idx, self.local.lr_at(round_idx), self.datamodule.num_clients, None, personal_lr)
 
     def _personalized(self, client_id: int, params: TensorDict, state: ClientState, x: TensorDict) -> TensorDict:
@@ -374,7 +374,7 @@ class FederatedModule(L.LightningModule):
     # ---- one round ------------------------------------------------------------------------
     def training_step(self, plan: RoundPlan, batch_idx: int) -> None:
         self._round_started = time.perf_counter()
-        personal_lr = self.local.personal_lr_at(plan.round) if self.personal_names else None
+        personal_lr = self.local.personal_lr_at(plan.round) if self.personal_names or self.local.personal_lr is not None else None
         info = RoundInfo(plan.round, self.local.lr_at(plan.round), self.datamodule.num_clients, plan, personal_lr)
         x = self.global_params()
         server_state = {n: {k: v.to(self.device) for k, v in td.items()} for n, td in self.server_state.items()}
