@@ -160,6 +160,9 @@ def test_a_local_loss_reads_the_parameters_being_trained(tmp_path, execution):
 class MeanFeature(FedAvg):
     """Keeps the mean representation of its training set per class, from a pass over its data."""
 
+    def client_state_init(self, x):
+        return {"means": {"z": torch.zeros(3, 16)}, "own": P.detach_clone(x)}
+
     def client_finish(self, params, local, ctx):
         upload, _ = super().client_finish(params, local, ctx)
         seen = ctx.data_pass(params)
@@ -200,3 +203,16 @@ def test_every_run_with_a_holdout_scores_personalized_models_once(tmp_path):
     trainer.fit(module, datamodule=data)
     assert sum(isinstance(c, PersonalizedEvaluation) for c in trainer.callbacks) == 1
     assert "val/personal_acc_worst10" in trainer.callback_metrics
+
+
+def test_a_data_pass_in_client_finish_runs_stacked_and_equals_sequential(tmp_path):
+    stores = {}
+    for name, executor in {"seq": "sequential", "bat": BatchedExecutor()}.items():
+        module = tiny_module(MeanFeature(), LocalTraining(lr=0.3, steps=4, batch_size=8))
+        module.executor.inner = module.executor.inner if executor == "sequential" else executor
+        tiny_trainer(tmp_path / name, rounds=2).fit(module, datamodule=tiny_datamodule(num_clients=8, clients_per_round=3))
+        stores[name] = module.store
+        if name == "bat":
+            assert not module.executor.inner.fallbacks  # the clients trained stacked; only the pass ran per client
+    for cid, state in stores["seq"]._states.items():
+        torch.testing.assert_close(stores["bat"]._states[cid]["means"]["z"], state["means"]["z"], rtol=1e-5, atol=1e-6)

@@ -35,7 +35,7 @@ from fl_lightning.algorithms.base import ClientContext, ClientIdUnavailable, Rou
 from fl_lightning.core.client_data import Unstackable
 from fl_lightning.executors.dpsgd import client_noise, dp_sampler, private_grad_fn, private_steps
 from fl_lightning.core.errors import FLError, interrupted, one_line
-from fl_lightning.executors.base import ClientRuntime, Executor, check_loss, seed_client, to_device
+from fl_lightning.executors.base import ClientRuntime, Executor, check_loss, data_pass_fn, seed_client, to_device
 from fl_lightning.executors.compiled import DEFAULT_MAX_VARIANTS, CompiledPrograms, Uncompilable, log_fallback, tensor_lr
 from fl_lightning.executors.sequential import SequentialExecutor, compiled_unsupported_reason
 from fl_lightning.core.local_loss import client_loss
@@ -110,7 +110,10 @@ def _no_full_grad(params: TensorDict) -> TensorDict:
 
 
 def _no_data_pass(params: TensorDict) -> Any:
-    raise Unbatchable("a pass over each client's whole training set (ctx.data_pass) runs client by client (clients differ in size)")
+    raise Unbatchable(
+        "a pass over each client's whole training set (ctx.data_pass) in local steps or in an elementwise rule's stacked "
+        "client_finish runs client by client (clients differ in size)"
+    )
 
 
 def _model_not_vmappable(error: Exception, runtime: ClientRuntime) -> str | None:
@@ -446,6 +449,7 @@ class BatchedExecutor(Executor):
         outputs = []
         for i, c in enumerate(ids.tolist()):
             ctx = self._context(int(c), broadcast, states[i], info, runtime, step=last, personal=personal_views[i])
+            ctx.data_pass = data_pass_fn(runtime, int(c))  # client by client here: its whole set, as sequential execution reads it
             upload, new_state = algorithm.client_finish({k: views[i][k] for k in broadcast["x"]} if personal else views[i], local_views[i], ctx)
             if personal:
                 new_state = {**new_state, PERSONAL: algorithm.personal_finish(views[i], local_views[i], ctx)}
