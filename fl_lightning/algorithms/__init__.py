@@ -3,6 +3,7 @@
 May import: core, optim.
 """
 
+from fl_lightning.algorithms.apfl import APFL
 from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientResult, Payload, RoundInfo
 from fl_lightning.algorithms.fadam import FAdamET, FAdamGT
 from fl_lightning.algorithms.fedavg import FedAvg
@@ -23,10 +24,12 @@ from fl_lightning.algorithms.fedprox import FedProx
 from fl_lightning.algorithms.fedsam import FedSAM
 from fl_lightning.algorithms.local_adam import LocalAdam
 from fl_lightning.algorithms.moon import MOON
+from fl_lightning.algorithms.perfedavg import PerFedAvg
 from fl_lightning.algorithms.scaffold import SCAFFOLD
 from fl_lightning.algorithms.scaffold_p import ScaffoldP
 
 __all__ = [
+    "APFL",
     "MOON",
     "SCAFFOLD",
     "Algorithm",
@@ -56,6 +59,7 @@ __all__ = [
     "FedYogi",
     "LocalAdam",
     "Payload",
+    "PerFedAvg",
     "RoundInfo",
     "ScaffoldP",
 ]
