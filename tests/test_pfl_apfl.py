@@ -124,10 +124,19 @@ def test_apfl_with_alpha_zero_is_fedavg_and_predicts_with_the_global_model():
         apfl, fedavg = _fit(APFL(alpha=0.0, adaptive_alpha=False), execution), _fit(FedAvg(), execution)
         x = apfl.global_params()
         for k, v in fedavg.global_params().items():
-            assert torch.equal(x[k], v), (execution, k)  # batched: both run the same stacked arithmetic
+            assert torch.equal(x[k], v), (execution, k)  # batched too: the same per-entry arithmetic
         for cid in range(3):
             params = apfl.prediction_params(cid)
             assert all(torch.equal(params[k], x[k]) for k in x)
+
+
+def test_apfl_global_model_is_fedavgs_for_any_alpha():
+    """(25.5.1) reads neither v_i nor alpha_i: the shared path is FedAvg bit for bit while v_i and alpha_i move."""
+    apfl, fedavg = _fit(APFL(alpha=0.5)), _fit(FedAvg())
+    x = apfl.global_params()
+    assert all(torch.equal(x[k], v) for k, v in fedavg.global_params().items())
+    assert all(float(apfl.store.get(c, None)["alpha"]["alpha"]) != 0.5 for c in apfl.store.client_ids())
+    assert all(_max_diff(apfl.prediction_params(c), x) > 1e-3 for c in range(3))  # the clients' own models
 
 
 def test_apfl_with_alpha_one_fixed_trains_v_as_local_sgd_from_its_own_model():
