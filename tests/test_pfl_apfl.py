@@ -43,7 +43,7 @@ def _grad(p, x, y):
 
 
 def reference_apfl(alpha0, adaptive, alpha_lr, rounds=ROUNDS):
-    """Deng et al. (2020), Alg. 1 with Eq. (10), every update from the iterates before the step.
+    """Deng et al. (2020), Alg. 1 with the alpha update of Sec. 3, every update from the iterates before the step.
     Returns the global model, and per client (v_i, alpha_i) for the clients that trained."""
     torch.manual_seed(0)
     x = {k: v.detach().clone() for k, v in MLP(8, 3, hidden=[16]).named_parameters()}

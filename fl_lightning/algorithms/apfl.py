@@ -1,6 +1,6 @@
 """APFL, adaptive personalized federated learning (Deng, Kamani & Mahdavi, arXiv:2003.13461, 2020).
 
-Algorithm 1 with the adaptive mixing weight of Sec. 3 (the alpha update, their Eq. (10)).
+Algorithm 1 with the adaptive mixing weight of Sec. 3 (the gradient step on alpha_i).
 Rule: docs/algorithms.md, section 25.5, (25.5.1)-(25.5.5); alpha = 0 (non-adaptive) is FedAvg.
 """
 
@@ -24,7 +24,7 @@ class APFL(Algorithm):
 
     Args:
         alpha: the initial mixing weight alpha_i^0 in [0, 1].
-        adaptive_alpha: whether alpha_i is learned (the paper's Eq. (10)) or stays ``alpha``.
+        adaptive_alpha: whether alpha_i is learned (Sec. 3) or stays ``alpha``.
         alpha_lr: eta_alpha, the step size of alpha_i (> 0; ``None``: the local lr eta, as the paper).
         global_lr: server learning rate.
     """
