@@ -3,6 +3,7 @@
 May import: core, optim.
 """
 
+from fl_lightning.algorithms.apfl import APFL
 from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientResult, Payload, RoundInfo
 from fl_lightning.algorithms.ditto import Ditto
 from fl_lightning.algorithms.fadam import FAdamET, FAdamGT
@@ -25,10 +26,12 @@ from fl_lightning.algorithms.fedsam import FedSAM
 from fl_lightning.algorithms.local_adam import LocalAdam
 from fl_lightning.algorithms.moon import MOON
 from fl_lightning.algorithms.pfedme import PFedMe
+from fl_lightning.algorithms.perfedavg import PerFedAvg
 from fl_lightning.algorithms.scaffold import SCAFFOLD
 from fl_lightning.algorithms.scaffold_p import ScaffoldP
 
 __all__ = [
+    "APFL",
     "MOON",
     "SCAFFOLD",
     "Algorithm",
@@ -60,6 +63,7 @@ __all__ = [
     "LocalAdam",
     "Payload",
     "PFedMe",
+    "PerFedAvg",
     "RoundInfo",
     "ScaffoldP",
 ]
