@@ -137,7 +137,9 @@ class FederatedModule(L.LightningModule):
         compress_up, compress_down = compression.stages() if compression is not None else ([], [])
         if compression is not None:
             named = dict(model.named_parameters())
-            compression.check_shapes({n: named[n].shape for n in self.federated_names})
+            shapes = {n: named[n].shape for n in self.federated_names}
+            compression.check_shapes(shapes)
+            compression.warn_feedback(shapes)  # an explicit error_feedback_up: true with an unbiased compressor
             if privacy is not None:
                 compression.check_with_privacy()
         self.messages = MessagePipeline(
