@@ -535,6 +535,8 @@ class FederatedModule(L.LightningModule):
         # small round), at the step Lightning gives this round's evaluation: the round index.
         for logger in self.loggers:
             logger.log_metrics(metrics, step=plan.round)
+        if self.global_rank == 0:
+            csv_resume.flush(self.loggers)  # metrics.csv holds every finished round (appends the new row)
         values = {k: torch.scalar_tensor(v) for k, v in metrics.items()}  # torch.tensor(v) of a float, at half its cost
         self.trainer.callback_metrics.update(values)  # visible to callbacks (early stopping, targets)
         self.trainer.logged_metrics.update(values)
