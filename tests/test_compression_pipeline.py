@@ -120,6 +120,26 @@ def test_uplink_error_feedback_defaults_to_auto_for_mirrored_state(tmp_path, com
     assert ({"msg:compress:delta", "msg:compress:delta_c"} <= stored) is feedback and ("msg:compress:delta" in stored) is feedback
 
 
+def test_resuming_a_run_with_uplink_residuals_without_error_feedback_warns_once(tmp_path, caplog):
+    """A checkpoint of QSGD uploads with error feedback (the former default) resumed under the new default
+    (off for QSGD): the clients' residuals are not sent, and the run says so once, naming the setting."""
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True, every_n_train_steps=1, save_top_k=0)
+    before = _module(FedAvg(), Compression(up=QSGD(levels=2), error_feedback_up=True))
+    tiny_trainer(tmp_path / "a", 2, enable_checkpointing=True, callbacks=[checkpoint]).fit(
+        before, datamodule=tiny_datamodule(num_clients=8, clients_per_round=3))
+    assert any(n == "msg:compress:delta" for cid in before.store.client_ids() for n in before.store.get(cid, dict))
+    after = _module(FedAvg(), Compression(up=QSGD(levels=2)))
+    with caplog.at_level("WARNING", logger="fl_lightning.compression.stages"):
+        tiny_trainer(tmp_path / "b", 6).fit(
+            after, datamodule=tiny_datamodule(num_clients=8, clients_per_round=3), ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
+    warned = [r.getMessage() for r in caplog.records if "holds uplink compression residuals (delta)" in r.getMessage()]
+    assert len(warned) == 1 and "set compression.error_feedback_up true" in warned[0], caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="fl_lightning.compression.stages"):
+        _fit(_module(FedAvg(), Compression(up=QSGD(levels=2))), tmp_path / "c", rounds=3)  # a fresh run: nothing to say
+    assert "residuals" not in caplog.text
+
+
 def test_explicit_uplink_error_feedback_with_an_unbiased_compressor_warns_the_shrink(caplog):
     """error_feedback_up: true with QSGD runs (configs that relied on the old default), warning 1 + omega
     computed for the model's tensors: MLP(8, 3, [16]) has 128, 16, 48 and 3 entries; QSGD s = 2,

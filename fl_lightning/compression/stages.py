@@ -52,6 +52,7 @@ class CompressUploads(ClientStage):
 
     def __init__(self, compressor: Compressor, error_feedback: bool = True, flatten: bool = False) -> None:
         self.compressor, self.error_feedback, self.flatten = compressor, error_feedback, flatten
+        self._stale_reported = False
 
     def check(self, algorithm: Any, num_clients: int) -> None:
         mirrored = mirrored_uploads(algorithm)
@@ -64,6 +65,13 @@ class CompressUploads(ClientStage):
 
     def apply(self, upload: Payload, state: NestedState, key: StageKey) -> Sent:
         generator = key.generator(UP_STREAM, _device(upload)) if self.compressor.randomized else None
+        if state and not self.error_feedback and not self._stale_reported:
+            self._stale_reported = False  # a resume of a run with error feedback (e.g. QSGD under the former default)
+            log.warning(
+                "client %d holds uplink compression residuals (%s) but compression.error_feedback_up is off for %s: they are not "
+                "sent; set compression.error_feedback_up true to continue a run that used error feedback as it was",
+                key.client, ", ".join(sorted(state)), self.compressor.describe(),
+            )  # fmt: skip
         message, new_state, total = {}, dict(state), 0
         for entry, td in upload.items():
             residual = state.get(entry) if self.error_feedback else None
