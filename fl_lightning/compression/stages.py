@@ -66,7 +66,7 @@ class CompressUploads(ClientStage):
     def apply(self, upload: Payload, state: NestedState, key: StageKey) -> Sent:
         generator = key.generator(UP_STREAM, _device(upload)) if self.compressor.randomized else None
         if state and not self.error_feedback and not self._stale_reported:
-            self._stale_reported = False  # a resume of a run with error feedback (e.g. QSGD under the former default)
+            self._stale_reported = True  # a resume of a run with error feedback (e.g. QSGD under the former default)
             log.warning(
                 "client %d holds uplink compression residuals (%s) but compression.error_feedback_up is off for %s: they are not "
                 "sent; set compression.error_feedback_up true to continue a run that used error feedback as it was",
