@@ -87,7 +87,8 @@ def main() -> None:
     if args.compress:
         from fl_lightning.compression import QSGD, Compression, RandomK
 
-        compression = Compression(up=QSGD(levels=4), down=RandomK(ratio=0.5))
+        # error feedback on the unbiased QSGD uploads set explicitly (its default is off): the residuals travel too
+        compression = Compression(up=QSGD(levels=4), down=RandomK(ratio=0.5), error_feedback_up=True)
     module = FederatedModule(MLP(32, 10, hidden=[64]), ALGORITHMS[args.algorithm](), local, personal=personal, execution=args.execution,
                              faults=ClientFaults(dropout=args.dropout), compression=compression,
                              privacy=_privacy(args),

@@ -419,7 +419,9 @@ class FederatedDataModule(L.LightningDataModule):
         augmentations) of ``client_batches``. Raises ``Unstackable`` at the call if they cannot stack."""
         if not self._vectorised:
             raise Unstackable("the training set gathers sample by sample (neither a TensorDataset nor a dataset with gather(index))")
-        if batch_size is None or bool((self.client_sizes[torch.as_tensor(client_ids, dtype=torch.int64)] < batch_size).any()):
+        if batch_size is None:
+            raise Unstackable("local.batch_size is null (full-batch local steps: each client's batch is all its samples), so batches are not stacked")
+        if bool((self.client_sizes[torch.as_tensor(client_ids, dtype=torch.int64)] < batch_size).any()):
             raise Unstackable("a client holds fewer samples than local.batch_size, so batches cannot be stacked")
         if self.augments_batches and not isinstance(self.source.train, TensorDataset):
             raise Unstackable("augmented batches are stacked from in-memory tensors (TensorDataset) only")

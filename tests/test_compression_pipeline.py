@@ -108,10 +108,60 @@ def test_unbiased_or_error_feedback_or_stateless_runs(tmp_path):
     _fit(_module(FedAvg(), Compression(up=TopK(ratio=0.1), error_feedback_up=False)), tmp_path / "c", rounds=1)
 
 
+@pytest.mark.parametrize(
+    "compressor, feedback", [(QSGD(levels=2), False), (RandomK(ratio=0.5, unbiased=True), False), (ScaledSign(), True), (RandomK(ratio=0.5), True)]
+)
+def test_uplink_error_feedback_defaults_to_auto_for_mirrored_state(tmp_path, compressor, feedback):
+    """error_feedback_up's default: off for unbiased compressors (SCAFFOLD's mirrored delta_c runs without a
+    residual, as an explicit false does), on for biased ones (whose refusal needs an explicit false)."""
+    module = _fit(_module(SCAFFOLD(), Compression(up=compressor)), tmp_path, rounds=2)
+    stored = {n for cid in module.store.client_ids() for n in module.store.get(cid, dict)}
+    assert module.compression.feedback_up is feedback
+    assert ({"msg:compress:delta", "msg:compress:delta_c"} <= stored) is feedback and ("msg:compress:delta" in stored) is feedback
+
+
+def test_resuming_a_run_with_uplink_residuals_without_error_feedback_warns_once(tmp_path, caplog):
+    """A checkpoint of QSGD uploads with error feedback (the former default) resumed under the new default
+    (off for QSGD): the clients' residuals are not sent, and the run says so once, naming the setting."""
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True, every_n_train_steps=1, save_top_k=0)
+    before = _module(FedAvg(), Compression(up=QSGD(levels=2), error_feedback_up=True))
+    tiny_trainer(tmp_path / "a", 2, enable_checkpointing=True, callbacks=[checkpoint]).fit(
+        before, datamodule=tiny_datamodule(num_clients=8, clients_per_round=3))
+    assert any(n == "msg:compress:delta" for cid in before.store.client_ids() for n in before.store.get(cid, dict))
+    after = _module(FedAvg(), Compression(up=QSGD(levels=2)))
+    with caplog.at_level("WARNING", logger="fl_lightning.compression.stages"):
+        tiny_trainer(tmp_path / "b", 6).fit(
+            after, datamodule=tiny_datamodule(num_clients=8, clients_per_round=3), ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
+    warned = [r.getMessage() for r in caplog.records if "holds uplink compression residuals (delta)" in r.getMessage()]
+    assert len(warned) == 1 and "set compression.error_feedback_up true" in warned[0], caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="fl_lightning.compression.stages"):
+        _fit(_module(FedAvg(), Compression(up=QSGD(levels=2))), tmp_path / "c", rounds=3)  # a fresh run: nothing to say
+    assert "residuals" not in caplog.text
+
+
+def test_explicit_uplink_error_feedback_with_an_unbiased_compressor_warns_the_shrink(caplog):
+    """error_feedback_up: true with QSGD runs (configs that relied on the old default), warning 1 + omega
+    computed for the model's tensors: MLP(8, 3, [16]) has 128, 16, 48 and 3 entries; QSGD s = 2,
+    omega = min(d/4, sqrt(d)/2): 1 + omega = 6.66 (128), 3 (16), 4.46 (48), 1.75 (3)."""
+    with caplog.at_level("WARNING", logger="fl_lightning.compression.stages"):
+        module = _module(FedAvg(), Compression(up=QSGD(levels=2), error_feedback_up=True))
+    assert module.compression.feedback_up is True
+    warned = [r.getMessage() for r in caplog.records if "error_feedback_up is true" in r.getMessage()]
+    assert len(warned) == 1 and "1 + omega = 1.75 to 6.66 for net.1.weight" in warned[0] and "up to 6.66x smaller" in warned[0], warned
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="fl_lightning.compression.stages"):
+        _module(FedAvg(), Compression(up=QSGD(levels=2), error_feedback_up=True, flatten=True))  # one vector of 195 entries
+        _module(FedAvg(), Compression(up=QSGD(levels=2)))  # the default: no warning
+        _module(FedAvg(), Compression(up=TopK(ratio=0.5), error_feedback_up=True))  # biased: error feedback as it should be
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and "1 + omega = 7.98 for the flattened message, so" in warned[0], warned
+
+
 @pytest.mark.parametrize("algorithm", [FedAvg, SCAFFOLD])
 def test_batched_equals_sequential_with_random_compressors(tmp_path, algorithm):
     """QSGD and random-k draw from (seed, round, client): stacked clients send what sequential ones do."""
-    compression = Compression(up=QSGD(levels=8), down=RandomK(ratio=0.5))
+    compression = Compression(up=QSGD(levels=8), down=RandomK(ratio=0.5), error_feedback_up=True)  # residuals on both links
     seq = _fit(_module(algorithm(), compression, "sequential"), tmp_path / "s")
     bat = _fit(_module(algorithm(), compression, "batched"), tmp_path / "b")
     assert not bat.executor.inner.inner.fallbacks

@@ -80,6 +80,32 @@ def test_batched_falls_back_to_sequential_with_a_reason(tmp_path, caplog, model_
         assert torch.equal(a, b)
 
 
+def test_full_batch_fallback_names_its_own_reason(tmp_path, caplog):
+    """local.batch_size null (full batch) falls back to sequential with that reason, not "fewer samples than
+    local.batch_size"; the module's executor (the DistributedExecutor wrapper) counts it, as its inner one does."""
+    with caplog.at_level(logging.WARNING, logger="fl_lightning.executors.batched"):
+        bat = _fit(tmp_path, lambda: MLP(8, 3), FedAvg, "batched", local=LocalTraining(lr=0.1, steps=2, batch_size=None))
+    reason = "local.batch_size is null (full-batch local steps: each client's batch is all its samples), so batches are not stacked"
+    assert reason in caplog.text and "fewer samples" not in caplog.text
+    assert bat.executor.fallbacks == {reason: 3} and bat.executor.fallbacks is bat.executor.inner.fallbacks
+    seq = _fit(tmp_path, lambda: MLP(8, 3), FedAvg, "sequential", local=LocalTraining(lr=0.1, steps=2, batch_size=None))
+    assert not seq.executor.fallbacks
+
+
+def test_executor_fallbacks_reach_through_the_message_pipeline(tmp_path):
+    """With message stages the batched executor sits under a MessageExecutor: executor.fallbacks still finds its counter."""
+    from fl_lightning.compression import Compression, TopK
+
+    torch.manual_seed(0)
+    module = FederatedModule(
+        BatchNormMLP(), FedAvg(), LocalTraining(lr=0.1, steps=2, batch_size=8), execution="batched", compression=Compression(up=TopK(ratio=0.5))
+    )  # fmt: skip
+    tiny_trainer(tmp_path, 2).fit(module, datamodule=tiny_datamodule())
+    assert type(module.executor.inner).__name__ == "MessageExecutor"
+    assert module.executor.fallbacks is module.executor.inner.inner.fallbacks
+    assert sum(module.executor.fallbacks.values()) == 2 and "BatchNorm running statistics" in next(iter(module.executor.fallbacks))
+
+
 def test_unknown_execution_is_rejected():
     with pytest.raises(ValueError, match="execution must be one of \\['batched', 'sequential'\\]"):
         FederatedModule(MLP(8, 3), execution="parallel")

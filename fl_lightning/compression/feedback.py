@@ -28,3 +28,17 @@ def error_feedback(compressor: Compressor, x: Tensor, residual: Tensor | None, g
     corrected = x if residual is None else x + residual
     sent = contractive(compressor, corrected, generator)
     return sent, corrected - sent.value
+
+
+def uplink_feedback(setting: bool | None, compressor: Compressor) -> bool:
+    """Whether the uplink uses error feedback (24.6). ``setting=None`` (the default, "auto"): on for a
+    biased compressor, whose dropped part only the residual returns; off for an unbiased one (QSGD,
+    ``RandomK(unbiased=True)``), whose C(u) is right in expectation and which error feedback would send
+    as C/(1 + omega), a step 1 + omega times smaller. ``True``/``False``: as given."""
+    return (not compressor.unbiased) if setting is None else bool(setting)
+
+
+def shrink_factors(compressor: Compressor, sizes: dict[str, int]) -> dict[str, float]:
+    """1 + omega of (24.6) for each message tensor ``{name: numel}``: the factor error feedback divides an
+    unbiased compressor's output by (1.0 for every tensor of a biased compressor)."""
+    return {name: 1.0 + (compressor.variance(numel) if compressor.unbiased else 0.0) for name, numel in sizes.items()}

@@ -139,7 +139,9 @@ class FederatedModule(L.LightningModule):
         compress_up, compress_down = compression.stages() if compression is not None else ([], [])
         if compression is not None:
             named = dict(model.named_parameters())
-            compression.check_shapes({n: named[n].shape for n in self.federated_names})
+            shapes = {n: named[n].shape for n in self.federated_names}
+            compression.check_shapes(shapes)
+            compression.warn_feedback(shapes)  # an explicit error_feedback_up: true with an unbiased compressor
             if privacy is not None:
                 compression.check_with_privacy()
         self.messages = MessagePipeline(
@@ -587,6 +589,8 @@ class FederatedModule(L.LightningModule):
         # small round), at the step Lightning gives this round's evaluation: the round index.
         for logger in self.loggers:
             logger.log_metrics(metrics, step=plan.round)
+        if self.global_rank == 0:
+            csv_resume.flush(self.loggers)  # metrics.csv holds every finished round (appends the new row)
         values = {k: torch.scalar_tensor(v) for k, v in metrics.items()}  # torch.tensor(v) of a float, at half its cost
         self.trainer.callback_metrics.update(values)  # visible to callbacks (early stopping, targets)
         self.trainer.logged_metrics.update(values)

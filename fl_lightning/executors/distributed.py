@@ -43,6 +43,7 @@ import dataclasses
 import functools
 import hashlib
 import math
+from collections import Counter
 from collections.abc import Sequence
 
 import torch
@@ -149,6 +150,16 @@ class DistributedExecutor(Executor):
         self.inner = inner
         self.structures: dict[int, Structure] = {}  # learned by all ranks together: identical on every rank
         self.rounds = {"gathered": 0, "summed": 0}  # multi-process exchanges of each kind (warm-up passes gather)
+
+    @property
+    def fallbacks(self) -> Counter[str]:
+        """The wrapped executor's fallbacks, by reason (``BatchedExecutor``: rounds run sequentially;
+        ``SequentialExecutor``: clients run eagerly instead of compiled), found through any executor
+        wrapped in between (``MessageExecutor``); the live counter, empty for an executor without one."""
+        executor = self.inner
+        while not hasattr(executor, "fallbacks") and hasattr(executor, "inner"):
+            executor = executor.inner
+        return getattr(executor, "fallbacks", Counter())
 
     def run(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> list[ClientResult]:
         if not _distributed():

@@ -158,7 +158,7 @@ def check_batched(
     for execution in ("sequential", "batched"):
         executor = BatchedExecutor() if execution == "batched" else "sequential"
         runs[execution] = _fit_small(copy.deepcopy(algorithm), local, executor, rounds, num_clients, clients_per_round, model, seed)
-    fallbacks = runs["batched"].executor.inner.fallbacks
+    fallbacks = runs["batched"].executor.fallbacks
     if fallbacks:
         raise ValueError(f"check_batched: batched execution fell back to sequential ({'; '.join(fallbacks)}): nothing was compared")
     difference, where = _largest_difference(_final_state(runs["sequential"]), _final_state(runs["batched"]))

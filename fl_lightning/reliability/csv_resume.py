@@ -1,9 +1,13 @@
 """A resume into an existing CSV log (the same logger version) continues it.
 
 Lightning's CSV writer keeps rows in memory until it flushes (every ``flush_logs_every_n_steps``
-steps, default 100) and deletes an existing ``metrics.csv`` when it starts. So that a run killed
-at any moment (SIGKILL included) can be continued without gaps or duplicates:
+steps, default 100) and deletes an existing ``metrics.csv`` when it starts. So that the file is live
+(a running job's ``metrics.csv`` holds every round it finished) and a run killed at any moment
+(SIGKILL included) can be continued without gaps or duplicates:
 
+- every round flushes the CSV loggers (``flush``, called by the module after logging the round; the
+  rows of an evaluation, logged by Lightning, Lightning saves at once): the writer appends only the
+  new rows (it rewrites the file only when a new column appears, e.g. at the first evaluation);
 - every checkpoint flushes the CSV loggers first (``flush``): the rows of every round a
   checkpoint holds are on disk before the checkpoint is;
 - a resume reads the rows before Lightning's writer deletes them (``read``) and, once the
@@ -58,7 +62,7 @@ def replaced(previous: Rows) -> None:
 
 
 def flush(loggers: Sequence[Any]) -> None:
-    """Write the CSV loggers' pending rows to ``metrics.csv`` (before a checkpoint is written)."""
+    """Write the CSV loggers' pending rows to ``metrics.csv`` (after every round, before a checkpoint)."""
     for logger in _csv_loggers(loggers):
         if getattr(logger, "_experiment", None) is not None:
             logger.save()
