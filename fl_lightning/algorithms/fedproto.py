@@ -75,6 +75,7 @@ class FedProto(Algorithm):
         """(25.10.1): CE + lambda (1/(B d)) sum_b present_{y_b} ||z_b - C_{y_b}||^2 (PFLlib's MSE over B x d)."""
         prototypes = ctx.broadcast["prototypes"]
         z = out.features
+        _check_shape(prototypes["value"], out.logits, z)
         present = prototypes["present"][target].to(z.dtype)
         distance = ((z - prototypes["value"][target]).square() * present[..., None]).sum() / z.numel()
         return {"ce": F.cross_entropy(out.logits, target), "proto": self.lam * distance}
@@ -89,12 +90,7 @@ class FedProto(Algorithm):
     def client_finish(self, params: TensorDict, local: NestedState, ctx: ClientContext) -> tuple[Payload, NestedState]:
         """(25.10.2): the class means of the representation over the whole training set, and the class counts."""
         seen = ctx.data_pass(local["model"])
-        c = ctx.broadcast["prototypes"]["value"].shape[0]
-        if seen.features.shape[-1] != ctx.broadcast["prototypes"]["value"].shape[-1] or seen.logits.shape[-1] != c:
-            raise ValueError(
-                f"FedProto prototypes are [{c}, {ctx.broadcast['prototypes']['value'].shape[-1]}] but the model gives {seen.logits.shape[-1]} "
-                f"classes and {seen.features.shape[-1]} features; set num_classes and feature_dim"
-            )
+        c = _check_shape(ctx.broadcast["prototypes"]["value"], seen.logits, seen.features)
         onehot = F.one_hot(seen.target, c).to(seen.features.dtype) * seen.mask[:, None]
         counts = onehot.sum(0)
         value = onehot.T @ seen.features / counts.clamp(min=1)[:, None]  # 0 for a class the client has no sample of
@@ -124,3 +120,14 @@ class FedProto(Algorithm):
 
     def metrics(self, server_state: NestedState, info: RoundInfo) -> dict[str, float]:
         return {"classes_with_prototype": float(server_state["prototypes"]["present"].sum())}
+
+
+def _check_shape(prototypes: Tensor, logits: Tensor, features: Tensor) -> int:
+    """C, after checking that the prototypes [C, d] fit the model's logits [.., C] and representation [.., d]."""
+    c, d = prototypes.shape[-2:]
+    if logits.shape[-1] != c or features.shape[-1] != d:
+        raise ValueError(
+            f"FedProto prototypes are [{c}, {d}] but the model gives {logits.shape[-1]} classes and {features.shape[-1]} features; "
+            "set num_classes and feature_dim to match"
+        )
+    return c
