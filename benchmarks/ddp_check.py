@@ -5,7 +5,8 @@ one-process run.
     python benchmarks/ddp_check.py --devices 2 --out ddp.pt
     python benchmarks/ddp_check.py --devices 1 --out single.pt
 
-``--algorithm scaffold`` has client state; ``fadam_et`` uploads ``y_delta`` only from
+``--algorithm scaffold`` has client state (``fedproto``, ``fedala``: a whole model per client; ``fedproto``
+uploads class prototypes, summed, and no model delta); ``fadam_et`` uploads ``y_delta`` only from
 its tracking subset (results of different structure in one round); ``--skew`` gives
 clients unequal sizes and one local epoch, so their local steps differ. ``--bernoulli p``
 activates each client with probability p (weights 1/(N p), rounds may be empty or leave a
@@ -32,7 +33,7 @@ import torch  # noqa: E402
 
 from datamodules import IID, FederatedDataModule, QuantitySkew  # noqa: E402
 from fl_lightning import FederatedModule, LocalTraining, UniformSampling  # noqa: E402
-from fl_lightning.algorithms import MOON, SCAFFOLD, FAdamET, FedAvg, ScaffoldP  # noqa: E402
+from fl_lightning.algorithms import MOON, SCAFFOLD, FAdamET, FedALA, FedAvg, FedProto, ScaffoldP  # noqa: E402
 from fl_lightning.reliability.faults import ClientFailure, ClientFaults  # noqa: E402
 from fl_lightning.core.participation import BernoulliParticipation  # noqa: E402
 from fl_lightning.pipeline.privacy import ClientPrivacy  # noqa: E402
@@ -40,7 +41,7 @@ from fl_lightning.pipeline.record_privacy import RecordPrivacy  # noqa: E402
 from fl_lightning.core.state import flatten_state  # noqa: E402
 from models import MLP  # noqa: E402
 
-ALGORITHMS = {"fedavg": FedAvg, "scaffold": SCAFFOLD, "fadam_et": FAdamET, "scaffold_p": ScaffoldP, "moon": MOON}
+ALGORITHMS = {"fedavg": FedAvg, "scaffold": SCAFFOLD, "fadam_et": FAdamET, "scaffold_p": ScaffoldP, "moon": MOON, "fedproto": FedProto, "fedala": FedALA}
 
 
 class FedAvgFailFirst(FedAvg):

@@ -10,6 +10,7 @@ from fl_lightning.algorithms.fadam import FAdamET, FAdamGT
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.fedavg_svrg import FedAvgSVRG
 from fl_lightning.algorithms.fedavg_p import FedAlt, FedAvgP, FedSim
+from fl_lightning.algorithms.fedala import FedALA
 from fl_lightning.algorithms.fedcm import FedCM
 from fl_lightning.algorithms.feddecorr import FedDecorr
 from fl_lightning.algorithms.feddyn import FedDyn
@@ -22,6 +23,7 @@ from fl_lightning.algorithms.fedmim import FedMIM
 from fl_lightning.algorithms.fednova import FedNova
 from fl_lightning.algorithms.fedopt import FedAdam, FedAvgM, FedYogi
 from fl_lightning.algorithms.fedprox import FedProx
+from fl_lightning.algorithms.fedproto import FedProto
 from fl_lightning.algorithms.fedsam import FedSAM
 from fl_lightning.algorithms.local_adam import LocalAdam
 from fl_lightning.algorithms.moon import MOON
@@ -40,6 +42,7 @@ __all__ = [
     "Ditto",
     "FAdamET",
     "FAdamGT",
+    "FedALA",
     "FedAdam",
     "FedAlt",
     "FedAvg",
@@ -55,6 +58,7 @@ __all__ = [
     "FedMIM",
     "FedNTD",
     "FedNova",
+    "FedProto",
     "FedProx",
     "FedRS",
     "FedSAM",

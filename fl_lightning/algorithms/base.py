@@ -182,6 +182,8 @@ class Algorithm:
     #: The names of the upload's entries, each a tensor dict shaped like the federated tensors x
     #: (message stages that add to the uploads' sum, e.g. privacy's noise, need their structure).
     #: Honoured only where the class declaring it wrote ``client_finish`` (``declares_capability``).
+    #: ``()`` declared there says the upload holds nothing shaped like x (FedProto's prototypes): client-level DP
+    #: and uplink compression are then refused, and an upload without ``delta`` adds nothing to ``train/consistency``.
     upload_entries: tuple[str, ...] = ("delta",)
 
     #: Upload entries that are increments of a client state which the server mirrors by summing

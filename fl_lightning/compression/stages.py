@@ -21,7 +21,7 @@ from fl_lightning.core import params as P
 from fl_lightning.compression.base import Compressor
 from fl_lightning.compression.feedback import shrink_factors, uplink_feedback
 from fl_lightning.compression.messages import check_entry_sizes, compress_entry
-from fl_lightning.pipeline.messages import COMPRESS, BroadcastStage, ClientStage, Sent, StageKey
+from fl_lightning.pipeline.messages import COMPRESS, BroadcastStage, ClientStage, Sent, StageKey, sends_no_model_shaped_upload
 from fl_lightning.core.params import TensorDict
 from fl_lightning.core.state import NestedState
 from fl_lightning.core.tasks import Payload
@@ -55,6 +55,11 @@ class CompressUploads(ClientStage):
         self._stale_reported = False
 
     def check(self, algorithm: Any, num_clients: int) -> None:
+        if sends_no_model_shaped_upload(algorithm):
+            raise ValueError(
+                f"compression.up cannot compress {type(algorithm).__name__}'s uploads: they are not shaped like the model "
+                "(its upload_entries is empty, e.g. FedProto's class prototypes); remove compression.up"
+            )
         mirrored = mirrored_uploads(algorithm)
         if mirrored and not self.compressor.unbiased and not self.error_feedback:
             raise ValueError(

@@ -91,8 +91,8 @@ def round_metrics(
     """
     if upload_bytes is None:
         upload_bytes = [payload_bytes(u) for u in uploads]
-    if consistency is None:
-        consistency = local_consistency([u["delta"] for u in uploads])
+    if consistency is None:  # an upload without a model delta (FedProto's prototypes) adds no tensor to it
+        consistency = local_consistency([u.get("delta", {}) for u in uploads])
     bytes_down, bytes_up = count_message_bytes(totals, broadcast, upload_bytes, broadcast_bytes)
     known = [a for a in accuracies if not math.isnan(a)]
     return {

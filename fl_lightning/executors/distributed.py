@@ -181,7 +181,7 @@ class DistributedExecutor(Executor):
         self.rounds["summed"] += 1
         device = runtime.device if dist.get_backend() == "nccl" else torch.device("cpu")
         x, uploads = tasks[0].broadcast["x"], [r.upload for r in results]
-        delta_sum, delta_sq = _delta_moments([u["delta"] for u in uploads], x)
+        delta_sum, delta_sq = _delta_moments([u.get("delta", {}) for u in uploads], x)
 
         def partial_sums(reporting: list[int]) -> Tensor:  # this rank's sums, with the weights of `reporting`
             weight_of = dict(zip(reporting, runtime.aggregation_weights(reporting).tolist()))
@@ -380,11 +380,15 @@ def _delta_moments(deltas: list[TensorDict], like: TensorDict) -> tuple[TensorDi
     # ops a name instead of three a client and name: at S = 50 the per-client loop cost milliseconds).
     total, squares = {}, []
     for k in like:
-        stacked = torch.stack([delta[k] for delta in deltas]).double()
+        present = [delta[k] for delta in deltas if k in delta]  # an upload without a model delta adds nothing
+        if not present:
+            total[k] = torch.zeros(like[k].shape, dtype=torch.float64, device=like[k].device)
+            continue
+        stacked = torch.stack(present).double()
         total[k] = stacked.sum(0)
         flat = stacked.reshape(-1)
         squares.append(torch.dot(flat, flat))
-    return total, float(torch.stack(squares).sum())  # on the tensors' device: one sync, at the end
+    return total, float(torch.stack(squares).sum()) if squares else 0.0  # on the tensors' device: one sync, at the end
 
 
 def _flatten(sums: Payload, delta_sum: TensorDict, delta_sq: float, device: torch.device) -> Tensor:

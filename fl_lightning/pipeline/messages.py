@@ -142,6 +142,18 @@ def upload_like(algorithm: Any, x: Any) -> Payload:
     return {entry: x for entry in algorithm.upload_entries}
 
 
+def sends_no_model_shaped_upload(algorithm: Any) -> bool:
+    """Whether the class that wrote the algorithm's ``client_finish`` (or a subclass of it) declares
+    ``upload_entries = ()``: its uploads hold no tensor dict shaped like the federated tensors (FedProto's
+    class prototypes), so stages that transform model updates (clipping and noise, compression) do not apply."""
+    mro = type(algorithm).__mro__
+    declarer = next((c for c in mro if "upload_entries" in vars(c)), None)
+    writer = next((c for c in mro if "client_finish" in vars(c)), None)
+    if declarer is None or writer is None or not issubclass(declarer, writer):
+        return False
+    return not tuple(vars(algorithm).get("upload_entries", vars(declarer)["upload_entries"]))
+
+
 def add_sums(a: Payload, b: Payload | None) -> Payload:
     """``a + b`` entry by entry (``b`` None: ``a``)."""
     if b is None:

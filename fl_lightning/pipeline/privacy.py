@@ -23,7 +23,7 @@ from typing import Any, Literal
 import torch
 
 from fl_lightning.algorithms.base import RoundInfo, declares_capability
-from fl_lightning.pipeline.messages import CLIP, NOISE, AggregateStage, ClientStage, Sent, StageKey, upload_like
+from fl_lightning.pipeline.messages import CLIP, NOISE, AggregateStage, ClientStage, Sent, StageKey, sends_no_model_shaped_upload, upload_like
 from fl_lightning.pipeline.privacy_accounting import ClientAccountant, SamplingScheme, calibrate_noise, epsilon_after
 from fl_lightning.core.tasks import Payload
 
@@ -86,6 +86,11 @@ class GaussianSumNoise(AggregateStage):
             )
         if getattr(algorithm, "warmup_pass", False):
             raise ValueError(f"privacy: {name} cannot run under client-level DP: its warm-up pass uploads every client's state unclipped")
+        if sends_no_model_shaped_upload(algorithm):
+            raise ValueError(
+                f"privacy: {name} cannot run under client-level DP: its uploads are not shaped like the model (its "
+                "upload_entries is empty, e.g. FedProto's class prototypes), so clipping and noising model updates do not apply"
+            )
         if not upload_like(algorithm, {}):
             raise ValueError(
                 f"privacy: {name} cannot run under client-level DP: it does not declare its upload's entries "
