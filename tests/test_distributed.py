@@ -62,6 +62,8 @@ def test_ddp_two_processes_equal_one_process(tmp_path, algorithm, skew):
         ("fedavg", False, ("--dropout", "0.4")),  # dropped clients: the survivors are reweighted
         ("fedavg_fail_first", False, ()),  # a client fails while training: the ranks sum again with new weights
         ("fedavg", False, ("--bernoulli", "0.02")),  # weights 1/(N p); 0 to 4 clients a round, a rank may have none
+        ("ditto", True, ()),  # a whole personal model per client (client state), FedAvg's summed uploads
+        ("fedproto", False, ()),  # no model delta: per-class prototype sums, a data pass per client
     ],
 )
 def test_ddp_partial_sums_equal_one_process(tmp_path, algorithm, skew, extra):
@@ -77,7 +79,7 @@ def test_ddp_partial_sums_equal_one_process(tmp_path, algorithm, skew, extra):
             assert ddp["metrics"][name] == value, name
         elif name != "time/round_s":
             assert ddp["metrics"][name] == pytest.approx(value, rel=1e-4, abs=1e-7, nan_ok=True), name
-    if algorithm == "scaffold":
+    if algorithm in ("scaffold", "ditto", "fedproto"):
         assert single["store"], "the check must compare some client state"
     if algorithm == "fedavg_fail_first":
         assert single["metrics"]["faults/failed"] == 1.0

@@ -216,3 +216,16 @@ def test_a_data_pass_in_client_finish_runs_stacked_and_equals_sequential(tmp_pat
             assert not module.executor.inner.fallbacks  # the clients trained stacked; only the pass ran per client
     for cid, state in stores["seq"]._states.items():
         torch.testing.assert_close(stores["bat"]._states[cid]["means"]["z"], state["means"]["z"], rtol=1e-5, atol=1e-6)
+
+
+def test_the_result_line_names_the_personalized_and_unseen_numbers():
+    from fl_lightning.run.terminal import RunSummary
+
+    summary = RunSummary()
+    summary.name, summary.rounds, summary.accuracies, summary.test_acc = "Ditto", 10, [(10, 0.5)], 0.45
+    assert "personalized" not in summary.line()  # a run without a held-out split reports none
+    summary.personal = {"personal_acc_mean": 0.8125, "personal_acc_worst10": 0.25, "unseen_acc_mean": 0.75}
+    line = summary.line()
+    assert "test acc 0.4500 (final model)" in line
+    assert "personalized acc 0.8125 (each client's own model on its held-out data, mean; worst 10% 0.2500)" in line
+    assert "unseen clients 0.7500" in line

@@ -54,6 +54,10 @@ def _value(metrics: dict[str, Any], key: str) -> float | None:
     return None if math.isnan(value) else value
 
 
+PERSONAL_METRICS = ("personal_acc_mean", "personal_acc_worst10", "unseen_acc_mean")
+"""The personalized metrics the result line reports (docs/personalization.md, "Evaluation protocol")."""
+
+
 class RunSummary(Callback):
     """Records a fit's evaluations and wall time; ``line()`` is the one-line result of the run."""
 
@@ -68,6 +72,7 @@ class RunSummary(Callback):
         self.start_round = 0
         self.test_acc: float | None = None  # the final model on the test set, once (with a validation split)
         self.threads: int | None = None  # torch intra-op threads of the run (--threads), in the line's header
+        self.personal: dict[str, float] = {}  # the last evaluation's personalized metrics (PersonalizedEvaluation)
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.start = time.perf_counter()
@@ -80,6 +85,10 @@ class RunSummary(Callback):
         acc = _value(trainer.callback_metrics, ACC)
         if acc is not None and not trainer.sanity_checking:
             self.accuracies.append((trainer.global_step, acc))
+        for name in PERSONAL_METRICS:
+            value = _value(trainer.callback_metrics, f"val/{name}")
+            if value is not None and not trainer.sanity_checking:
+                self.personal[name] = value
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.seconds = time.perf_counter() - (self.start or time.perf_counter())
@@ -108,6 +117,13 @@ class RunSummary(Callback):
             parts.append("no evaluation (set trainer.val_check_interval)")
         if self.test_acc is not None:
             parts.append(f"test acc {self.test_acc:.4f} (final model)")
+        if "personal_acc_mean" in self.personal:
+            parts.append(
+                f"personalized acc {self.personal['personal_acc_mean']:.4f} (each client's own model on its held-out data, "
+                f"mean; worst 10% {self.personal['personal_acc_worst10']:.4f})"
+            )
+        if "unseen_acc_mean" in self.personal:
+            parts.append(f"unseen clients {self.personal['unseen_acc_mean']:.4f}")
         if self.bytes_total is not None:
             parts.append(f"{self.bytes_total / 1e6:.1f} MB sent")
         return " · ".join(parts)
