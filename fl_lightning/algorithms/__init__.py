@@ -8,11 +8,13 @@ from fl_lightning.algorithms.fadam import FAdamET, FAdamGT
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.fedavg_svrg import FedAvgSVRG
 from fl_lightning.algorithms.fedavg_p import FedAlt, FedAvgP, FedSim
+from fl_lightning.algorithms.fedbabu import FedBABU
 from fl_lightning.algorithms.fedcm import FedCM
 from fl_lightning.algorithms.feddecorr import FedDecorr
 from fl_lightning.algorithms.feddyn import FedDyn
 from fl_lightning.algorithms.fedlc import FedLC
 from fl_lightning.algorithms.fedntd import FedNTD
+from fl_lightning.algorithms.fedrod import FedRoD
 from fl_lightning.algorithms.fedrs import FedRS
 from fl_lightning.algorithms.fedexp import FedExP
 from fl_lightning.algorithms.fedlada import FedLADA
@@ -40,6 +42,7 @@ __all__ = [
     "FedAvgM",
     "FedAvgSVRG",
     "FedAvgP",
+    "FedBABU",
     "FedCM",
     "FedDecorr",
     "FedDyn",
@@ -50,6 +53,7 @@ __all__ = [
     "FedNTD",
     "FedNova",
     "FedProx",
+    "FedRoD",
     "FedRS",
     "FedSAM",
     "FedSim",
