@@ -58,12 +58,12 @@ def grads(model, params, inputs, target, loss=None):
     return dict(zip(leaves, torch.autograd.grad(value, list(leaves.values()))))
 
 
-def reference_partial(model, personal_names, rounds=ROUNDS, head_steps=None, lr=LR, steps=STEPS):
+def reference_partial(model, personal_names, rounds=ROUNDS, head_steps=None, lr=LR, steps=STEPS, head_first=True):
     """Partial personalization in plain PyTorch. Each round every sampled client starts from the global
     shared tensors x and its own personal tensors v_i (the model's initial values at first) and runs
     ``steps`` SGD steps on its round's minibatches: all tensors at once (``head_steps=None``: FedPer,
     LG-FedAvg, FedBN, i.e. FedSim), or the personal ones only for the first ``head_steps`` steps and the
-    shared ones only after (FedRep). It keeps v_{i,K}; the server sets x <- x + sum_i w_i (x_i - x).
+    shared ones only after (FedRep; ``head_first=False``: the last ``head_steps`` steps instead). It keeps v_{i,K}; the server sets x <- x + sum_i w_i (x_i - x).
 
     Returns (x, {client: v_i}, predict) with ``predict(client)`` = {x, v_i} and ``unseen(client, round)``:
     the prediction of a client that never trained after one such local round from the model's initial
@@ -79,7 +79,11 @@ def reference_partial(model, personal_names, rounds=ROUNDS, head_steps=None, lr=
         p = {**x, **v.get(cid, {n: init[n] for n in personal_names})}
         for k, (inputs, target) in enumerate(d.client_batches(cid, seed, BATCH, steps)):
             g = grads(model, p, inputs, target)
-            moving = set(p) if head_steps is None else (set(personal_names) if k < head_steps else set(x))
+            if head_steps is None:
+                moving = set(p)
+            else:
+                head_phase = k < head_steps if head_first else k >= steps - head_steps
+                moving = set(personal_names) if head_phase else set(x)
             p = {n: p[n] - lr * g[n] if n in moving else p[n] for n in p}
         return p
 
