@@ -131,7 +131,7 @@ def compare_partial(algorithm, personal, head_steps=None, model_fn=cnn, executio
     """Fit ``algorithm`` with ``personal`` patterns and the reference; the largest differences of the global
     shared tensors, every trained client's stored personal tensors, the parameters each training client
     predicts with (``prediction_params``) and those of the unseen client (``unseen_prediction_params``)."""
-    module = fit(algorithm, personal, execution)
+    module = fit(algorithm, personal, execution, model_fn=model_fn)
     x, v, predict, unseen, unseen_clients = reference_partial(model_fn(), module.personal_names, head_steps=head_steps)
     assert unseen_clients == module.datamodule.unseen_clients and len(unseen_clients) == 1
     trained = sorted(module.store.client_ids())
@@ -158,16 +158,16 @@ def record_uploads(algorithm) -> list:
     return seen
 
 
-def batched_equals_sequential_with_fallback(algorithm_fn, personal, caplog) -> float:
+def batched_equals_sequential_with_fallback(algorithm_fn, personal, caplog, model_fn=cnn) -> float:
     """Batched execution of a rule with personal tensors runs the clients sequentially (the executor's declared,
     logged reason) and gives the sequential run bit for bit; returns the difference (0.0)."""
     import logging
 
     with caplog.at_level(logging.WARNING, logger="fl_lightning.executors.batched"):
-        bat = fit(algorithm_fn(), personal, "batched")
+        bat = fit(algorithm_fn(), personal, "batched", model_fn=model_fn)
     assert "batched execution falls back to sequential: personal tensors are trained client by client" in caplog.text
     assert sum(bat.executor.inner.fallbacks.values()) == ROUNDS
-    seq = fit(algorithm_fn(), personal, "sequential")
+    seq = fit(algorithm_fn(), personal, "sequential", model_fn=model_fn)
     difference = max_difference(shared_params(bat), shared_params(seq))
     assert difference == 0.0 and bat.store.equal(seq.store)
     return difference
