@@ -12,7 +12,7 @@ from tests.pfl_reference import (
     BATCH, LR, ROUNDS, STEPS, assert_personal_metrics, cnn, data, fit, fit_config, grads, max_difference, record_uploads, shared_params,
 )  # fmt: skip
 
-HEAD = ["classifier.2.weight", "classifier.2.bias"]
+HEAD = ["classifier.2.weight", "classifier.2.bias"]  # the last layer: the default head
 
 
 def reference_fedbabu(finetune, finetune_steps, finetune_lr):
@@ -113,3 +113,12 @@ def test_the_config_fits_through_the_cli_and_logs_personal_and_unseen_accuracy(t
     algorithm = cli.model.algorithm
     assert type(algorithm) is FedBABU and (algorithm.finetune, algorithm.personalize_steps) == ("all", 5)
     assert_personal_metrics(rows)
+
+
+def test_the_default_head_is_the_models_last_layer():
+    from fl_lightning.algorithms.fedbabu import head_names
+    from models import MLP
+
+    assert head_names(dict(cnn().named_parameters()), None) == HEAD
+    assert head_names(dict(MLP(8, 3, hidden=[16]).named_parameters()), None) == ["net.3.weight", "net.3.bias"]
+    assert head_names(dict(cnn().named_parameters()), ["classifier.2"]) == HEAD

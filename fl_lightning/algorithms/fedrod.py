@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fl_lightning.algorithms.base import Algorithm, ClientContext, LossContext, ModelOutputs, Payload
+from fl_lightning.algorithms.fedbabu import head_names
 from fl_lightning.core import params as P
 from fl_lightning.core.params import TensorDict
 from fl_lightning.core.state import NestedState
@@ -32,7 +33,8 @@ class FedRoD(Algorithm):
 
     Args:
         head: glob patterns or module paths of the model's linear head (one weight ``[C, d]``, optionally one
-            bias ``[C]``; ``classifier.2``: SmallCNN's last layer). The personal head has its shapes.
+            bias ``[C]``; ``[classifier.2]``: SmallCNN's last layer); ``None``: the model's last layer (the
+            module of its last tensor). The personal head has its shapes.
         global_lr: server learning rate.
     """
 
@@ -40,15 +42,15 @@ class FedRoD(Algorithm):
     needs_features = True
     needs_label_counts = True
 
-    def __init__(self, head: Sequence[str] = ("classifier.2",), global_lr: float = 1.0) -> None:
+    def __init__(self, head: Sequence[str] | None = None, global_lr: float = 1.0) -> None:
         super().__init__(global_lr)
-        if isinstance(head, str) or not head:
-            raise ValueError(f"FedRoD head must be a non-empty list of name patterns, got {head!r}")
-        self.head = list(head)
+        if head is not None and (isinstance(head, str) or not head):
+            raise ValueError(f"FedRoD head must be a non-empty list of name patterns (or null: the last layer), got {head!r}")
+        self.head = None if head is None else list(head)
 
     def client_state_init(self, x: TensorDict) -> NestedState:
         """h_i^0 = 0: the personalized model starts as the generic one."""
-        names = [k for k in x if P.matches(k, self.head)]
+        names = head_names(x, self.head)
         ranks = sorted(x[k].dim() for k in names)
         if ranks not in ([2], [1, 2]):
             raise ValueError(f"FedRoD head {self.head} must match one linear layer's weight (and bias), got {names}")
