@@ -104,8 +104,10 @@ def test_bad_settings_are_refused_in_one_line():
                         ({"head": []}, "FedBABU head must be a non-empty list")]:  # fmt: skip
         with pytest.raises(ValueError, match=message):
             FedBABU(**kw)
-    with pytest.raises(ValueError, match="FedBABU head \\['fc'\\] matches none of the federated tensors"):
+    with pytest.raises(ValueError, match="FedBABU head \\['fc'\\] must match some but not all of the federated tensors"):
         fit(FedBABU(head=["fc"]), rounds=1)
+    with pytest.raises(ValueError, match="FedBABU head \\['\\*'\\] must match some but not all"):
+        fit(FedBABU(head=["*"]), rounds=1)
 
 
 def test_the_config_fits_through_the_cli_and_logs_personal_and_unseen_accuracy(tmp_path, monkeypatch):

@@ -59,8 +59,9 @@ class FedBABU(Algorithm):
         self.personalize_steps = finetune_steps
 
     def client_state_init(self, x: TensorDict) -> NestedState:
-        if not head_names(x, self.head):
-            raise ValueError(f"FedBABU head {self.head} matches none of the federated tensors {sorted(x)}")
+        head = head_names(x, self.head)
+        if not head or len(head) == len(x):
+            raise ValueError(f"FedBABU head {self.head} must match some but not all of the federated tensors {list(x)}, got {head}")
         return {}
 
     def client_step(self, params: TensorDict, local: NestedState, ctx: ClientContext) -> tuple[TensorDict, NestedState]:
