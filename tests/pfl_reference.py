@@ -108,6 +108,7 @@ def reference_partial(model, personal_names, rounds=ROUNDS, head_steps=None, lr=
 
 def fit_config(tmp_path, monkeypatch, name, *extra):
     """``fl-lightning fit --config configs/<name>.yaml`` for 3 rounds, evaluated at round 3; the metrics.csv rows."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     monkeypatch.chdir(tmp_path)
     args = ["--trainer.max_steps", "3", "--trainer.val_check_interval", "3", "--trainer.enable_progress_bar", "false",
             "--trainer.callbacks.init_args.every_n_train_steps", "1", *extra]  # fmt: skip

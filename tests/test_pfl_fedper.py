@@ -47,3 +47,14 @@ def test_the_config_fits_through_the_cli_and_logs_personal_and_unseen_accuracy(t
     cli, rows = fit_config(tmp_path, monkeypatch, "pfl_fedper_digits")
     assert cli.trainer.global_step == 3
     assert_personal_metrics(rows)
+
+
+def test_the_config_run_is_the_base_protocol_run_with_fedsim_and_the_head_personal(tmp_path, monkeypatch):
+    """fl-lightning fit of pfl_fedper_digits.yaml = fit of pfl_digits.yaml (FedAvg) told FedSim and personal
+    [classifier.2] on the command line: the same model and client store, bit for bit."""
+    fedper, _ = fit_config(tmp_path / "a", monkeypatch, "pfl_fedper_digits")
+    told, _ = fit_config(tmp_path / "b", monkeypatch, "pfl_digits", "--model.algorithm", "fl_lightning.algorithms.FedSim",
+                         "--model.personal", "[classifier.2]")  # fmt: skip
+    for a, b in zip(fedper.model.model.parameters(), told.model.model.parameters()):
+        assert torch.equal(a, b)
+    assert len(fedper.model.store) >= 5 and fedper.model.store.equal(told.model.store)
