@@ -11,11 +11,13 @@ from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.fedavg_svrg import FedAvgSVRG
 from fl_lightning.algorithms.fedavg_p import FedAlt, FedAvgP, FedSim
 from fl_lightning.algorithms.fedala import FedALA
+from fl_lightning.algorithms.fedbabu import FedBABU
 from fl_lightning.algorithms.fedcm import FedCM
 from fl_lightning.algorithms.feddecorr import FedDecorr
 from fl_lightning.algorithms.feddyn import FedDyn
 from fl_lightning.algorithms.fedlc import FedLC
 from fl_lightning.algorithms.fedntd import FedNTD
+from fl_lightning.algorithms.fedrod import FedRoD
 from fl_lightning.algorithms.fedrs import FedRS
 from fl_lightning.algorithms.fedexp import FedExP
 from fl_lightning.algorithms.fedlada import FedLADA
@@ -49,6 +51,7 @@ __all__ = [
     "FedAvgM",
     "FedAvgSVRG",
     "FedAvgP",
+    "FedBABU",
     "FedCM",
     "FedDecorr",
     "FedDyn",
@@ -60,6 +63,7 @@ __all__ = [
     "FedNova",
     "FedProto",
     "FedProx",
+    "FedRoD",
     "FedRS",
     "FedSAM",
     "FedSim",

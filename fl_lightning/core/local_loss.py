@@ -11,7 +11,9 @@ method returns (e.g. ``{"ce": ..., "contrastive": ...}``), and each term is logg
 - ``target``: the batch's targets;
 - ``ctx``: a ``LossContext``: the broadcast, the client's stored state, the round's facts, the
   client's label counts (if it declares ``needs_label_counts``), ``params``, the parameters being
-  trained (differentiated: a proximal term ``||params - broadcast["x"]||^2`` is a loss term), and
+  trained (differentiated: a proximal term ``||params - broadcast["x"]||^2`` is a loss term; it may
+  also hold tensors that are not the model's, e.g. a personal head kept in client state, which
+  ``ctx.grad`` differentiates with the rest and only the local loss reads), and
   ``evaluate(params)``, the same model's outputs at other parameters on the same batch (a pure
   function: nothing is shared).
 
@@ -58,7 +60,9 @@ class LossContext:
     this batch with ``params`` substituted (any tensor not in ``params`` keeps the model's own value,
     the global model's); ``params`` the parameters the loss is taken at, the ones being trained (the
     gradient flows through them: a term reading them, e.g. FedProx's or Ditto's proximal term, is
-    differentiated with the rest).
+    differentiated with the rest). ``params`` may hold tensors the model does not have (the rule passed
+    them to ``ctx.grad``, e.g. FedRoD's personal head): the model's outputs use the model's tensors of
+    ``params``, the loss reads the others, and ``ctx.grad`` returns their gradients too.
     """
 
     client: int | Tensor
@@ -92,14 +96,14 @@ class ClientLoss:
 
     def at(self, objective: Objective, params: TensorDict, batch: Any) -> tuple[Tensor, dict[str, Tensor], Tensor, Tensor]:
         """``(loss, terms, logits, target)`` of one client at ``params`` on ``batch``."""
-        out, target = objective.outputs_at(params, batch, self.features)
+        out, target = objective.outputs_at(model_tensors(objective, params), batch, self.features)
         terms = self._terms(objective, out, target, batch, self.client, self.client_state, self.label_counts, params)
         return total(terms), terms, out.logits, target
 
     def stacked(self, objective: Objective, params: TensorDict, batch: Any) -> tuple[Tensor, dict[str, Tensor], Tensor, Tensor]:
         """``at`` for clients stacked on a leading dimension: the outputs by ``objective.stacked_outputs``
         (client rows or vmap), the loss per client under vmap; ``[S]`` losses and terms."""
-        out, target = objective.stacked_outputs(params, batch, self.features)
+        out, target = objective.stacked_outputs(model_tensors(objective, params), batch, self.features)
 
         def one(logits, features, target, batch, client, state, counts, params):
             terms = self._terms(objective, ModelOutputs(logits, features), target, batch, client, state, counts, params)
@@ -111,13 +115,22 @@ class ClientLoss:
 
     def _terms(self, objective, out, target, batch, client, state, counts, params=None) -> dict[str, Tensor]:
         def evaluate(params: TensorDict) -> ModelOutputs:
-            return objective.outputs_at(params, batch, self.features)[0]
+            return objective.outputs_at(model_tensors(objective, params), batch, self.features)[0]
 
         ctx = LossContext(client, self.broadcast, state, self.info, counts, evaluate, params)
         terms = self.algorithm.local_loss(out, target, ctx)
         if not isinstance(terms, dict) or not terms:
             raise TypeError(f"{type(self.algorithm).__name__}.local_loss must return a non-empty dict of named loss terms")
         return terms
+
+
+def model_tensors(objective: Objective, params: TensorDict) -> TensorDict:
+    """The tensors of ``params`` that the model has (``params`` itself where all are): a local loss may be
+    given other tensors too (``LossContext.params``), which it reads and the model does not."""
+    slots = objective.swap.slots
+    if all(k in slots for k in params):
+        return params
+    return {k: v for k, v in params.items() if k in slots}
 
 
 def model_has_representation(model: Any) -> bool:
