@@ -12,7 +12,7 @@ from fl_lightning.commands.cli import build_cli
 from fl_lightning.core.client_rows import model_declares
 from models import SmallCNN
 from tests.pfl_reference import (
-    ROOT, assert_personal_metrics, batched_equals_sequential_with_fallback, cnn, compare_partial, fit, fit_config, max_difference,
+    ROOT, assert_personal_metrics, batched_equals_sequential, cnn, compare_partial, fit, fit_config, max_difference,
     record_uploads, shared_params,
 )  # fmt: skip
 
@@ -43,8 +43,8 @@ def test_the_norm_layers_never_leave_the_client():
     assert not any("norm" in k for u in uploads for k in u["delta"]) and len(module.federated_names) == 8
 
 
-def test_batched_execution_runs_the_clients_sequentially_with_the_same_result(caplog):
-    batched_equals_sequential_with_fallback(FedSim, NORM, caplog, model_fn=lambda: cnn(norm="batch_nostats"))
+def test_batched_execution_stacks_the_clients_and_equals_sequential_execution():
+    batched_equals_sequential(FedSim, NORM, model_fn=lambda: cnn(norm="batch_nostats"))
 
 
 # ---- SmallCNN's norm argument ------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import torch
 from fl_lightning.algorithms import FedSim
 from fl_lightning.commands.cli import build_cli
 from tests.pfl_reference import (
-    ROOT, ROUNDS, assert_personal_metrics, batched_equals_sequential_with_fallback, compare_partial, fit, fit_config, record_uploads,
+    ROOT, ROUNDS, assert_personal_metrics, batched_equals_sequential, compare_partial, fit, fit_config, record_uploads,
 )  # fmt: skip
 
 HEAD = ["classifier.2"]
@@ -39,8 +39,8 @@ def test_the_head_never_leaves_the_client():
     assert torch.equal(head, fit(FedSim(), HEAD, rounds=1).model.classifier[2].weight.detach())  # the template never moves
 
 
-def test_batched_execution_runs_the_clients_sequentially_with_the_same_result(caplog):
-    batched_equals_sequential_with_fallback(FedSim, HEAD, caplog)
+def test_batched_execution_stacks_the_clients_and_equals_sequential_execution():
+    batched_equals_sequential(FedSim, HEAD)
 
 
 def test_the_config_fits_through_the_cli_and_logs_personal_and_unseen_accuracy(tmp_path, monkeypatch):

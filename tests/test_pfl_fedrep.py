@@ -6,7 +6,7 @@ import torch
 from fl_lightning.algorithms import FedAlt, FedBABU
 from fl_lightning.commands.cli import build_cli
 from tests.pfl_reference import (
-    ROOT, assert_personal_metrics, batched_equals_sequential_with_fallback, compare_partial, fit, fit_config, record_uploads,
+    ROOT, assert_personal_metrics, batched_equals_sequential, compare_partial, fit, fit_config, record_uploads,
     shared_params,
 )  # fmt: skip
 
@@ -60,8 +60,8 @@ def test_the_head_never_leaves_the_client():
     assert not any(k.startswith("classifier.2") for u in uploads for k in u["delta"])
 
 
-def test_batched_execution_runs_the_clients_sequentially_with_the_same_result(caplog):
-    batched_equals_sequential_with_fallback(lambda: FedAlt(personal_steps=2), HEAD, caplog)
+def test_batched_execution_stacks_the_clients_and_equals_sequential_execution():
+    batched_equals_sequential(lambda: FedAlt(personal_steps=2), HEAD)
 
 
 def test_the_config_fits_through_the_cli_and_logs_personal_and_unseen_accuracy(tmp_path, monkeypatch):

@@ -4,7 +4,7 @@
 from fl_lightning.algorithms import FedSim
 from fl_lightning.commands.cli import build_cli
 from tests.pfl_reference import (
-    ROOT, assert_personal_metrics, batched_equals_sequential_with_fallback, compare_partial, fit, fit_config, record_uploads,
+    ROOT, assert_personal_metrics, batched_equals_sequential, compare_partial, fit, fit_config, record_uploads,
 )  # fmt: skip
 
 BODY = ["features", "classifier.0"]
@@ -33,8 +33,8 @@ def test_only_the_head_is_uploaded():
     assert uploads and all(set(u["delta"]) == {"classifier.2.weight", "classifier.2.bias"} for u in uploads)
 
 
-def test_batched_execution_runs_the_clients_sequentially_with_the_same_result(caplog):
-    batched_equals_sequential_with_fallback(FedSim, BODY, caplog)
+def test_batched_execution_stacks_the_clients_and_equals_sequential_execution():
+    batched_equals_sequential(FedSim, BODY)
 
 
 def test_the_config_fits_through_the_cli_and_logs_personal_and_unseen_accuracy(tmp_path, monkeypatch):
