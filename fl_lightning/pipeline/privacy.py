@@ -280,7 +280,7 @@ class ClientPrivacy:
         """With ``budget="stop"``: whether one more round would spend more than ``target_epsilon``."""
         if self.target_epsilon is None or self.budget != "stop" or self.accountant is None:
             return False
-        return epsilon_after(self.scheme, self.noise_multiplier, self.delta, self.accountant.rounds + 1, self.method) > self.target_epsilon
+        return self.accountant.epsilon_after_next() > self.target_epsilon
 
     def account(self, info: RoundInfo) -> dict[str, float]:
         """One more round accounted (and, with adaptive clipping, C updated); the metrics logged with it."""
