@@ -28,6 +28,19 @@ def test_dp_config_logs_the_accountants_epsilon_every_round(tmp_path):
         assert float(r["privacy/epsilon"]) == pytest.approx(expected, rel=1e-9)
 
 
+def test_epsilon_reaches_the_progress_bar_and_the_result_line(tmp_path):
+    """The terminal shows what metrics.csv logs: ``eps 1.23`` in the bar, ``epsilon 1.23 (RDP, delta 0.0001)`` in
+    the closing line (dp-accounting's noisy warnings about unconverged fractional orders stay out of it)."""
+    args = [a for a in SMALL if a not in ("--trainer.enable_progress_bar", "false")]
+    proc = run_fl_lightning("fit", "--config", CONFIG, *args, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    expected = epsilon_after(SamplingScheme.of(BernoulliParticipation(0.25), 40), 1.0, 1e-4, 3)
+    line = proc.stdout.strip().splitlines()[-1]
+    assert line.startswith("FedAvg: 3 rounds in ") and f" · epsilon {expected:.2f} (RDP, delta 0.0001)" in line, line
+    assert "round 3/3" in proc.stderr and f"eps {expected:.2f}" in proc.stderr
+    assert "_compute_log_a_frac" not in proc.stderr
+
+
 @pytest.mark.parametrize(
     "flag, value, message",
     [
