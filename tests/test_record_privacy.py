@@ -454,3 +454,23 @@ def test_ddp_equals_one_process_under_record_level_dp(tmp_path):
     ddp = _train(tmp_path, 2, "fedavg", False, "--record-privacy", "0.5", "1.0")
     _assert_close(single, ddp, rtol=1e-5, atol=1e-6)
     assert single["metrics"]["privacy/record_epsilon"] == ddp["metrics"]["privacy/record_epsilon"] > 0
+
+
+def test_the_terminal_shows_both_guarantees_with_their_method_and_delta():
+    """The progress bar's ``eps`` / ``record eps`` and the closing line's ``epsilon`` / ``record epsilon``, each with
+    the method and delta it is stated at (an infinite epsilon, sigma = 0, reads ``inf``)."""
+    from types import SimpleNamespace
+
+    from fl_lightning.pipeline.privacy import ClientPrivacy
+    from fl_lightning.run.terminal import RoundProgressBar, RunSummary
+
+    metrics = {"train/loss": torch.tensor(0.5), "privacy/epsilon": torch.tensor(3.214), "privacy/record_epsilon": torch.tensor(float("inf"))}
+    trainer = SimpleNamespace(callback_metrics=metrics, global_step=7)
+    module = SimpleNamespace(
+        privacy=ClientPrivacy(delta=1e-4, accountant="pld"), record_privacy=RecordPrivacy(noise_multiplier=0.0, delta=1e-5)
+    )
+    assert RoundProgressBar()._postfix(trainer) == "train loss 0.500 · eps 3.21 · record eps inf"
+    summary = RunSummary()
+    summary.on_fit_start(trainer, module)
+    summary.on_fit_end(trainer, module)
+    assert summary.line().endswith(" · epsilon 3.21 (PLD, delta 0.0001) · record epsilon inf (RDP, delta 1e-05)")
