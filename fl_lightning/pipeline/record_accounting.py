@@ -73,7 +73,8 @@ class RecordAccountant:
         if self.sigma == 0:
             return math.inf
         if self.method == "rdp":
-            return _epsilon_from_rdp(self._step_rdp(i) * steps, self.delta, "poisson" if self.sampling == "poisson" else "without_replacement")
+            kind = "poisson" if self.sampling == "poisson" else "without_replacement"
+            return _epsilon_from_rdp(self._step_rdp(i) * steps, self.delta, kind)
         return pld_poisson_epsilon(float(self.rates[i]), self.sigma, steps, self.delta)
 
     def epsilons(self) -> np.ndarray:
