@@ -153,7 +153,8 @@ class ClientPrivacy:
             ``"stop"`` (train at ``noise_multiplier`` and stop before the round that would exceed it).
         clipping: ``"flat"`` (one norm over the whole upload) or ``"per_entry"`` (each upload entry,
             e.g. ``delta`` and ``delta_c``, to C / sqrt(entries)).
-        accountant: ``"rdp"`` (Renyi DP, integer orders) or ``"pld"`` (privacy loss distributions).
+        accountant: ``"rdp"`` (Renyi DP at dp-accounting's default orders; integer orders under sampling without
+            replacement) or ``"pld"`` (privacy loss distributions).
         adaptive_clipping: adapt C each round towards the ``target_quantile`` of the clients' update norms
             (Andrew et al., NeurIPS 2021): C <- C exp(-clip_lr (b~ - target_quantile)), b~ the noised fraction
             of unclipped clients; ``clip_norm`` is the initial C. One process only.
