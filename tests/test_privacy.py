@@ -190,8 +190,8 @@ def test_batched_equals_sequential_under_dp(tmp_path, make):
 
 
 # ---- resume --------------------------------------------------------------------------------------------------
-def _resumable(tmp_path, rounds, ckpt_path=None, adaptive=False):
-    privacy = ClientPrivacy(clip_norm=0.05, noise_multiplier=1.1, delta=1e-4, adaptive_clipping=adaptive, count_noise=1.0)
+def _resumable(tmp_path, rounds, ckpt_path=None, adaptive=False, accountant="rdp"):
+    privacy = ClientPrivacy(clip_norm=0.05, noise_multiplier=1.1, delta=1e-4, adaptive_clipping=adaptive, count_noise=1.0, accountant=accountant)
     module = _module(A.SCAFFOLD(), privacy)
     checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True, every_n_train_steps=1, save_top_k=0)
     data = _bernoulli_data([0.3, 0.6] * (N // 2))
@@ -216,6 +216,21 @@ def test_resume_gives_the_same_model_and_epsilon_bitwise(tmp_path, adaptive):
     # adaptive clipping's two queries (update, count) spend together what sigma = 1.1 alone would (Andrew et al., Thm 1)
     assert float(t1.callback_metrics["privacy/epsilon"]) == pytest.approx(epsilon_after(scheme, 1.1, 1e-4, 4), rel=1e-6)
     assert float(t1.callback_metrics["privacy/epsilon_min"]) < float(t1.callback_metrics["privacy/epsilon"])  # p = 0.3 vs 0.6
+
+
+def test_pld_resume_reports_the_straight_runs_epsilons_bitwise(tmp_path):
+    """The PLD epsilon after T rounds is the cached one-round distribution self-composed T times: a resumed
+    run, whose accountant starts at the checkpoint's round, reports the straight run's floats."""
+    straight, t1 = _resumable(tmp_path / "a", 4, accountant="pld")
+    _resumable(tmp_path / "b", 2, accountant="pld")
+    resumed, t2 = _resumable(tmp_path / "c", 4, ckpt_path=str(tmp_path / "b" / "ckpt" / "last.ckpt"), accountant="pld")
+    assert resumed.privacy.accountant.rounds == 4
+    eps = straight.privacy.accountant.epsilons()  # float64 (the logged metrics are float32)
+    assert np.array_equal(eps, resumed.privacy.accountant.epsilons()) and eps.min() < eps.max()
+    for key in ("privacy/epsilon", "privacy/epsilon_min"):
+        assert float(t1.callback_metrics[key]) == float(t2.callback_metrics[key]) > 0
+    scheme = SamplingScheme.of(BernoulliParticipation([0.3, 0.6] * (N // 2)), N)
+    assert eps.max() == pytest.approx(epsilon_after(scheme, 1.1, 1e-4, 4, "pld"), rel=1e-12) and eps.max() < epsilon_after(scheme, 1.1, 1e-4, 4)
 
 
 # ---- budgets -----------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from fl_lightning.pipeline.record_accounting import RecordAccountant
 from fl_lightning.pipeline.record_privacy import RecordPrivacy
 from models import MLP
 from tests.conftest import tiny_datamodule, tiny_trainer
-from tests.test_privacy_accounting import ORDERS, _epsilon, _rdp_poisson, _rdp_without_replacement
+from tests.test_privacy_accounting import ORDERS, _epsilon, _rdp_without_replacement, dp_accounting_rdp, poisson_reference
 
 N, S = 8, 4
 LOCAL = LocalTraining(lr=0.1, steps=3, batch_size=6)
@@ -232,10 +232,17 @@ def test_fixed_size_sampling_draws_b_distinct_records_uniformly():
 # ---- accounting (RDP.2) against independent computations -------------------------------------------------------
 @pytest.mark.parametrize("q, sigma, steps, delta", [(0.05, 1.0, 300, 1e-5), (0.2, 1.5, 60, 1e-4)])
 def test_poisson_rdp_epsilon_matches_a_numpy_rdp(q, sigma, steps, delta):
+    """dp-accounting's RdpAccountant at its default orders to 1e-9; within 1 % above the exact RDP's epsilon
+    (tests/test_privacy_accounting.py's numerical integral)."""
+    import dp_accounting
+
     accountant = RecordAccountant([100], [q], 0, sigma, delta, "poisson", "rdp")
     accountant.add([0], [steps])
-    reference = _epsilon(np.array([_rdp_poisson(q, sigma, a) for a in ORDERS]) * steps, delta)
-    assert accountant.epsilons()[0] == pytest.approx(reference, rel=0.01)
+    ours = accountant.epsilons()[0]
+    event = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma))
+    assert ours == pytest.approx(dp_accounting_rdp(event, steps, delta), rel=1e-9)
+    exact = poisson_reference(q, sigma, steps, delta)
+    assert exact * (1 - 1e-9) <= ours <= exact * 1.01
 
 
 @pytest.mark.parametrize("q, sigma, steps, delta", [(0.05, 1.0, 300, 1e-5), (0.2, 1.5, 60, 1e-4)])
@@ -245,8 +252,11 @@ def test_poisson_pld_epsilon_matches_prv_accountant(q, sigma, steps, delta):
     accountant = RecordAccountant([100], [q], 0, sigma, delta, "poisson", "pld")
     accountant.add([0], [steps])
     prv = PRVAccountant(PoissonSubsampledGaussianMechanism(q, sigma), eps_error=0.01, delta_error=1e-10, max_self_compositions=steps)
-    reference = prv.compute_epsilon(delta=delta, num_self_compositions=steps)[1]
+    low, reference, _ = prv.compute_epsilon(delta=delta, num_self_compositions=steps)
     assert accountant.epsilons()[0] == pytest.approx(reference, rel=0.01)
+    rdp = RecordAccountant([100], [q], 0, sigma, delta, "poisson", "rdp")
+    rdp.add([0], [steps])
+    assert rdp.epsilons()[0] >= max(low, accountant.epsilons()[0])  # RDP stays an upper bound of the tighter methods
 
 
 @pytest.mark.parametrize("n, b, sigma, steps, delta", [(200, 20, 1.5, 100, 1e-5), (50, 5, 3.0, 200, 1e-5)])
@@ -266,7 +276,7 @@ def test_each_client_composes_its_own_steps_and_the_worst_is_reported():
     eps = accountant.epsilons()
     for i, steps in enumerate([10, 15, 15, 0]):
         q = batch / sizes[i]
-        reference = _epsilon(np.array([_rdp_poisson(q, 1.2, a) for a in ORDERS]) * steps, 1e-5) if steps else 0.0
+        reference = poisson_reference(q, 1.2, steps, 1e-5) if steps else 0.0
         assert eps[i] == pytest.approx(reference, rel=0.01)
     assert accountant.metrics()["privacy/record_epsilon"] == eps.max() == eps[0]  # the smallest client (largest q) spends most
     assert accountant.metrics()["privacy/record_epsilon_min"] == 0.0
@@ -296,9 +306,7 @@ def test_the_accountant_counts_the_steps_each_client_ran(tmp_path, straggler):
     assert np.array_equal(record.accountant.steps, algorithm.steps)
     assert (algorithm.steps.sum() < 4 * S * 3) == (straggler > 0)  # stragglers ran fewer steps: counted as run
     sizes = np.asarray(trainer.datamodule.client_sizes)
-    expected = max(
-        _epsilon(np.array([_rdp_poisson(6 / sizes[i], 1.1, a) for a in ORDERS]) * t, 1e-4) for i, t in enumerate(algorithm.steps) if t
-    )
+    expected = max(poisson_reference(6 / sizes[i], 1.1, t, 1e-4) for i, t in enumerate(algorithm.steps) if t)
     assert float(trainer.callback_metrics["privacy/record_epsilon"]) == pytest.approx(expected, rel=0.01)
 
 
@@ -446,3 +454,23 @@ def test_ddp_equals_one_process_under_record_level_dp(tmp_path):
     ddp = _train(tmp_path, 2, "fedavg", False, "--record-privacy", "0.5", "1.0")
     _assert_close(single, ddp, rtol=1e-5, atol=1e-6)
     assert single["metrics"]["privacy/record_epsilon"] == ddp["metrics"]["privacy/record_epsilon"] > 0
+
+
+def test_the_terminal_shows_both_guarantees_with_their_method_and_delta():
+    """The progress bar's ``eps`` / ``record eps`` and the closing line's ``epsilon`` / ``record epsilon``, each with
+    the method and delta it is stated at (an infinite epsilon, sigma = 0, reads ``inf``)."""
+    from types import SimpleNamespace
+
+    from fl_lightning.pipeline.privacy import ClientPrivacy
+    from fl_lightning.run.terminal import RoundProgressBar, RunSummary
+
+    metrics = {"train/loss": torch.tensor(0.5), "privacy/epsilon": torch.tensor(3.214), "privacy/record_epsilon": torch.tensor(float("inf"))}
+    trainer = SimpleNamespace(callback_metrics=metrics, global_step=7)
+    module = SimpleNamespace(
+        privacy=ClientPrivacy(delta=1e-4, accountant="pld"), record_privacy=RecordPrivacy(noise_multiplier=0.0, delta=1e-5)
+    )
+    assert RoundProgressBar()._postfix(trainer) == "train loss 0.500 · eps 3.21 · record eps inf"
+    summary = RunSummary()
+    summary.on_fit_start(trainer, module)
+    summary.on_fit_end(trainer, module)
+    assert summary.line().endswith(" · epsilon 3.21 (PLD, delta 0.0001) · record epsilon inf (RDP, delta 1e-05)")

@@ -284,17 +284,27 @@ class FederatedModule(L.LightningModule):
             csv_resume.continue_from(self.loggers, getattr(self, "_previous_metrics", None) or {}, step)
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> int | None:
-        if self.privacy is not None and self.privacy.budget_exhausted():  # privacy.budget="stop"
-            log.warning(
-                "privacy: stopping after %d rounds: one more would spend more than target_epsilon=%g",
-                self.privacy.accountant.rounds, self.privacy.target_epsilon,
-            )  # fmt: skip
-            self.trainer.should_stop = True
+        if self._privacy_budget_spent():  # a run resumed with its budget spent: no round to run (it was evaluated then)
             return -1
         return None
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         self._release_snapshots()  # the checkpoint callbacks (run before this hook) have written their files
+        more = self.trainer.max_steps < 0 or self.trainer.global_step < self.trainer.max_steps
+        if more:  # a stop requested here, after the round, lets Lightning validate the final model (as early stopping does)
+            self._privacy_budget_spent()
+
+    def _privacy_budget_spent(self) -> bool:
+        """privacy.budget="stop": whether one more round would spend more than target_epsilon; if so the run
+        stops (``trainer.should_stop``), saying so in one line."""
+        if self.privacy is None or self.trainer.should_stop or not self.privacy.budget_exhausted():
+            return False
+        log.warning(
+            "privacy: stopping after %d rounds: one more would spend more than target_epsilon=%g",
+            self.privacy.accountant.rounds, self.privacy.target_epsilon,
+        )  # fmt: skip
+        self.trainer.should_stop = True
+        return True
 
     def on_validation_end(self) -> None:
         self._release_snapshots()

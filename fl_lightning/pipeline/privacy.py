@@ -158,7 +158,8 @@ class ClientPrivacy:
             ``"stop"`` (train at ``noise_multiplier`` and stop before the round that would exceed it).
         clipping: ``"flat"`` (one norm over the whole upload) or ``"per_entry"`` (each upload entry,
             e.g. ``delta`` and ``delta_c``, to C / sqrt(entries)).
-        accountant: ``"rdp"`` (Renyi DP, integer orders) or ``"pld"`` (privacy loss distributions).
+        accountant: ``"rdp"`` (Renyi DP at dp-accounting's default orders; integer orders under sampling without
+            replacement) or ``"pld"`` (privacy loss distributions).
         adaptive_clipping: adapt C each round towards the ``target_quantile`` of the clients' update norms
             (Andrew et al., NeurIPS 2021): C <- C exp(-clip_lr (b~ - target_quantile)), b~ the noised fraction
             of unclipped clients; ``clip_norm`` is the initial C. One process only.
@@ -285,7 +286,7 @@ class ClientPrivacy:
         """With ``budget="stop"``: whether one more round would spend more than ``target_epsilon``."""
         if self.target_epsilon is None or self.budget != "stop" or self.accountant is None:
             return False
-        return epsilon_after(self.scheme, self.noise_multiplier, self.delta, self.accountant.rounds + 1, self.method) > self.target_epsilon
+        return self.accountant.epsilon_after_next() > self.target_epsilon
 
     def account(self, info: RoundInfo) -> dict[str, float]:
         """One more round accounted (and, with adaptive clipping, C updated); the metrics logged with it."""

@@ -12,9 +12,10 @@ budgets as run) its privacy loss is the T_i-fold composition of one step's event
   ``SampledWithoutReplacementDpEvent(n_i, B, GaussianDpEvent(sigma / 2))`` under replace-one record
   (replacing a record moves the clipped sum by up to 2C).
 
-``rdp`` composes Renyi DP at the integer orders of ``fl_lightning.pipeline.privacy_accounting.ORDERS``
-(T_i times one step's curve: the same floats however the steps were reached); ``pld`` composes
-privacy loss distributions (tighter; Poisson sampling only, see ``RecordAccountant``). The state
+``rdp`` composes Renyi DP at ``fl_lightning.pipeline.privacy_accounting.orders`` (dp-accounting's
+default orders for Poisson sampling, integer orders without replacement; T_i times one step's curve:
+the same floats however the steps were reached); ``pld`` self-composes one step's cached privacy loss
+distribution T_i times (tighter; Poisson sampling only, see ``RecordAccountant``). The state
 is the vector of step counts T: a resumed run restores it and reports the same epsilons, bit for bit.
 """
 
@@ -24,7 +25,7 @@ import math
 
 import numpy as np
 
-from fl_lightning.pipeline.privacy_accounting import _epsilon_from_rdp, _queries, _rdp_event, pld_poisson_epsilon
+from fl_lightning.pipeline.privacy_accounting import _epsilon_from_rdp, _rdp_event, pld_poisson_epsilon
 
 
 class RecordAccountant:
@@ -72,8 +73,9 @@ class RecordAccountant:
         if self.sigma == 0:
             return math.inf
         if self.method == "rdp":
-            return _epsilon_from_rdp(self._step_rdp(i) * steps, self.delta)
-        return pld_poisson_epsilon(float(self.rates[i]), _queries("poisson", self.sigma), steps, self.delta)
+            kind = "poisson" if self.sampling == "poisson" else "without_replacement"
+            return _epsilon_from_rdp(self._step_rdp(i) * steps, self.delta, kind)
+        return pld_poisson_epsilon(float(self.rates[i]), self.sigma, steps, self.delta)
 
     def epsilons(self) -> np.ndarray:
         """Each client's epsilon at ``delta`` (0 for a client that never trained)."""

@@ -42,8 +42,8 @@ class RecordPrivacy:
             replacement; accounted under replace-one record).
         sampling_rate: Poisson only: q in (0, 1], the same for every client (the expected batch size q n_i);
             null: q_i = local.batch_size / n_i (the expected batch size local.batch_size for every client).
-        accountant: ``"rdp"`` (Renyi DP, integer orders) or ``"pld"`` (privacy loss distributions, tighter;
-            Poisson sampling only).
+        accountant: ``"rdp"`` (Renyi DP at dp-accounting's default orders; integer orders for ``"fixed"``) or
+            ``"pld"`` (privacy loss distributions, tighter; Poisson sampling only).
     """
 
     def __init__(

@@ -2,9 +2,11 @@
 and none of Lightning's start-up boilerplate.
 
 ``RoundProgressBar`` replaces Lightning's epoch/batch bar (which reads ``Epoch 0/-2 … 20/20``
-for a round loop) with ``round 20/100 · 2.1 rounds/s · train loss 0.512 · val acc 0.873``.
+for a round loop) with ``round 20/100 · 2.1 rounds/s · train loss 0.512 · val acc 0.873 · eps 3.21``.
 ``RunSummary`` records the evaluations of a fit and renders the closing line
-``FedAvg: 100 rounds in 52.1 s · final val acc 0.9123 · best 0.9230 (round 90) · 12.3 MB sent``.
+``FedAvg: 100 rounds in 52.1 s · final val acc 0.9123 · best 0.9230 (round 90) · 12.3 MB sent
+· epsilon 3.21 (RDP, delta 1e-05)``. Under differential privacy (docs/privacy.md) both show the
+privacy spent: ``privacy/epsilon`` (``eps``) and ``privacy/record_epsilon`` (``record eps``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks.progress.progress_bar import ProgressBar
 
 ACC, LOSS, BYTES = "val/acc", "train/loss", "comm/cumulative_bytes"
+PRIVACY = (("privacy/epsilon", "eps", "epsilon", "privacy"), ("privacy/record_epsilon", "record eps", "record epsilon", "record_privacy"))
+"""(metric, progress bar label, result line label, the module's settings attribute) of each guarantee."""
 
 #: Lightning loggers whose INFO lines are boilerplate for a round loop ("GPU available: False",
 #: "TPU available", "💡 Tip: ...", "`Trainer.fit` stopped: `max_steps=…` reached", "Seed set to 0").
@@ -44,6 +48,10 @@ def quiet_lightning() -> None:
     # fl-lightning passes parsed arguments to LightningCLI itself (it handles `compare` and the
     # checkpoint defaults first), which Lightning would flag on every command.
     warnings.filterwarnings("ignore", message=".*LightningCLI's args parameter is intended to run from within Python.*")
+
+
+def _epsilon(value: float) -> str:
+    return "inf" if math.isinf(value) else f"{value:.2f}"
 
 
 def _value(metrics: dict[str, Any], key: str) -> float | None:
@@ -73,6 +81,7 @@ class RunSummary(Callback):
         self.test_acc: float | None = None  # the final model on the test set, once (with a validation split)
         self.threads: int | None = None  # torch intra-op threads of the run (--threads), in the line's header
         self.personal: dict[str, float] = {}  # the last evaluation's personalized metrics (PersonalizedEvaluation)
+        self.privacy: list[str] = []  # "epsilon 3.21 (RDP, delta 1e-05)" of each guarantee the run has
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.start = time.perf_counter()
@@ -95,6 +104,11 @@ class RunSummary(Callback):
         self.rounds = trainer.global_step
         self.bytes_total = _value(trainer.callback_metrics, BYTES)
         self.compile_s = _value(trainer.callback_metrics, "time/compile_s")
+        self.privacy = []
+        for key, _, label, attribute in PRIVACY:
+            value, settings = _value(trainer.callback_metrics, key), getattr(pl_module, attribute, None)
+            if value is not None and settings is not None:
+                self.privacy.append(f"{label} {_epsilon(value)} ({settings.method.upper()}, delta {settings.delta:g})")
 
     @property
     def final_acc(self) -> float | None:
@@ -126,7 +140,7 @@ class RunSummary(Callback):
             parts.append(f"unseen clients {self.personal['unseen_acc_mean']:.4f}")
         if self.bytes_total is not None:
             parts.append(f"{self.bytes_total / 1e6:.1f} MB sent")
-        return " · ".join(parts)
+        return " · ".join(parts + self.privacy)
 
 
 class RoundProgressBar(ProgressBar):
@@ -214,6 +228,10 @@ class RoundProgressBar(ProgressBar):
         acc = _value(trainer.callback_metrics, ACC)
         if acc is not None:
             parts.append(f"val acc {acc:.4f}")
+        for key, label, _, _ in PRIVACY:
+            epsilon = _value(trainer.callback_metrics, key)
+            if epsilon is not None:
+                parts.append(f"{label} {_epsilon(epsilon)}")
         return " · ".join(parts)
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
