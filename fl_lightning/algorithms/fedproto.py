@@ -36,7 +36,7 @@ class FedProto(Algorithm):
     """
 
     needs_features = True
-    batchable = False  # the prototypes come from a pass over each client's whole training set: client by client
+    # Batched execution stacks the local steps; client_finish (with its data pass) runs client by client (not elementwise).
     upload_entries = ()  # prototypes and counts, not shaped like x: no model-update stage applies (privacy, compression)
     linear_aggregate = True  # the sums over clients of counts * prototypes and of counts (upload_sum)
 
