@@ -229,3 +229,32 @@ def test_the_result_line_names_the_personalized_and_unseen_numbers():
     assert "test acc 0.4500 (final model)" in line
     assert "personalized acc 0.8125 (each client's own model on its held-out data, mean; worst 10% 0.2500)" in line
     assert "unseen clients 0.7500" in line
+
+
+@pytest.mark.parametrize("make", ["Ditto", "APFL", "PerFedAvg"])
+def test_personalized_methods_with_a_fedavg_upload_compose_with_privacy_and_compression(tmp_path, make):
+    """A personal model never leaves the client, so client-level DP (clip, noise) and compression act on the
+    FedAvg delta alone: with clip_norm huge, no noise and identity compression the run equals the plain run."""
+    from fl_lightning import algorithms as A
+    from fl_lightning.compression import Compression
+    from fl_lightning.pipeline.privacy import ClientPrivacy
+
+    runs = {}
+    for name, kw in {"plain": {}, "private": {"privacy": ClientPrivacy(clip_norm=1e9, noise_multiplier=0.0)},
+                     "compressed": {"compression": Compression()}}.items():  # fmt: skip
+        torch.manual_seed(0)
+        module = tiny_module(getattr(A, make)())
+        module = type(module)(module.model, getattr(A, make)(), module.local, **kw)
+        data = tiny_datamodule(num_clients=6, clients_per_round=3, holdout_fraction=0.3)
+        tiny_trainer(tmp_path / name, rounds=2, limit_val_batches=None, val_check_interval=2, check_val_every_n_epoch=None).fit(
+            module, datamodule=data
+        )
+        runs[name] = module
+    for other in ("private", "compressed"):
+        for a, b in zip(runs["plain"].model.parameters(), runs[other].model.parameters()):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+        for cid in runs["plain"].store.client_ids():
+            state = {k: v for k, v in runs[other].store.get(cid, dict).items() if not k.startswith("msg:")}
+            for name, td in runs["plain"].store.get(cid, dict).items():
+                for k, v in td.items():
+                    torch.testing.assert_close(state[name][k], v, rtol=1e-6, atol=1e-7)

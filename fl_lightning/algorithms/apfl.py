@@ -29,6 +29,8 @@ class APFL(Algorithm):
         global_lr: server learning rate.
     """
 
+    upload_entries = ("delta",)  # its client_finish uploads FedAvg's delta of the shared model only (DP noise covers it)
+
     # not elementwise: the alpha update's inner product is a reduction (batched execution runs it per client under vmap)
 
     def __init__(self, alpha: float = 0.5, adaptive_alpha: bool = True, alpha_lr: float | None = None, global_lr: float = 1.0) -> None:

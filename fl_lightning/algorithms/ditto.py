@@ -29,6 +29,8 @@ class Ditto(FedAvg):
         global_lr: server learning rate (FedAvg's).
     """
 
+    upload_entries = ("delta",)  # its client_finish uploads FedAvg's delta of the shared model only (DP noise covers it)
+
     elementwise = True
 
     def __init__(self, lam: float = 0.1, global_lr: float = 1.0) -> None:

@@ -36,6 +36,8 @@ class FedALA(Algorithm):
         global_lr: server learning rate.
     """
 
+    upload_entries = ("delta",)  # its client_finish uploads FedAvg's delta of the shared model only (DP noise covers it)
+
     def __init__(self, layer_idx: int = 2, eta: float = 1.0, ala_steps: int = 5, global_lr: float = 1.0) -> None:
         super().__init__(global_lr)
         if type(layer_idx) is not int or layer_idx < 1:

@@ -31,6 +31,8 @@ class PFedMe(Algorithm):
         global_lr: beta, the server's step (1: the mean of the local models).
     """
 
+    upload_entries = ("delta",)  # its client_finish uploads FedAvg's delta of the shared model only (DP noise covers it)
+
     elementwise = True
 
     def __init__(self, lam: float = 15.0, inner_steps: int = 5, global_lr: float = 1.0) -> None:
