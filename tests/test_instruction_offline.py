@@ -90,7 +90,7 @@ def test_a_sequence_longer_than_the_models_positions_is_one_line_and_leaves_no_r
     short = write_tiny_gpt2(tmp_path / "gpt2_32", assets.tokenizer, n_positions=32)
     args = ["fit", "--config", "fedit_dolly", "--model.model.init_args.model_name_or_path", str(short),
             "--data.init_args.tokenizer", str(assets.tokenizer), "--data.init_args.dataset_path", str(assets.dolly),
-            "--data.init_args.cache_dir", str(assets.root / "hf_cache"), "--data.init_args.num_clients", "4",
+            "--data.init_args.cache_dir", str(assets.root / "hf_cache"), "--data.init_args.num_clients", "6",
             "--data.init_args.val_fraction", "0.1", "--data.init_args.test_fraction", "0.1", *TINY]  # fmt: skip
     proc = _cli(args, tmp_path)
     assert proc.returncode == 2, proc.stderr[-3000:]
