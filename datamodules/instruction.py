@@ -315,8 +315,8 @@ class InstructionDataModule(FederatedDataModule):
             split = "any example" if len(kept_train) == len(kept_test) == 0 else f"any {'training' if len(kept_train) == 0 else 'test'} example"
             raise ValueError(
                 f"{setting} leaves no response token in {split}: the shortest prompt (template + instruction + input) needs "
-                f"{shortest} tokens; set data.init_args.max_length above {shortest} (at most the model's positions) "
-                "or a shorter data.init_args.template"
+                f"{shortest} tokens; set data.init_args.max_length above {shortest} (with a model of that many positions) "
+                "or a shorter data.init_args.template (e.g. plain)"
             )
         self.dropped_by_category: dict[str, tuple[int, int]] = {}
         if not any(self.dropped):
