@@ -144,3 +144,28 @@ def test_a_category_losing_more_than_half_its_examples_is_named_and_a_vanished_o
     assert re.search(r"category closed_qa loses 9 of its 12 examples \(more than half\)", text), text
     assert "open_qa" not in text and "brainstorming" not in text
     assert data.dropped_by_category == {"closed_qa": (9, 12), "summarization": (12, 12)}
+
+
+def test_generation_past_the_models_positions_is_refused_before_training(assets, tmp_path):
+    from fl_lightning.engine.instruction_eval import InstructionEvaluation
+
+    short = write_tiny_gpt2(tmp_path / "gpt2_96", assets.tokenizer, n_positions=96)
+    data = InstructionDataModule(dataset_path=str(assets.dolly), tokenizer=str(assets.tokenizer), max_length=96, num_clients=4,
+                                 partition=IID(), participation=UniformSampling(2), cache_dir=str(assets.root / "hf_cache"), seed=0)  # fmt: skip
+    evaluation = InstructionEvaluation(num_samples=4, max_new_tokens=64)
+    with pytest.raises(ValueError, match=r"InstructionEvaluation max_new_tokens=64: the longest sampled prompt has \d+ tokens and the model "
+                                         r"has 96 positions; set max_new_tokens <= \d+"):  # fmt: skip
+        tiny_trainer(tmp_path, 1, callbacks=[evaluation]).fit(_module(short), datamodule=data)
+
+
+def test_the_result_line_of_a_language_model_without_instruction_evaluation_reports_the_response_loss():
+    from fl_lightning.run.terminal import RunSummary
+
+    summary = RunSummary()
+    summary.name, summary.rounds, summary.seconds, summary.token_level = "FedAvg", 4, 1.0, True
+    summary.loss_name, summary.losses = "val", [(2, 2.5), (4, 2.0)]
+    summary.accuracies = [(2, 0.3), (4, 0.4)]  # next-token accuracy: not what the line reports
+    line = summary.line()
+    assert "val acc" not in line
+    assert "final val loss 2.0000 · ppl 7.39 · best val loss 2.0000 (round 4)" in line, line
+    assert "ROUGE-L" not in line  # not computed without InstructionEvaluation
