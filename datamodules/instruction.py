@@ -223,6 +223,8 @@ class InstructionDataModule(FederatedDataModule):
         self.test_fraction, self.max_examples = test_fraction, max_examples
         self.cache_dir, self.trust_remote_code = cache_dir, trust_remote_code
         self.categories: list[str] = []
+        self.dropped_by_category: dict[str, tuple[int, int]] = {}  # category -> (dropped, total) when more than half is dropped
+        self.longest = 0  # the longest kept sequence in tokens (prompt + response + <eos>, after truncation)
         self.test_examples: list[dict[str, Any]] = []  # the raw held-out examples (prompts and references for generation)
 
     def held_out(self) -> InstructionSequences:
@@ -299,7 +301,48 @@ class InstructionDataModule(FederatedDataModule):
         codes = self._category_codes(ds)
         data = InstructionSequences(ids, offsets - offsets[0], cuts, codes)
         keep = torch.nonzero(data.lengths() > cuts).flatten()  # at least one response token fits
+        self._all_codes.append(codes)
+        self._all_prompts.append(cuts)
         return (data.subset(keep) if len(keep) < len(data) else data), keep
+
+    def _check_dropped(self, kept_train: Tensor, kept_test: Tensor) -> None:
+        """The examples ``max_length`` drops (no response token fits), counted per category: one warning for the
+        total, one per category that loses more than half of its examples; every example dropped (in the train or
+        the test split) is refused in one line."""
+        setting = f"data.init_args.max_length={self.max_length}"
+        if len(kept_train) == 0 or len(kept_test) == 0:
+            shortest = int(torch.cat(self._all_prompts).min()) if sum(len(p) for p in self._all_prompts) else 0
+            split = "any example" if len(kept_train) == len(kept_test) == 0 else f"any {'training' if len(kept_train) == 0 else 'test'} example"
+            raise ValueError(
+                f"{setting} leaves no response token in {split}: the shortest prompt (template + instruction + input) needs "
+                f"{shortest} tokens; set data.init_args.max_length above {shortest} (with a model of that many positions) "
+                "or a shorter data.init_args.template (e.g. plain)"
+            )
+        self.dropped_by_category: dict[str, tuple[int, int]] = {}
+        if not any(self.dropped):
+            return
+        log.warning("%s leaves no response token in %d training and %d test examples: they are dropped", setting, *self.dropped)
+        codes = torch.cat(self._all_codes)
+        kept = torch.zeros(len(codes), dtype=torch.bool)
+        kept[kept_train] = True
+        kept[len(self._all_codes[0]) + kept_test] = True
+        names = self.categories or ["all"]
+        for code in sorted(set(codes.tolist())):
+            total = int((codes == code).sum())
+            lost = total - int(kept[codes == code].sum())
+            if 2 * lost <= total:
+                continue
+            self.dropped_by_category[names[code]] = (lost, total)
+            if lost == total:
+                log.warning(
+                    "category %s loses all its %d examples to %s (each needs more tokens): it is left out of training and "
+                    "of every metric; raise data.init_args.max_length (at most the model's positions)", names[code], total, setting,
+                )  # fmt: skip
+            else:
+                log.warning(
+                    "category %s loses %d of its %d examples (more than half) to %s: its metrics cover the short ones only; "
+                    "raise data.init_args.max_length (at most the model's positions)", names[code], lost, total, setting,
+                )  # fmt: skip
 
     def _category_codes(self, ds) -> Tensor:
         if self.label_column not in ds.column_names:
@@ -329,17 +372,12 @@ class InstructionDataModule(FederatedDataModule):
         digest = _tokenizer_digest(tokenizer)
         train_raw, test_raw = self._load_raw()
         self.schema = detect_schema(train_raw.column_names)
-        self.categories = []
+        self.categories, self._all_codes, self._all_prompts = [], [], []
         train, kept_train = self._tokenize(train_raw, tokenizer, digest, self.schema)
         test, kept_test = self._tokenize(test_raw, tokenizer, digest, self.schema)
         self.dropped = (len(train_raw) - len(kept_train), len(test_raw) - len(kept_test))
-        if any(self.dropped):
-            log.warning(
-                "max_length=%d leaves no response token in %d training and %d test examples: they are dropped",
-                self.max_length, *self.dropped,
-            )
-        if len(train) == 0 or len(test) == 0:
-            raise ValueError(f"max_length={self.max_length} leaves no usable example in the train or test split; raise it")
+        self._check_dropped(kept_train, kept_test)
+        self.longest = int(max(int(train.lengths().max()) if len(train) else 0, int(test.lengths().max()) if len(test) else 0))
         instruction, context, response = SCHEMAS[self.schema]
         rows = test_raw.select(kept_test.tolist())
         self.test_examples = [

@@ -92,6 +92,29 @@ class LoRACausalLM(nn.Module):
     def head(self, z: Tensor) -> Tensor:
         return self.net.get_base_model().get_output_embeddings()(z)
 
+    @property
+    def max_positions(self) -> int | None:
+        """The longest sequence the base model takes (GPT-2: ``n_positions``), or ``None`` when its config does not say."""
+        config = self.net.get_base_model().config
+        for name in ("n_positions", "max_position_embeddings", "n_ctx", "seq_length"):
+            value = getattr(config, name, None)
+            if isinstance(value, int) and value > 0:
+                return value
+        return None
+
+    def check_data(self, datamodule) -> None:
+        """Refuse, in one line and before any training, data whose sequences are longer than the model's positions
+        (the embedding lookup would fail with an ``IndexError`` in the first client)."""
+        longest, positions = int(getattr(datamodule, "longest", 0) or 0), self.max_positions
+        if positions is None or longest <= positions:
+            return
+        max_length = getattr(datamodule, "max_length", None)
+        raise ValueError(
+            f"data.init_args.max_length={max_length}: the template + example needs up to {longest} tokens, but the model "
+            f"{self.model_name_or_path} has {positions} positions; set data.init_args.max_length <= {positions} "
+            "(longer examples are cut at the end) or use a model with more positions"
+        )
+
     def loss(self, logits: Tensor, labels: Tensor) -> Tensor:
         return response_loss(logits, labels)
 

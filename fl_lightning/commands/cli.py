@@ -39,6 +39,7 @@ subcommands:
               fl-lightning fixture cifar10 --out runs/fx
   lora-fixture  write the tiny offline GPT-2 + GLUE fixture of docs/lora.md and print its settings:
               fl-lightning lora-fixture runs/lora_fx
+              (--instruction: the instruction-tuning fixture of docs/instruction_tuning.md)
   configs     list the bundled configs (fl-lightning fit --config quickstart runs one by name);
               fl-lightning configs --copy quickstart my_configs/ copies one to edit
 

@@ -67,6 +67,8 @@ class InstructionEvaluation(L.Callback):
             raise ValueError(f"InstructionEvaluation batch_size must be >= 1, got {batch_size}")
         self.num_samples, self.max_new_tokens, self.batch_size, self.table_dir = num_samples, max_new_tokens, batch_size, table_dir
         self._scorer = None
+        self._fit_step: int | None = None  # the round of the last evaluation inside fit
+        self.last_metrics: dict[str, float] = {}
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if not callable(getattr(pl_module.model, "generate", None)):
@@ -78,11 +80,36 @@ class InstructionEvaluation(L.Callback):
                 raise ValueError("InstructionEvaluation's ROUGE-L needs rouge-score: pip install rouge-score (or num_samples: 0)") from error
             self._scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
 
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._check_generation_length(trainer, pl_module)  # after the model's own check of the data's lengths (its setup)
+
+    def _check_generation_length(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """A sampled prompt plus ``max_new_tokens`` longer than the model's positions: one line before anything runs."""
+        positions = getattr(pl_module.model, "max_positions", None)
+        data = trainer.datamodule
+        if not self.num_samples or not isinstance(positions, int) or not getattr(data, "test_examples", None):
+            return
+        tokenizer = data.tokenizer()
+        prompts = [e["prompt"] for e in data.test_examples[: self.num_samples]]
+        longest = max(len(ids) for ids in tokenizer(prompts)["input_ids"])
+        if longest + self.max_new_tokens > positions:
+            raise ValueError(
+                f"InstructionEvaluation max_new_tokens={self.max_new_tokens}: the longest sampled prompt has {longest} tokens "
+                f"and the model has {positions} positions; set max_new_tokens <= {max(positions - longest, 0)} "
+                "(or num_samples: 0 for no generation)"
+            )
+
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.state.fn == "fit" and not trainer.sanity_checking:
             self.evaluate(trainer, pl_module)
+            self._fit_step = trainer.global_step
 
     def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._fit_step is not None and self._fit_step == trainer.global_step:
+            # The test after fit (a validation split) of the model the fit's last evaluation measured at this very
+            # round, on the same held-out examples: the same numbers, so the row is not logged a second time.
+            self._publish(trainer, self.last_metrics)
+            return
         self.evaluate(trainer, pl_module)
 
     # ---- the measurements ---------------------------------------------------------------
@@ -174,7 +201,13 @@ class InstructionEvaluation(L.Callback):
             if rows:
                 self._save_table(trainer, rows, step)
         self.last_metrics, self.last_rows = metrics, rows
+        self._publish(trainer, metrics)
         return metrics
+
+    @staticmethod
+    def _publish(trainer: L.Trainer, metrics: dict[str, float]) -> None:
+        """The metrics in ``trainer.callback_metrics``: the progress bar and the result line read them."""
+        trainer.callback_metrics.update({k: torch.scalar_tensor(v) for k, v in metrics.items()})
 
     def _save_table(self, trainer: L.Trainer, rows: list[dict[str, Any]], step: int) -> None:
         folder = Path(self.table_dir) if self.table_dir else Path(

@@ -217,6 +217,10 @@ class FederatedModule(L.LightningModule):
         strategy = self._trainer.strategy if self._trainer is not None else None
         if strategy is not None and type(strategy.checkpoint_io) is TorchCheckpointIO:  # not a user's own
             strategy.checkpoint_io = StreamingCheckpointIO()  # streamed, beside the checkpoint (fl_lightning/reliability/checkpoint_io.py)
+        check_data = getattr(self.model, "check_data", None)
+        data = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        if callable(check_data) and data is not None:
+            check_data(data)  # e.g. sequences longer than a language model's positions: one line, before anything runs
         if self.server_state is None:
             self.server_state = self.algorithm.server_state_init(P.detach_clone(self.global_params()))
 

@@ -295,6 +295,7 @@ class FLCli(LightningCLI):
         _check_trainer(config.get("trainer"), fit=self.subcommand == "fit")
         _check_scheduler(config.get("lr_scheduler"))
         self._one_run_folder(config)
+        self._runs_before = self._run_folders(config)
         if self.subcommand is not None:  # fit resumes, validate/test/predict evaluate in the checkpoint's run folder
             self._resume_in_place(config)
         if self.subcommand == "fit":
@@ -329,6 +330,29 @@ class FLCli(LightningCLI):
                 init_args = entry.get("init_args") if hasattr(entry, "get") else None
                 if _class_name(entry) == "ModelCheckpoint" and init_args is not None and init_args.get("dirpath") is None:
                     init_args["dirpath"] = str(self.run_dir / "checkpoints")
+
+    def _run_folders(self, config: Any) -> set[Path]:
+        """The ``version_N`` folders this experiment's CSV/TensorBoard loggers (or its logless run) already have."""
+        roots = [root for _, root in _versioned_logs(config)]
+        if self.run_dir is not None:
+            roots.append(Path(self.run_dir).parent)
+        return {p.resolve() for root in roots for p in root.glob("version_*")}
+
+    def _remove_empty_run_folders(self) -> None:
+        """After a failed fit: the ``version_N`` folders this run created and wrote nothing to (no metric row, no
+        checkpoint, no export; only its config.yaml/hparams.yaml) are removed, so that the next run is not
+        numbered after a failure."""
+        trainer, before = getattr(self, "trainer", None), getattr(self, "_runs_before", None)
+        if trainer is None or before is None or not trainer.is_global_zero:
+            return
+        folders = [lg.log_dir for lg in trainer.loggers if type(lg).__name__ in ("CSVLogger", "TensorBoardLogger")]
+        folders += [self.run_dir] if getattr(self, "run_dir", None) is not None else []
+        for folder in folders:
+            path = Path(str(folder)).resolve()
+            if path.name.startswith("version_") and path.is_dir() and path not in before and _wrote_nothing(path):
+                import shutil
+
+                shutil.rmtree(path, ignore_errors=True)
 
     @staticmethod
     def _logless_run_dir(root: Path, ckpt: Any) -> Path:
@@ -479,7 +503,10 @@ class FLCli(LightningCLI):
                 raise
             raise stop from None
         finally:
-            self._finish_wandb_runs(failed=sys.exc_info()[0] is not None)
+            failed = sys.exc_info()[0] is not None
+            self._finish_wandb_runs(failed=failed)
+            if failed and subcommand == "fit":
+                self._remove_empty_run_folders()
 
     def _keep_metrics(self) -> None:
         """``validate``/``test``/``predict`` in a run's folder append to its ``metrics.csv`` (Lightning's CSV
@@ -505,10 +532,38 @@ class FLCli(LightningCLI):
                 if isinstance(callback, RoundProgressBar):
                     callback.disable()  # the fit's bar has ended; the result line reports the test
             self.trainer.test(self.model, datamodule=self.datamodule, verbose=False)
-            test_acc = self.trainer.callback_metrics.get("test/acc")
+            test_acc, test_loss = (self.trainer.callback_metrics.get(k) for k in ("test/acc", "test/loss"))
             self.summary.test_acc = None if test_acc is None else float(test_acc)
+            self.summary.test_loss = None if test_loss is None else float(test_loss)
+        for callback in self.trainer.callbacks:
+            exported = getattr(callback, "exported", None)
+            if exported is not None:
+                self.summary.exported = _shown(exported)
         if self.trainer.is_global_zero:
             print(self.summary.line(), flush=True)
+
+
+def _wrote_nothing(folder: Path) -> bool:
+    """Whether a run's folder holds only what is written before the first round: its config and hyperparameters,
+    a metrics.csv without a row, empty subfolders."""
+    for path in folder.rglob("*"):
+        if path.is_dir():
+            continue
+        if path.name in ("config.yaml", "hparams.yaml"):
+            continue
+        if path.name == "metrics.csv" and len(path.read_text().strip().splitlines()) <= 1:
+            continue
+        return False
+    return True
+
+
+def _shown(path: Any) -> str:
+    """``path`` relative to the working directory when it lies below it."""
+    path = Path(path).resolve()
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def _save_schema(parser: Any, args: list[str]) -> None:

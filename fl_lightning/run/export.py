@@ -44,15 +44,27 @@ class ExportPretrained(L.Callback):
     ``fl-lightning validate --ckpt_path X`` exports a checkpoint's model).
 
     Args:
-        dirpath: output directory (created); with ``every_n_rounds`` a
-            ``round_<r>`` subdirectory is added per intermediate export.
+        dirpath: output directory (created); ``None`` (the default): ``adapter`` in the run's folder (the
+            first logger's ``<save_dir>/<name>/version_N``, else ``trainer.default_root_dir``), beside its
+            ``metrics.csv`` and checkpoints. With ``every_n_rounds`` a ``round_<r>`` subdirectory is added
+            per intermediate export.
         every_n_rounds: also export every that many rounds (``None``: only at the end).
+
+    ``exported`` holds the folder of the last export (``fl-lightning fit`` names it in its result line).
     """
 
-    def __init__(self, dirpath: str = "export", every_n_rounds: int | None = None) -> None:
+    def __init__(self, dirpath: str | None = None, every_n_rounds: int | None = None) -> None:
         if every_n_rounds is not None and every_n_rounds < 1:
             raise ValueError(f"ExportPretrained every_n_rounds must be >= 1 or null, got {every_n_rounds}")
         self.dirpath, self.every_n_rounds = dirpath, every_n_rounds
+        self.exported: Path | None = None
+
+    def folder(self, trainer: L.Trainer) -> Path:
+        """Where the export goes: ``dirpath``, else ``adapter`` in the run's folder."""
+        if self.dirpath is not None:
+            return Path(self.dirpath)
+        run_dir = next((lg.log_dir for lg in trainer.loggers if getattr(lg, "log_dir", None)), None) or trainer.default_root_dir
+        return Path(run_dir) / "adapter"
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if not callable(getattr(pl_module.model, "save_pretrained", None)):
@@ -62,11 +74,11 @@ class ExportPretrained(L.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.every_n_rounds and trainer.global_step % self.every_n_rounds == 0 and trainer.is_global_zero:
-            export_pretrained(pl_module, Path(self.dirpath) / f"round_{trainer.global_step}", trainer.datamodule)
+            export_pretrained(pl_module, self.folder(trainer) / f"round_{trainer.global_step}", trainer.datamodule)
 
     def _export(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.is_global_zero:
-            export_pretrained(pl_module, self.dirpath, trainer.datamodule)
+            self.exported = export_pretrained(pl_module, self.folder(trainer), trainer.datamodule)
 
     def on_fit_end(self, trainer, pl_module) -> None:
         self._export(trainer, pl_module)

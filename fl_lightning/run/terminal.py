@@ -6,7 +6,10 @@ for a round loop) with ``round 20/100 · 2.1 rounds/s · train loss 0.512 · val
 ``RunSummary`` records the evaluations of a fit and renders the closing line
 ``FedAvg: 100 rounds in 52.1 s · final val acc 0.9123 · best 0.9230 (round 90) · 12.3 MB sent
 · epsilon 3.21 (RDP, delta 1e-05)``. Under differential privacy (docs/privacy.md) both show the
-privacy spent: ``privacy/epsilon`` (``eps``) and ``privacy/record_epsilon`` (``record eps``).
+privacy spent: ``privacy/epsilon`` (``eps``) and ``privacy/record_epsilon`` (``record eps``). For a
+token-level model (a causal LM) the line reports the held-out loss, perplexity and ROUGE-L instead of a
+next-token accuracy: ``LocalAdam: 50 rounds in 812.0 s · final eval loss 1.8312 · ppl 6.24 · ROUGE-L 0.3120
+(32 samples) · best eval loss 1.8312 (round 50) · 45.1 MB sent · adapter runs/fedit_dolly/version_0/adapter``.
 """
 
 from __future__ import annotations
@@ -82,15 +85,24 @@ class RunSummary(Callback):
         self.threads: int | None = None  # torch intra-op threads of the run (--threads), in the line's header
         self.personal: dict[str, float] = {}  # the last evaluation's personalized metrics (PersonalizedEvaluation)
         self.privacy: list[str] = []  # "epsilon 3.21 (RDP, delta 1e-05)" of each guarantee the run has
+        self.token_level = False  # a language model: losses, perplexity and ROUGE-L instead of accuracies
+        self.losses: list[tuple[int, float]] = []  # (round, eval/loss, else val/loss) of a token-level model
+        self.loss_name = "eval"
+        self.language: dict[str, float] = {}  # the last evaluation's eval/ppl, eval/rougeL, eval/gen_samples
+        self.test_loss: float | None = None  # token-level: the final model's test/loss (without eval/* of its own)
+        self.exported: str | None = None  # where ExportPretrained wrote the final model
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.start = time.perf_counter()
         self.name = type(getattr(pl_module, "algorithm", pl_module)).__name__
+        self.token_level = bool(getattr(getattr(pl_module, "model", None), "token_level", False))
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.start_round = trainer.global_step  # > 0 after a resume (the checkpoint is restored by now)
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.token_level and not trainer.sanity_checking:
+            self._record_language(trainer)
         acc = _value(trainer.callback_metrics, ACC)
         if acc is not None and not trainer.sanity_checking:
             self.accuracies.append((trainer.global_step, acc))
@@ -98,6 +110,28 @@ class RunSummary(Callback):
             value = _value(trainer.callback_metrics, f"val/{name}")
             if value is not None and not trainer.sanity_checking:
                 self.personal[name] = value
+
+    def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.token_level and self.start is not None:  # the test after fit: the final model's eval/*, if evaluated anew
+            self._record_language(trainer)
+
+    def _record_language(self, trainer: Trainer) -> None:
+        """A token-level model's evaluation: ``eval/loss`` (InstructionEvaluation), else the response-token ``val/loss``."""
+        metrics = trainer.callback_metrics
+        loss = _value(metrics, "eval/loss")
+        self.loss_name = "eval" if loss is not None else "val"
+        if loss is None:
+            loss = _value(metrics, "val/loss")
+        if loss is None:
+            return
+        if self.losses and self.losses[-1][0] == trainer.global_step:
+            self.losses[-1] = (trainer.global_step, loss)
+        else:
+            self.losses.append((trainer.global_step, loss))
+        for key in ("eval/ppl", "eval/rougeL", "eval/gen_samples"):
+            value = _value(metrics, key)
+            if value is not None:
+                self.language[key] = value
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.seconds = time.perf_counter() - (self.start or time.perf_counter())
@@ -123,13 +157,15 @@ class RunSummary(Callback):
         threads = "" if self.threads is None else f" on {self.threads} thread{'s' if self.threads != 1 else ''}"
         compiled = f" ({self.compile_s:.1f} s compiling)" if self.compile_s is not None else ""
         parts = [f"{self.name}: {self.rounds} rounds{resumed} in {self.seconds:.1f} s{threads}{compiled}"]
-        if self.final_acc is not None:
+        if self.token_level:
+            parts += self._language_parts()
+        elif self.final_acc is not None:
             best_round, best_acc = self.best
             parts.append(f"final val acc {self.final_acc:.4f}")
             parts.append(f"best {best_acc:.4f} (round {best_round})")
         else:
             parts.append("no evaluation (set trainer.val_check_interval)")
-        if self.test_acc is not None:
+        if self.test_acc is not None and not self.token_level:
             parts.append(f"test acc {self.test_acc:.4f} (final model)")
         if "personal_acc_mean" in self.personal:
             parts.append(
@@ -140,7 +176,27 @@ class RunSummary(Callback):
             parts.append(f"unseen clients {self.personal['unseen_acc_mean']:.4f}")
         if self.bytes_total is not None:
             parts.append(f"{self.bytes_total / 1e6:.1f} MB sent")
+        if self.exported is not None and self.token_level:
+            parts.append(f"adapter {self.exported}")
         return " · ".join(parts + self.privacy)
+
+    def _language_parts(self) -> list[str]:
+        """Final loss, perplexity and ROUGE-L (where computed) and the best loss of a token-level model."""
+        if not self.losses:
+            if self.test_loss is not None:
+                return [f"test loss {self.test_loss:.4f} · ppl {math.exp(min(self.test_loss, 50.0)):.2f} (final model)"]
+            return ["no evaluation (set trainer.val_check_interval)"]
+        final = self.losses[-1][1]
+        ppl = self.language.get("eval/ppl", math.exp(min(final, 50.0)))
+        parts = [f"final {self.loss_name} loss {final:.4f}", f"ppl {ppl:.2f}"]
+        if "eval/rougeL" in self.language:
+            samples = int(self.language.get("eval/gen_samples", 0))
+            parts.append(f"ROUGE-L {self.language['eval/rougeL']:.4f} ({samples} samples)")
+        best_round, best = min(self.losses, key=lambda rl: rl[1])
+        parts.append(f"best {self.loss_name} loss {best:.4f} (round {best_round})")
+        if self.test_loss is not None and self.loss_name == "val":
+            parts.append(f"test loss {self.test_loss:.4f} · ppl {math.exp(min(self.test_loss, 50.0)):.2f} (final model)")
+        return parts
 
 
 class RoundProgressBar(ProgressBar):
@@ -225,8 +281,11 @@ class RoundProgressBar(ProgressBar):
         loss = _value(trainer.callback_metrics, LOSS)
         if loss is not None:
             parts.append(f"train loss {loss:.3f}")
+        eval_loss = _value(trainer.callback_metrics, "eval/loss")
         acc = _value(trainer.callback_metrics, ACC)
-        if acc is not None:
+        if eval_loss is not None:  # a language model's held-out loss and perplexity (InstructionEvaluation)
+            parts.append(f"eval loss {eval_loss:.3f} · ppl {math.exp(min(eval_loss, 50.0)):.1f}")
+        elif acc is not None:
             parts.append(f"val acc {acc:.4f}")
         for key, label, _, _ in PRIVACY:
             epsilon = _value(trainer.callback_metrics, key)
