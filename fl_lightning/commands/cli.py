@@ -117,16 +117,18 @@ def _lightning_subcommand(argv: list[str], stored: bool) -> None:
 
 
 def _check_settings(argv: list[str]) -> None:
-    """An unknown key or class name is one line at once when an earlier command stored the parser's
-    schema (fl_lightning/run/setting_check.py); everything else is the parser's to judge."""
+    """Every bad setting of the command, one line each, then exit code 2, before Lightning is imported
+    (fl_lightning/run/setting_check.py): an unknown key or class name when an earlier command stored the
+    parser's schema, a value out of its documented range always (not for help or --print_config);
+    everything else is the parser's to judge."""
+    from fl_lightning.run import answer_cache
     from fl_lightning.run.config_files import expand_bases
-    from fl_lightning.run.setting_check import check, load_schema
+    from fl_lightning.run.setting_check import check_all, load_schema
 
-    schema = load_schema(argv[0])
-    if schema is not None:
-        line = check(expand_bases(list(argv)), schema)
-        if line is not None:
-            raise ValueError(line)
+    lines = check_all(expand_bases(list(argv)), load_schema(argv[0]), values=not answer_cache.is_read_only(argv))
+    if lines:
+        sys.stderr.write("".join(f"fl-lightning: error: {line}\n" for line in lines))
+        raise SystemExit(2)
 
 
 def _version() -> str:
