@@ -131,6 +131,17 @@ def _check_settings(argv: list[str]) -> None:
         raise SystemExit(2)
 
 
+JSONARGPARSE_WORDING = ("Does not validate against any", "Expected a <class 'NoneType'>", "Subtypes:", "Errors:", "Given value")
+
+
+def _plain(message: str) -> str:
+    """A class's refusal without the parser's union bookkeeping around it (a class argument refused while a
+    class setting of a class setting, e.g. ``--model.compression.up.ratio``, is instantiated)."""
+    parts = [p.strip() for p in message.replace("\n", "; ").split("; ")]
+    kept = [p for p in parts if p and not p.lstrip("- ").startswith(JSONARGPARSE_WORDING)]
+    return "; ".join(kept) or message
+
+
 def _version() -> str:
     from fl_lightning import __version__
 
@@ -211,7 +222,7 @@ def main(args: list[str] | None = None) -> None:
     except KNOWN_ERRORS as error:  # a bad setting, divergence, failing clients, a bad checkpoint or store
         if debug:
             raise
-        print(f"fl-lightning: error: {_essential(str(error))}", file=sys.stderr)
+        print(f"fl-lightning: error: {_plain(_essential(str(error)))}", file=sys.stderr)
         raise SystemExit(error.exit_code if isinstance(error, RunInterrupted) else 2) from None  # 128 + the signal
     except Exception as error:  # Lightning's refused settings, a full or read-only folder, memory
         from fl_lightning.core.errors import explain

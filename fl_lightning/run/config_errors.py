@@ -191,6 +191,9 @@ def allowed_classes(bases: list[type]) -> list[str]:
 
 
 def _unknown_class(key: str, value: str, bases: list[type]) -> str:
+    plain = key.replace(".init_args.", ".")
+    if f"--{key}" not in _ARGS and f"--{plain}" in _ARGS:
+        key = plain  # named as it was given: --model.compression.up, not --model.compression.init_args.up
     found = None if f"{value}" in _ARGS else _source(key, value)
     where = f" (in {found})" if found else ""
     return unknown_class_line(key, value, allowed_classes(bases), class_kind(bases), where)

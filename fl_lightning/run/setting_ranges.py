@@ -10,7 +10,7 @@ without ``init_args``:
 - ``model.local.lr``, ``data.num_clients``, ``trainer.max_steps``: a setting of a fixed group (``data.*``
   applies to the project's data modules, whatever their class);
 - ``model.compression.up[TopK].ratio``, ``model.algorithm[FedProx].mu``: an argument of one class of
-  a class setting (``[*]``: of every project class of that setting, e.g. ``global_lr``).
+  a class setting (``[*]``: of every project class of that setting taking it, e.g. ``global_lr``).
 
 ``refusals`` reads the command's effective settings (its config files, ``base:`` chains expanded
 and later files overriding earlier ones, then the command line) and answers one line per refused
@@ -167,6 +167,7 @@ PROJECT_ALGORITHMS = (
     "FedDecorr", "FedDyn", "FedExP", "FedLADA", "FedLC", "FedMIM", "FedNTD", "FedNova", "FedProto", "FedProx", "FedRS", "FedSAM",
     "FedSim", "FedYogi", "LocalAdam", "MOON", "PFedMe", "PerFedAvg", "SCAFFOLD", "ScaffoldP",
 )  # fmt: skip
+NO_GLOBAL_LR = ("FedAlt", "FedAvgP", "FedProto", "FedSim", "ScaffoldP")  # the algorithms without a global_lr argument
 
 
 def refusal(key: str, value: Any, siblings: dict | None = None) -> str | None:
@@ -347,7 +348,7 @@ def _entry(key: str, classes: dict, subcommand: str) -> str | None:
     name = _short(classes.get(setting))
     if name is None:
         return None
-    if setting == "model.algorithm" and name in PROJECT_ALGORITHMS and f"{setting}[*].{arg}" in RANGES:
+    if setting == "model.algorithm" and name in PROJECT_ALGORITHMS and name not in NO_GLOBAL_LR and f"{setting}[*].{arg}" in RANGES:
         return f"{setting}[*].{arg}"
     candidate = f"{setting}[{name}].{arg}"
     return candidate if candidate in RANGES else None
