@@ -50,10 +50,12 @@ options:
               data sources, algorithms and models they register or define can be named in it;
               found on PYTHONPATH or in the current directory (also accepted after the subcommand)
 
-Each subcommand has its own help, e.g. `fl-lightning fit --help`, `fl-lightning compare --help`;
+Each subcommand has its own help, e.g. `fl-lightning fit --help` (the project's settings and their
+ranges; `fl-lightning fit --help-all`: every setting, Lightning's included), `fl-lightning compare --help`;
 the arguments of one class: `fl-lightning fit --model.algorithm.help FedProx`.
 Every setting of a config with its default: `fl-lightning fit --config FILE --print_config`.
-A bad setting ends with one line naming it (exit code 2); --debug (or FL_LIGHTNING_TRACEBACK=1) shows the traceback.
+A bad setting ends with one line naming it (one line for each bad setting, exit code 2);
+--debug (or FL_LIGHTNING_TRACEBACK=1) shows the traceback.
 """
 
 
@@ -100,8 +102,12 @@ def _lightning_subcommand(argv: list[str], stored: bool) -> None:
     printed from the store without importing Lightning (fl_lightning/run/answer_cache.py)."""
     from contextlib import nullcontext
 
+    from fl_lightning.commands.settings_help import page, wants_page
     from fl_lightning.run import answer_cache
 
+    if wants_page(argv):  # the project's settings at once; Lightning's full list is --help-all
+        sys.stdout.write(page(argv[0]))
+        raise SystemExit(0)  # as the parser's help
     if stored and not os.environ.get("FL_LIGHTNING_TRACEBACK"):
         _check_settings(argv)
     name = answer_cache.request_key(argv) if stored and answer_cache.is_read_only(argv) else None
@@ -111,7 +117,7 @@ def _lightning_subcommand(argv: list[str], stored: bool) -> None:
     saved, sys.argv = sys.argv, sys.argv[:1]  # the arguments are passed explicitly
     try:
         with answer_cache.recording(name) if name is not None else nullcontext():
-            build_cli(argv)
+            build_cli(["--help" if a == "--help-all" else a for a in argv])
     finally:
         sys.argv = saved
 

@@ -143,7 +143,7 @@ def _flags(args: list[str]) -> list[tuple[str, str | None]]:
         if not arg.startswith("--") or arg in ("--config", "--print_config") or arg.startswith(("--config=", "--print_config=")):
             continue
         key, eq, value = arg[2:].partition("=")
-        if "+" in key or key in ("help",):
+        if "+" in key or key in ("help", "help-all"):
             continue
         if not eq:
             value = args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("--") else None

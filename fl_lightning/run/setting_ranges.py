@@ -345,7 +345,8 @@ def _entry(key: str, classes: dict, subcommand: str) -> str | None:
     setting, _, arg = key.rpartition(".")
     if key in RANGES:  # a fixed group, or the arguments of a setting with one project class (model.privacy)
         return key if classes.get(setting) is None or _short(classes[setting]) is not None else None
-    name = _short(classes.get(setting))
+    given = classes.get(setting)
+    name = "FedAvg" if given is None and setting == "model.algorithm" else _short(given)  # FederatedModule's default
     if name is None:
         return None
     if setting == "model.algorithm" and name in PROJECT_ALGORITHMS and name not in NO_GLOBAL_LR and f"{setting}[*].{arg}" in RANGES:
