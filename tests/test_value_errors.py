@@ -190,10 +190,21 @@ def test_a_value_error_is_reported_without_importing_lightning(tmp_path):
 )
 def test_the_parsers_own_line_has_no_jsonargparse_wording(capsys, monkeypatch, args, expected):
     """Without the early check (as for a class the table does not know) the parser's line is as plain."""
-    monkeypatch.setattr(cli, "_check_settings", lambda argv: None)
+    monkeypatch.setattr(cli, "_check_settings", lambda argv, **kwargs: None)
     with pytest.raises(SystemExit) as done:
         main(["fit", "--config", "quickstart", *args])
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert done.value.code == 2 and len(err) == 1, err
     assert err[0].removeprefix("fl-lightning: error: ").startswith(expected)
     assert not any(word in err[0] for word in JSONARGPARSE_WORDING), err
+
+
+def test_with_user_modules_values_are_still_checked_and_class_names_left_to_the_parser(capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "my_stages.py").write_text("X = 1\n")
+    assert _lines(capsys, monkeypatch, "--import", "my_stages", "fit", "--config", "quickstart", "--model.local.lr", "-1") == [
+        "local.lr must be > 0 and finite, got -1.0"
+    ]
+    args = expand_bases(["fit", "--config", str(ROOT / "configs" / "quickstart.yaml"), "--model.compression.up", "MyCompressor"])
+    assert check_all(args, None, user_modules=True) == [] and len(check_all(args, None)) == 1

@@ -108,8 +108,8 @@ def _lightning_subcommand(argv: list[str], stored: bool) -> None:
     if wants_page(argv):  # the project's settings at once; Lightning's full list is --help-all
         sys.stdout.write(page(argv[0]))
         raise SystemExit(0)  # as the parser's help
-    if stored and not os.environ.get("FL_LIGHTNING_TRACEBACK"):
-        _check_settings(argv)
+    if not os.environ.get("FL_LIGHTNING_TRACEBACK"):
+        _check_settings(argv, user_modules=not stored)
     name = answer_cache.request_key(argv) if stored and answer_cache.is_read_only(argv) else None
     if name is not None and (answer := answer_cache.lookup(name)) is not None:
         sys.stdout.write(answer)
@@ -122,16 +122,17 @@ def _lightning_subcommand(argv: list[str], stored: bool) -> None:
         sys.argv = saved
 
 
-def _check_settings(argv: list[str]) -> None:
+def _check_settings(argv: list[str], user_modules: bool = False) -> None:
     """Every bad setting of the command, one line each, then exit code 2, before Lightning is imported
     (fl_lightning/run/setting_check.py): an unknown key or class name when an earlier command stored the
-    parser's schema, a value out of its documented range always (not for help or --print_config);
-    everything else is the parser's to judge."""
+    parser's schema (not with ``--import``ed user modules), a value out of its documented range always
+    (not for help or --print_config); everything else is the parser's to judge."""
     from fl_lightning.run import answer_cache
     from fl_lightning.run.config_files import expand_bases
     from fl_lightning.run.setting_check import check_all, load_schema
 
-    lines = check_all(expand_bases(list(argv)), load_schema(argv[0]), values=not answer_cache.is_read_only(argv))
+    schema = None if user_modules else load_schema(argv[0])
+    lines = check_all(expand_bases(list(argv)), schema, values=not answer_cache.is_read_only(argv), user_modules=user_modules)
     if lines:
         sys.stderr.write("".join(f"fl-lightning: error: {line}\n" for line in lines))
         raise SystemExit(2)

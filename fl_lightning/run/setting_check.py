@@ -74,15 +74,15 @@ def check(args: list[str], schema: dict[str, Any] | None) -> str | None:
     return lines[0] if lines else None
 
 
-def check_all(args: list[str], schema: dict[str, Any] | None, values: bool = True) -> list[str]:
+def check_all(args: list[str], schema: dict[str, Any] | None, values: bool = True, user_modules: bool = False) -> list[str]:
     """One line per setting of ``args`` (subcommand first, bases expanded) that is refused: unknown keys and
     class names (with the stored ``schema``; None: not checked), then (``values``) values out of their
     documented range and unknown class names inside class settings (fl_lightning/run/setting_ranges.py,
-    which needs no schema)."""
+    which needs no schema; with ``user_modules`` imported, their class names are the parser's to judge)."""
     from fl_lightning.run.setting_ranges import refusals
 
     lines = [] if schema is None else list(_schema_refusals(args, schema))
-    for line in refusals(args) if values else []:
+    for line in refusals(args, class_names=not user_modules) if values else []:
         if line not in lines:
             lines.append(line)
     return lines

@@ -293,15 +293,16 @@ def _short(name: str | None) -> str | None:
 
 
 # ---- the check --------------------------------------------------------------------------------------
-def refusals(args: list[str]) -> list[str]:
+def refusals(args: list[str], class_names: bool = True) -> list[str]:
     """One line per setting of the command (``args``: subcommand first, bases expanded) out of its range,
-    and per unknown class name of a class setting inside a class setting (``NESTED_CLASSES``)."""
+    and (``class_names``; not with user modules, whose classes may be named) per unknown class name of a
+    class setting inside a class setting (``NESTED_CLASSES``)."""
     from fl_lightning.run.setting_check import source, unknown_class_line
 
     values, classes, flags = effective_settings(args)
     subcommand = args[0] if args else "fit"
     lines = []
-    for key, (kind, names) in NESTED_CLASSES.items():
+    for key, (kind, names) in NESTED_CLASSES.items() if class_names else ():
         name = classes.get(key)
         if name and "." not in name and name not in names and name.lower() not in ("null", "none"):
             where = "" if key in flags or any(a == name for a in args) else _in(source(key, name, args) or source(_with_init_args(key), name, args))
