@@ -240,18 +240,14 @@ def effective_settings(args: list[str]) -> tuple[dict[str, Any], dict[str, str |
             parsed = yaml.safe_load(value)
         except yaml.YAMLError:
             parsed = value
-        if isinstance(parsed, dict):
-            _merge({key: parsed}, "", values, classes) if "." not in key else _merge_at(key, parsed, values, classes)
+        if isinstance(parsed, dict):  # --model.local '{lr: 0.1}', --model.algorithm '{class_path: FedProx}'
+            parent, _, name = key.rpartition(".")
+            _merge({name: parsed}, f"{parent}." if parent else "", values, classes)
         elif key in CLASS_SETTINGS and isinstance(parsed, str):
             _set_class(key, parsed, values, classes)
         else:
             values[key] = value
     return values, classes, flags
-
-
-def _merge_at(key: str, node: dict, values: dict, classes: dict) -> None:
-    parent, _, name = key.rpartition(".")
-    _merge({name: node}, f"{parent}.", values, classes)
 
 
 def _merge(node: dict, prefix: str, values: dict, classes: dict) -> None:
