@@ -186,6 +186,7 @@ def test_a_value_error_is_reported_without_importing_lightning(tmp_path):
     [
         (["--model.compression.up", "TopK", "--model.compression.up.ratio", "1.5"], "TopK.ratio must be in (0, 1], got 1.5"),
         (["--model.compression.up", "TopKK"], "--model.compression.up: no Compressor named 'TopKK'; did you mean TopK?"),
+        (["--model.local.steps", "1.5"], "--model.local.steps: expected an integer, got 1.5"),
     ],
 )
 def test_the_parsers_own_line_has_no_jsonargparse_wording(capsys, monkeypatch, args, expected):
