@@ -47,6 +47,7 @@ def _rows(path: Path) -> list[dict]:
         ("--model.algorithm.help", "FedProx", "--model.algorithm.mu"),
         ("--model.model.help", "MLP", "--model.model.hidden"),
         ("--data.help", "FederatedDataModule", "--data.num_clients"),
+        ("--model.compression.up.help", "TopK", "--up.ratio"),
     ],
 )
 def test_class_help_prints_the_class_arguments(flag, cls, expected, capsys):
@@ -175,6 +176,34 @@ def test_help_lists_every_subcommand_fast_and_version():
     assert seconds < 3.0, f"fl-lightning --help took {seconds:.1f} s"
     version = _cli("--version")
     assert version.returncode == 0 and version.stdout.startswith("fl-lightning ")
+
+
+SHORT_PAGE_SETTINGS = ("--model.algorithm ", "--model.local.lr ", "--model.local.steps ", "--model.local.batch_size ",
+                       "--data.init_args.num_clients ", "--data.init_args.holdout_fraction ", "--data.init_args.val_fraction ",
+                       "--trainer.max_steps ", "--trainer.val_check_interval ", "--model.compression.up ", "--model.privacy.delta ",
+                       "--model.execution ", "--help-all")  # fmt: skip
+
+
+@pytest.mark.parametrize("subcommand", ["fit", "test"])
+def test_help_is_a_short_page_of_the_projects_settings_without_lightning(subcommand, tmp_path):
+    probe = ("import sys\nfrom fl_lightning.commands.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n    code = e.code\n"
+             "print('LIGHTNING' if 'lightning.pytorch' in sys.modules else 'NO_LIGHTNING', code)")  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "FL_LIGHTNING_CACHE_DIR": "off"}
+    proc = subprocess.run([sys.executable, "-c", probe, subcommand, "--help"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    page = proc.stdout.splitlines()
+    assert proc.returncode == 0 and page[-1] == "NO_LIGHTNING 0", proc.stderr
+    assert len(page) - 1 < 80 and max(map(len, page)) <= 100
+    assert page[0].startswith(f"usage: fl-lightning {subcommand} ")
+    assert all(setting in proc.stdout for setting in SHORT_PAGE_SETTINGS)
+
+
+def test_help_all_lists_every_setting_lightnings_included(capsys, monkeypatch):
+    monkeypatch.setenv("FL_LIGHTNING_CACHE_DIR", "off")
+    with pytest.raises(SystemExit) as exit_:
+        main(["fit", "--help-all"])
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0
+    assert "--trainer.accumulate_grad_batches" in out and "--model.local.lr" in out and len(out.splitlines()) > 500
 
 
 def test_fit_terminal_is_in_rounds_without_boilerplate_and_ends_with_the_result(tmp_path):

@@ -125,7 +125,7 @@ def test_other_lightning_misconfigurations_are_one_line():
     from fl_lightning.core.errors import explain
 
     line = explain(MisconfigurationException("`Trainer(strategy='x')`\n is not\n valid"))
-    assert line == "a trainer setting was refused by Lightning: `Trainer(strategy='x')` is not valid; see `fl-lightning fit --help` (the --trainer.* settings)"
+    assert line == "a trainer setting was refused by Lightning: `Trainer(strategy='x')` is not valid; see `fl-lightning fit --help-all` (the --trainer.* settings)"
 
 
 def test_compare_with_a_yaml_syntax_error_or_an_out_file_is_one_line(tmp_path, capsys):

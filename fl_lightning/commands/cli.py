@@ -51,10 +51,12 @@ options:
               data sources, algorithms and models they register or define can be named in it;
               found on PYTHONPATH or in the current directory (also accepted after the subcommand)
 
-Each subcommand has its own help, e.g. `fl-lightning fit --help`, `fl-lightning compare --help`;
+Each subcommand has its own help, e.g. `fl-lightning fit --help` (the project's settings and their
+ranges; `fl-lightning fit --help-all`: every setting, Lightning's included), `fl-lightning compare --help`;
 the arguments of one class: `fl-lightning fit --model.algorithm.help FedProx`.
 Every setting of a config with its default: `fl-lightning fit --config FILE --print_config`.
-A bad setting ends with one line naming it (exit code 2); --debug (or FL_LIGHTNING_TRACEBACK=1) shows the traceback.
+A bad setting ends with one line naming it (one line for each bad setting, exit code 2);
+--debug (or FL_LIGHTNING_TRACEBACK=1) shows the traceback.
 """
 
 
@@ -101,10 +103,14 @@ def _lightning_subcommand(argv: list[str], stored: bool) -> None:
     printed from the store without importing Lightning (fl_lightning/run/answer_cache.py)."""
     from contextlib import nullcontext
 
+    from fl_lightning.commands.settings_help import page, wants_page
     from fl_lightning.run import answer_cache
 
-    if stored and not os.environ.get("FL_LIGHTNING_TRACEBACK"):
-        _check_settings(argv)
+    if wants_page(argv):  # the project's settings at once; Lightning's full list is --help-all
+        sys.stdout.write(page(argv[0]))
+        raise SystemExit(0)  # as the parser's help
+    if not os.environ.get("FL_LIGHTNING_TRACEBACK"):
+        _check_settings(argv, user_modules=not stored)
     name = answer_cache.request_key(argv) if stored and answer_cache.is_read_only(argv) else None
     if name is not None and (answer := answer_cache.lookup(name)) is not None:
         sys.stdout.write(answer)
@@ -112,22 +118,36 @@ def _lightning_subcommand(argv: list[str], stored: bool) -> None:
     saved, sys.argv = sys.argv, sys.argv[:1]  # the arguments are passed explicitly
     try:
         with answer_cache.recording(name) if name is not None else nullcontext():
-            build_cli(argv)
+            build_cli(["--help" if a == "--help-all" else a for a in argv])
     finally:
         sys.argv = saved
 
 
-def _check_settings(argv: list[str]) -> None:
-    """An unknown key or class name is one line at once when an earlier command stored the parser's
-    schema (fl_lightning/run/setting_check.py); everything else is the parser's to judge."""
+def _check_settings(argv: list[str], user_modules: bool = False) -> None:
+    """Every bad setting of the command, one line each, then exit code 2, before Lightning is imported
+    (fl_lightning/run/setting_check.py): an unknown key or class name when an earlier command stored the
+    parser's schema (not with ``--import``ed user modules), a value out of its documented range always
+    (not for help or --print_config); everything else is the parser's to judge."""
+    from fl_lightning.run import answer_cache
     from fl_lightning.run.config_files import expand_bases
-    from fl_lightning.run.setting_check import check, load_schema
+    from fl_lightning.run.setting_check import check_all, load_schema
 
-    schema = load_schema(argv[0])
-    if schema is not None:
-        line = check(expand_bases(list(argv)), schema)
-        if line is not None:
-            raise ValueError(line)
+    schema = None if user_modules else load_schema(argv[0])
+    lines = check_all(expand_bases(list(argv)), schema, values=not answer_cache.is_read_only(argv), user_modules=user_modules)
+    if lines:
+        sys.stderr.write("".join(f"fl-lightning: error: {line}\n" for line in lines))
+        raise SystemExit(2)
+
+
+JSONARGPARSE_WORDING = ("Does not validate against any", "Expected a <class 'NoneType'>", "Subtypes:", "Errors:", "Given value")
+
+
+def _plain(message: str) -> str:
+    """A class's refusal without the parser's union bookkeeping around it (a class argument refused while a
+    class setting of a class setting, e.g. ``--model.compression.up.ratio``, is instantiated)."""
+    parts = [p.strip() for p in message.replace("\n", "; ").split("; ")]
+    kept = [p for p in parts if p and not p.lstrip("- ").startswith(JSONARGPARSE_WORDING)]
+    return "; ".join(kept) or message
 
 
 def _version() -> str:
@@ -210,7 +230,7 @@ def main(args: list[str] | None = None) -> None:
     except KNOWN_ERRORS as error:  # a bad setting, divergence, failing clients, a bad checkpoint or store
         if debug:
             raise
-        print(f"fl-lightning: error: {_essential(str(error))}", file=sys.stderr)
+        print(f"fl-lightning: error: {_plain(_essential(str(error)))}", file=sys.stderr)
         raise SystemExit(error.exit_code if isinstance(error, RunInterrupted) else 2) from None  # 128 + the signal
     except Exception as error:  # Lightning's refused settings, a full or read-only folder, memory
         from fl_lightning.core.errors import explain

@@ -159,7 +159,7 @@ def lightning_misconfiguration(error: BaseException) -> str | None:
                 "drop it too (--trainer.callbacks '[]') or leave checkpointing on")  # fmt: skip
     if "No supported gpu backend" in text or "GPUAccelerator" in text and "not available" in text:
         return "--trainer.accelerator gpu: this machine has no usable GPU; use --trainer.accelerator cpu (or auto)"
-    return f"a trainer setting was refused by Lightning: {text}; see `fl-lightning fit --help` (the --trainer.* settings)"
+    return f"a trainer setting was refused by Lightning: {text}; see `fl-lightning fit --help-all` (the --trainer.* settings)"
 
 
 def explain(error: BaseException) -> str | None:

@@ -1,6 +1,6 @@
 """Stored answers of the read-only requests of ``fit``/``validate``/``test``/``predict``.
 
-``fit --help``, ``fit --model.algorithm.help FedProx`` and ``fit --config F --print_config`` only
+``fit --help-all``, ``fit --model.algorithm.help FedProx`` and ``fit --config F --print_config`` only
 print what the parser knows, but building that parser imports Lightning (about 5 s of CPU on a
 2-core machine: torch, ``torch._dynamo`` and torchmetrics, which imports transformers). The answer
 depends on nothing but the arguments, the config files they name (with their ``base:`` chain), the
@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-READ_ONLY_FLAGS = ("-h", "--help", "--print_config")
+READ_ONLY_FLAGS = ("-h", "--help", "--help-all", "--print_config")
 DISTRIBUTIONS = ("fl-lightning", "lightning", "jsonargparse", "torch", "torchmetrics", "transformers", "peft")
 SOURCE_FOLDERS = ("models", "datamodules", "configs")  # beside fl_lightning/ in a checkout, inside it in the wheel
 

@@ -152,11 +152,13 @@ def _check_trainer(trainer: Any, fit: bool) -> None:
     """Trainer settings Lightning would refuse with a traceback (or accept and misread), as one line."""
     if trainer is None:
         return
-    steps, interval, devices = trainer.get("max_steps"), trainer.get("val_check_interval"), trainer.get("devices")
-    if fit and isinstance(steps, int) and steps < 1:
-        raise ValueError(f"trainer.max_steps is the number of rounds and must be >= 1, got {steps}")
-    if isinstance(interval, (int, float)) and not isinstance(interval, bool) and not interval > 0:
-        raise ValueError(f"trainer.val_check_interval must be > 0 (rounds between evaluations, or a fraction in (0, 1]), got {interval}")
+    from fl_lightning.run.setting_ranges import refusal  # the ranges the early check uses (one table)
+
+    devices = trainer.get("devices")
+    for key in ("trainer.max_steps", "trainer.val_check_interval") if fit else ("trainer.val_check_interval",):
+        line = refusal(key, trainer.get(key.partition(".")[2]))
+        if line is not None:
+            raise ValueError(line)
     if str(devices).strip() in ("0", "[]") or (isinstance(devices, int) and devices < -1):
         raise ValueError(f"--trainer.devices must be >= 1 (processes or GPUs), -1 or auto (all), got {devices}")
     accelerator = str(trainer.get("accelerator") or "auto").lower()

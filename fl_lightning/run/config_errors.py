@@ -91,7 +91,12 @@ def collapse(message: str) -> str:
     """jsonargparse's nested message on one line, without the union's bookkeeping."""
     skip = ("Subtypes:", "Errors:", "Given value type:", "- Expected a <class 'NoneType'>", "Does not validate against any")
     parts = [line.strip().lstrip("- ").strip() for line in message.splitlines()]
-    return "; ".join(p for p in parts if p and not p.startswith(skip) and "NoneType" not in p) or message.strip()
+    line = "; ".join(p for p in parts if p and not p.startswith(skip) and "NoneType" not in p) or message.strip()
+    line = re.sub(r"Expected a <class '(\w+)'>", lambda m: f"expected {TYPE_WORDS.get(m[1], m[1])}", line)
+    return re.sub(r";? ?Given value: ", ", got ", line)
+
+
+TYPE_WORDS = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false", "dict": "a mapping", "list": "a list"}
 
 
 # ---- unknown keys ----------------------------------------------------------------------------------
@@ -191,6 +196,9 @@ def allowed_classes(bases: list[type]) -> list[str]:
 
 
 def _unknown_class(key: str, value: str, bases: list[type]) -> str:
+    plain = key.replace(".init_args.", ".")
+    if f"--{key}" not in _ARGS and f"--{plain}" in _ARGS:
+        key = plain  # named as it was given: --model.compression.up, not --model.compression.init_args.up
     found = None if f"{value}" in _ARGS else _source(key, value)
     where = f" (in {found})" if found else ""
     return unknown_class_line(key, value, allowed_classes(bases), class_kind(bases), where)

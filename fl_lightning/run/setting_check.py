@@ -1,4 +1,4 @@
-"""Unknown keys and unknown class names found before Lightning is imported.
+"""Unknown keys, unknown class names and values out of range found before Lightning is imported.
 
 Building the ``fit`` parser imports Lightning (about 5.5 s of CPU on a 2-core machine), so a typo
 used to cost that long before its one-line error. Every command that builds the parser stores the
@@ -13,6 +13,10 @@ first and stop with the same line the parser would print (fl_lightning/run/confi
 
 Anything the schema cannot decide (a key under a class or dict setting, a dotted class path, user
 modules given with ``--import``) is left to the parser.
+
+Values need no schema: every documented range (fl_lightning/run/setting_ranges.py, ``RANGES``) is
+checked on every command, with the message of the class that would refuse the value. ``check_all``
+answers every refused setting of the command, one line each (the command prints them all, exit code 2).
 """
 
 from __future__ import annotations
@@ -64,35 +68,54 @@ def load_schema(subcommand: str) -> dict[str, Any] | None:
 
 
 # ---- the check --------------------------------------------------------------------------------------
-def check(args: list[str], schema: dict[str, Any]) -> str | None:
-    """The one-line error of the first setting of ``args`` (bases expanded) the schema refuses, else None."""
+def check(args: list[str], schema: dict[str, Any] | None) -> str | None:
+    """The first line of ``check_all``, or None."""
+    lines = check_all(args, schema)
+    return lines[0] if lines else None
+
+
+def check_all(args: list[str], schema: dict[str, Any] | None, values: bool = True, user_modules: bool = False) -> list[str]:
+    """One line per setting of ``args`` (subcommand first, bases expanded) that is refused: unknown keys and
+    class names (with the stored ``schema``; None: not checked), then (``values``) values out of their
+    documented range and unknown class names inside class settings (fl_lightning/run/setting_ranges.py,
+    which needs no schema; with ``user_modules`` imported, their class names are the parser's to judge)."""
+    from fl_lightning.run.setting_ranges import refusals
+
+    lines = [] if schema is None else list(_schema_refusals(args, schema))
+    for line in refusals(args, class_names=not user_modules) if values else []:
+        if line not in lines:
+            lines.append(line)
+    return lines
+
+
+def _schema_refusals(args: list[str], schema: dict[str, Any]):
     known, closed, classes = set(schema["known"]), set(schema["closed"]), schema["classes"]
     flags = _flags(args[1:])
     for key, value in flags:
         key = key.removesuffix(".help") if key.removesuffix(".help") in classes else key  # --model.algorithm.help NAME
         if not _accepted(key, known, closed):
-            return unknown_key_line(key, schema["known"], where=None)
-        if key in classes and isinstance(value, str) and not _possible_class(value, classes[key]["names"]):
-            return unknown_class_line(key, value, classes[key]["names"], classes[key]["kind"], where="")
+            yield unknown_key_line(key, schema["known"], where=None)
+        elif key in classes and isinstance(value, str) and not _possible_class(value, classes[key]["names"]):
+            yield unknown_class_line(key, value, classes[key]["names"], classes[key]["kind"], where="")
     for path in config_files(args):
         try:
             data = yaml.safe_load(path.read_text())
         except (OSError, yaml.YAMLError):
-            return None  # the parser reports it
+            return  # the parser reports it
         for section in _sections(data):
             for key, value in _yaml_settings(section, known, closed):
                 if not _accepted(key, known, closed):
                     while isinstance(value, dict) and value:  # the parser names the first leaf of an unknown group
                         name, value = next(iter(value.items()))
                         key = f"{key}.{name}"
-                    return unknown_key_line(key, schema["known"], where=source(key, None, args))
+                    yield unknown_key_line(key, schema["known"], where=source(key, None, args))
+                    continue
                 name = value.get("class_path") if isinstance(value, dict) else value
                 if key in classes and isinstance(name, str) and not _possible_class(name, classes[key]["names"]):
                     given = any(v == name for _, v in flags)
                     found = None if given else source(key, name, args)
                     where = f" (in {found})" if found else ""
-                    return unknown_class_line(key, name, classes[key]["names"], classes[key]["kind"], where)
-    return None
+                    yield unknown_class_line(key, name, classes[key]["names"], classes[key]["kind"], where)
 
 
 def _possible_class(value: str, names: list[str]) -> bool:
@@ -120,7 +143,7 @@ def _flags(args: list[str]) -> list[tuple[str, str | None]]:
         if not arg.startswith("--") or arg in ("--config", "--print_config") or arg.startswith(("--config=", "--print_config=")):
             continue
         key, eq, value = arg[2:].partition("=")
-        if "+" in key or key in ("help",):
+        if "+" in key or key in ("help", "help-all"):
             continue
         if not eq:
             value = args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("--") else None
