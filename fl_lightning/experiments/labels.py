@@ -14,6 +14,7 @@ from fl_lightning.experiments.history import ACC, TEST_ACC
 
 GLOBAL = "global model"
 PERSONAL = "personalized models"
+UNSEEN = "unseen clients' personalized models"
 
 FINAL = "final evaluation"
 AT_BEST_VAL = "at the best-validation evaluation"
@@ -41,12 +42,17 @@ METRICS: dict[str, Measured] = {  # metric in metrics.csv -> what it measured; t
     TEST_ACC: Measured("Test accuracy", GLOBAL),
     "clients/acc_mean": Measured("Client-holdout accuracy (mean over clients)", GLOBAL),
     "clients/acc_worst10": Measured("Client-holdout accuracy (worst 10% of clients)", GLOBAL),
-    "val/personal_acc_mean": Measured("Validation personalized accuracy (client holdout, mean over clients)", PERSONAL),
-    "val/personal_acc_worst10": Measured("Validation personalized accuracy (client holdout, worst 10% of clients)", PERSONAL),
-    "test/personal_acc_mean": Measured("Test personalized accuracy (client holdout, mean over clients)", PERSONAL),
-    "test/personal_acc_worst10": Measured("Test personalized accuracy (client holdout, worst 10% of clients)", PERSONAL),
-    "test/personal_acc_weighted": Measured("Test personalized accuracy (client holdout, weighted by client size)", PERSONAL),
-    "test/unseen_acc_mean": Measured("Test accuracy on unseen clients (mean over clients)", "model given to unseen clients"),
+    # Personalized FL (docs/personalization.md, "Evaluation protocol"): always on the clients' held-out split;
+    # val/ rows are the last evaluation during training, test/ rows the final model's test stage.
+    "val/personal_acc_mean": Measured("Personalized accuracy (client holdout, mean over clients)", PERSONAL),
+    "val/personal_acc_weighted": Measured("Personalized accuracy (client holdout, weighted by holdout size)", PERSONAL),
+    "val/personal_acc_worst10": Measured("Personalized accuracy (client holdout, worst 10% of clients)", PERSONAL),
+    "val/unseen_acc_mean": Measured("Unseen-client accuracy (client holdout after personalization, mean over clients)", UNSEEN),
+    "val/unseen_acc_worst10": Measured("Unseen-client accuracy (client holdout after personalization, worst 10%)", UNSEEN),
+    "test/personal_acc_mean": Measured("Personalized accuracy at test (client holdout, mean over clients)", PERSONAL),
+    "test/personal_acc_worst10": Measured("Personalized accuracy at test (client holdout, worst 10% of clients)", PERSONAL),
+    "test/personal_acc_weighted": Measured("Personalized accuracy at test (client holdout, weighted by holdout size)", PERSONAL),
+    "test/unseen_acc_mean": Measured("Unseen-client accuracy at test (client holdout after personalization, mean)", UNSEEN),
 }
 EXTRA = [metric for metric in METRICS if metric not in (ACC, TEST_ACC)]  # rows added when logged
 
