@@ -173,3 +173,17 @@ def batched_equals_sequential(algorithm_fn, personal, model_fn=cnn) -> float:
             difference = max(difference, float((bat.client_personal(cid)[k] - v).abs().max()))
     assert difference < 1e-5
     return difference
+
+
+def config_fits_through_the_cli(tmp_path, name: str, algorithm: str) -> list[dict]:
+    """``fl-lightning fit --config configs/<name>.yaml`` as a user runs it (a subprocess), 3 rounds evaluated at
+    round 3: the result line names the algorithm and metrics.csv holds the protocol's numbers; its rows."""
+    from tests.test_cli import fl_lightning
+
+    proc = fl_lightning("fit", "--config", str(ROOT / "configs" / f"{name}.yaml"), "--trainer.max_steps", "3",
+                        "--trainer.val_check_interval", "3", "--trainer.enable_progress_bar", "false", cwd=tmp_path)  # fmt: skip
+    assert proc.stdout.startswith(f"{algorithm}: 3 rounds"), proc.stdout
+    with open(tmp_path / "runs" / name / "version_0" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert_personal_metrics(rows)
+    return rows

@@ -2,7 +2,6 @@
 batched; alpha = 0 is FedAvg; the mixed model is what evaluation scores; the shipped config through the CLI;
 the personal state (v_i, alpha_i) survives a resume bit for bit."""
 
-import csv
 import re
 
 import pytest
@@ -13,8 +12,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from fl_lightning import FedAvg, FederatedModule, LocalTraining
 from fl_lightning.algorithms import APFL
 from models import MLP
+from tests.pfl_reference import config_fits_through_the_cli
 from tests.conftest import tiny_datamodule, tiny_trainer
-from tests.test_cli import ROOT, fl_lightning
 
 LR, STEPS, BATCH, ROUNDS = 0.1, 3, 8, 4
 
@@ -168,14 +167,7 @@ def test_personalized_accuracy_is_the_mixed_models_not_the_global_models():
 
 # ---- the shipped config through the CLI ------------------------------------------------------------------------
 def test_config_fits_through_the_cli_with_personalized_and_unseen_metrics(tmp_path):
-    fl_lightning("fit", "--config", str(ROOT / "configs" / "pfl_apfl_digits.yaml"), "--trainer.max_steps", "3",
-                 "--trainer.val_check_interval", "3", "--trainer.enable_progress_bar", "false", cwd=tmp_path)  # fmt: skip
-    with open(tmp_path / "runs" / "pfl_apfl_digits" / "version_0" / "metrics.csv") as f:
-        rows = list(csv.DictReader(f))
-    for stage in ("val", "test"):
-        for name in ("personal_acc_mean", "personal_acc_worst10", "unseen_acc_mean", "unseen_acc_weighted"):
-            values = [float(r[f"{stage}/{name}"]) for r in rows if r.get(f"{stage}/{name}")]
-            assert values and all(0 <= v <= 1 for v in values), (stage, name)
+    config_fits_through_the_cli(tmp_path, "pfl_apfl_digits", "APFL")
 
 
 # ---- resume: v_i and alpha_i are client state ---------------------------------------------------------------------

@@ -3,11 +3,7 @@ reductions (the global model is FedAvg's bit for bit; lambda = 0 makes v_i the l
 execution, the personal model at evaluation (training and unseen clients), the config through the CLI,
 and resume of the personal models."""
 
-import csv
 import functools
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +18,7 @@ from fl_lightning.engine.module import PERSONALIZE_STREAM
 from fl_lightning.engine.personal_eval import PersonalizedEvaluation
 from fl_lightning.experiments.testing import check_batched
 from models import MLP
+from tests.pfl_reference import config_fits_through_the_cli
 from tests.conftest import tiny_datamodule, tiny_trainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -202,18 +199,7 @@ def test_personalized_evaluation_scores_the_personal_models(fitted, reference):
 
 # ---- (e) the config through the CLI --------------------------------------------------------------------
 def test_config_fits_through_the_cli_with_personalized_and_unseen_metrics(tmp_path):
-    exe = Path(sys.executable).with_name("fl-lightning")
-    args = ["fit", "--config", str(ROOT / "configs" / "pfl_ditto_digits.yaml"), "--trainer.max_steps", "3",
-            "--trainer.val_check_interval", "3", "--trainer.enable_progress_bar", "false"]  # fmt: skip
-    proc = subprocess.run([str(exe), *args], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert proc.stdout.startswith("Ditto: 3 rounds")
-    with open(tmp_path / "runs" / "pfl_ditto_digits" / "version_0" / "metrics.csv") as f:
-        rows = list(csv.DictReader(f))
-    for stage in ("val", "test"):
-        for name in ("personal_acc_mean", "personal_acc_weighted", "personal_acc_worst10", "unseen_acc_mean"):
-            values = [float(r[f"{stage}/{name}"]) for r in rows if r.get(f"{stage}/{name}")]
-            assert len(values) == 1 and 0 <= values[0] <= 1, (stage, name)
+    config_fits_through_the_cli(tmp_path, "pfl_ditto_digits", "Ditto")
 
 
 # ---- (f) resume ----------------------------------------------------------------------------------------

@@ -2,7 +2,6 @@
 sequential and batched; alpha = 0 (FO) is FedAvg; HF's finite difference is the Hessian-vector product;
 evaluation scores the one-step-adapted model, unseen clients alike; the shipped config through the CLI."""
 
-import csv
 import re
 
 import pytest
@@ -14,8 +13,8 @@ from fl_lightning.algorithms import PerFedAvg
 from fl_lightning.core.participation import derive_seed
 from fl_lightning.engine.module import PERSONALIZE_STREAM
 from models import MLP
+from tests.pfl_reference import config_fits_through_the_cli
 from tests.conftest import tiny_datamodule, tiny_trainer
-from tests.test_cli import ROOT, fl_lightning
 
 BETA, STEPS, BATCH, ROUNDS = 0.1, 3, 8, 3
 
@@ -161,14 +160,7 @@ def test_personalized_accuracy_is_the_adapted_models_and_unseen_clients_adapt_th
 
 # ---- the shipped config through the CLI ------------------------------------------------------------------------
 def test_config_fits_through_the_cli_with_personalized_and_unseen_metrics(tmp_path):
-    fl_lightning("fit", "--config", str(ROOT / "configs" / "pfl_perfedavg_digits.yaml"), "--trainer.max_steps", "3",
-                 "--trainer.val_check_interval", "3", "--trainer.enable_progress_bar", "false", cwd=tmp_path)  # fmt: skip
-    with open(tmp_path / "runs" / "pfl_perfedavg_digits" / "version_0" / "metrics.csv") as f:
-        rows = list(csv.DictReader(f))
-    for stage in ("val", "test"):
-        for name in ("personal_acc_mean", "personal_acc_worst10", "unseen_acc_mean", "unseen_acc_weighted"):
-            values = [float(r[f"{stage}/{name}"]) for r in rows if r.get(f"{stage}/{name}")]
-            assert values and all(0 <= v <= 1 for v in values), (stage, name)
+    config_fits_through_the_cli(tmp_path, "pfl_perfedavg_digits", "PerFedAvg")
 
 
 # ---- settings ----------------------------------------------------------------------------------------------------

@@ -3,12 +3,7 @@ reductions (no inner steps: nothing moves; lambda = 0: theta is FedAvg's local m
 step beta = global_lr, batched execution, the personal model at evaluation (training and unseen clients), the
 config through the CLI, and resume of the personal models."""
 
-import csv
 import functools
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,7 +17,8 @@ from fl_lightning.engine.module import PERSONALIZE_STREAM
 from fl_lightning.engine.personal_eval import PersonalizedEvaluation
 from fl_lightning.experiments.testing import check_batched
 from models import MLP
-from tests.test_pfl_ditto import ROOT, UNSEEN, _data, _difference, _fit, _grad, _mlp
+from tests.pfl_reference import config_fits_through_the_cli
+from tests.test_pfl_ditto import UNSEEN, _data, _difference, _fit, _grad, _mlp
 
 LAM, INNER, BETA, ROUNDS = 15.0, 3, 0.8, 4
 LOCAL = LocalTraining(lr=0.05, personal_lr=0.03, steps=3, batch_size=8, lr_decay=0.9)  # lr lam = 0.75, personal_lr lam = 0.45
@@ -181,18 +177,7 @@ def test_personalized_evaluation_scores_the_personal_models(fitted, reference):
 
 # ---- (e) the config through the CLI --------------------------------------------------------------------
 def test_config_fits_through_the_cli_with_personalized_and_unseen_metrics(tmp_path):
-    exe = str(Path(sys.executable).with_name("fl-lightning"))
-    args = ["fit", "--config", str(ROOT / "configs" / "pfl_pfedme_digits.yaml"), "--trainer.max_steps", "3",
-            "--trainer.val_check_interval", "3", "--trainer.enable_progress_bar", "false"]  # fmt: skip
-    proc = subprocess.run([exe, *args], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert proc.stdout.startswith("PFedMe: 3 rounds")
-    with open(tmp_path / "runs" / "pfl_pfedme_digits" / "version_0" / "metrics.csv") as f:
-        rows = list(csv.DictReader(f))
-    for stage in ("val", "test"):
-        for name in ("personal_acc_mean", "personal_acc_weighted", "personal_acc_worst10", "unseen_acc_mean"):
-            values = [float(r[f"{stage}/{name}"]) for r in rows if r.get(f"{stage}/{name}")]
-            assert len(values) == 1 and 0 <= values[0] <= 1, (stage, name)
+    config_fits_through_the_cli(tmp_path, "pfl_pfedme_digits", "PFedMe")
 
 
 # ---- (f) resume ----------------------------------------------------------------------------------------
