@@ -178,9 +178,9 @@ def test_batched_execution_equals_sequential():
 
 
 # ---- (d) evaluation uses v_i ---------------------------------------------------------------------------
-def test_personalized_evaluation_scores_the_personal_models(fitted, reference):
-    _, module, _ = fitted
-    x, v, _, unseen, data = reference
+def assert_evaluation_scores_the_personal_models(module, x, personal, unseen, data):
+    """The logged personal and unseen losses are those of the reference's own models (``personal[cid]``, else x),
+    and differ from the global model's: evaluating x instead would fail."""
 
     def mean_loss(clients, params_of):
         losses = []
@@ -191,10 +191,15 @@ def test_personalized_evaluation_scores_the_personal_models(fitted, reference):
 
     metrics = PersonalizedEvaluation().evaluate(module)
     training = range(data.num_clients)
-    assert metrics["personal_loss_mean"] == pytest.approx(mean_loss(training, lambda c: v.get(c, x)), abs=1e-5)
+    assert metrics["personal_loss_mean"] == pytest.approx(mean_loss(training, lambda c: personal.get(c, x)), abs=1e-5)
     assert metrics["unseen_loss_mean"] == pytest.approx(mean_loss([UNSEEN], lambda c: unseen), abs=1e-5)
     assert abs(metrics["personal_loss_mean"] - mean_loss(training, lambda c: x)) > 1e-3  # the global model scores otherwise
     assert abs(metrics["unseen_loss_mean"] - mean_loss([UNSEEN], lambda c: x)) > 1e-3
+
+
+def test_personalized_evaluation_scores_the_personal_models(fitted, reference):
+    x, v, _, unseen, data = reference
+    assert_evaluation_scores_the_personal_models(fitted[1], x, v, unseen, data)
 
 
 # ---- (e) the config through the CLI --------------------------------------------------------------------
@@ -203,11 +208,14 @@ def test_config_fits_through_the_cli_with_personalized_and_unseen_metrics(tmp_pa
 
 
 # ---- (f) resume ----------------------------------------------------------------------------------------
-def test_resume_continues_the_personal_models_bitwise(tmp_path):
+def assert_resume_is_bitwise(tmp_path, make, **fit_kw):
+    """4 rounds straight equal 2 rounds, then 2 more resumed from the checkpoint: the global model and every
+    client's stored state (its personal model) bit for bit."""
+
     def run(directory, rounds, ckpt_path=None):
         checkpoint = ModelCheckpoint(dirpath=directory / "ckpt", save_last=True, every_n_train_steps=1, save_top_k=0)
-        module, _ = _fit(Ditto(lam=LAM), rounds=rounds, directory=directory, enable_checkpointing=True, callbacks=[checkpoint],
-                         ckpt_path=ckpt_path)  # fmt: skip
+        module, _ = _fit(make(), rounds=rounds, directory=directory, enable_checkpointing=True, callbacks=[checkpoint],
+                         ckpt_path=ckpt_path, **fit_kw)  # fmt: skip
         return module
 
     straight = run(tmp_path / "a", 4)
@@ -217,6 +225,10 @@ def test_resume_continues_the_personal_models_bitwise(tmp_path):
         assert torch.equal(a, b)
     assert len(straight.store) > len(first.store) > 0 and straight.store.equal(resumed.store)
     assert not first.store.equal(straight.store)
+
+
+def test_resume_continues_the_personal_models_bitwise(tmp_path):
+    assert_resume_is_bitwise(tmp_path, lambda: Ditto(lam=LAM))
 
 
 def test_bad_lambda_is_refused_in_one_line():

@@ -8,17 +8,17 @@ import functools
 import pytest
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.callbacks import ModelCheckpoint
 
 from fl_lightning import FedAvg, LocalTraining
 from fl_lightning.algorithms import PFedMe
 from fl_lightning.core.participation import derive_seed
 from fl_lightning.engine.module import PERSONALIZE_STREAM
-from fl_lightning.engine.personal_eval import PersonalizedEvaluation
 from fl_lightning.experiments.testing import check_batched
 from models import MLP
 from tests.pfl_reference import config_fits_through_the_cli
-from tests.test_pfl_ditto import UNSEEN, _data, _difference, _fit, _grad, _mlp
+from tests.test_pfl_ditto import (
+    UNSEEN, _data, _difference, _fit, _grad, _mlp, assert_evaluation_scores_the_personal_models, assert_resume_is_bitwise,
+)
 
 LAM, INNER, BETA, ROUNDS = 15.0, 3, 0.8, 4
 LOCAL = LocalTraining(lr=0.05, personal_lr=0.03, steps=3, batch_size=8, lr_decay=0.9)  # lr lam = 0.75, personal_lr lam = 0.45
@@ -157,22 +157,8 @@ def test_batched_execution_equals_sequential():
 
 # ---- (d) evaluation uses theta_i -------------------------------------------------------------------------
 def test_personalized_evaluation_scores_the_personal_models(fitted, reference):
-    _, module, _ = fitted
     x, thetas, _, unseen, data = reference
-
-    def mean_loss(clients, params_of):
-        losses = []
-        for cid in clients:
-            inputs, target = data.client_holdout_batch(cid)
-            losses.append(float(F.cross_entropy(_mlp(params_of(cid), inputs), target)))
-        return sum(losses) / len(losses)
-
-    metrics = PersonalizedEvaluation().evaluate(module)
-    training = range(data.num_clients)
-    assert metrics["personal_loss_mean"] == pytest.approx(mean_loss(training, lambda c: thetas.get(c, x)), abs=1e-5)
-    assert metrics["unseen_loss_mean"] == pytest.approx(mean_loss([UNSEEN], lambda c: unseen), abs=1e-5)
-    assert abs(metrics["personal_loss_mean"] - mean_loss(training, lambda c: x)) > 1e-3  # the global model scores otherwise
-    assert abs(metrics["unseen_loss_mean"] - mean_loss([UNSEEN], lambda c: x)) > 1e-3
+    assert_evaluation_scores_the_personal_models(fitted[1], x, thetas, unseen, data)
 
 
 # ---- (e) the config through the CLI --------------------------------------------------------------------
@@ -182,19 +168,7 @@ def test_config_fits_through_the_cli_with_personalized_and_unseen_metrics(tmp_pa
 
 # ---- (f) resume ----------------------------------------------------------------------------------------
 def test_resume_continues_the_personal_models_bitwise(tmp_path):
-    def run(directory, rounds, ckpt_path=None):
-        checkpoint = ModelCheckpoint(dirpath=directory / "ckpt", save_last=True, every_n_train_steps=1, save_top_k=0)
-        module, _ = _fit(PFedMe(lam=LAM, inner_steps=INNER, global_lr=BETA), rounds=rounds, local=LOCAL, directory=directory,
-                         enable_checkpointing=True, callbacks=[checkpoint], ckpt_path=ckpt_path)  # fmt: skip
-        return module
-
-    straight = run(tmp_path / "a", 4)
-    first = run(tmp_path / "b", 2)
-    resumed = run(tmp_path / "c", 4, str(tmp_path / "b" / "ckpt" / "last.ckpt"))
-    for a, b in zip(straight.model.parameters(), resumed.model.parameters()):
-        assert torch.equal(a, b)
-    assert len(straight.store) > len(first.store) > 0 and straight.store.equal(resumed.store)
-    assert not first.store.equal(straight.store)
+    assert_resume_is_bitwise(tmp_path, lambda: PFedMe(lam=LAM, inner_steps=INNER, global_lr=BETA), local=LOCAL)
 
 
 def test_bad_settings_are_refused_in_one_line():
