@@ -60,6 +60,7 @@ def _algorithm(name):
     return A.FedAvgSVRG(snapshots=1, inner_steps=3) if name == "FedAvgSVRG" else getattr(A, name)()
 
 
+FULL_GRADIENTS = {"FedAvgSVRG", "FedALA"}  # read ctx.full_grad (the client's whole set): declared reason, run eagerly
 READS_STEP = {"FedAlt", "FedAvgSVRG"}  # client_step reads ctx.step / ctx.num_steps: the round program in step mode
 
 
@@ -77,7 +78,7 @@ def test_every_algorithm_compiled_equals_eager(tmp_path, name, kind, unit):
     _assert_close(eager, compiled)
     inner = executor.sequential if kind == "batched" else executor
     fallbacks = {**inner.fallbacks, **getattr(executor, "compile_fallbacks", {})}
-    if name == "FedAvgSVRG":  # full local gradients: declared, eager
+    if name in FULL_GRADIENTS:  # full local gradients: declared, eager
         assert any("full local gradients" in reason for reason in fallbacks)
     else:  # an algorithm's own objective (local_loss: MOON, FedNTD, FedLC, FedRS, FedDecorr, ...) is compiled too
         assert not fallbacks, fallbacks

@@ -59,7 +59,7 @@ class APFL(Algorithm):
         if self.adaptive_alpha:  # (25.5.3): d/d alpha f(alpha v + (1 - alpha) w) = <v - w, grad f(vbar)>
             lr_alpha = ctx.lr if self.alpha_lr is None else self.alpha_lr
             slope = sum(((v[k] - params[k]) * grad_vbar[k]).sum() for k in v)
-            alpha = (alpha - lr_alpha * slope).clamp(0.0, 1.0)
+            alpha = (alpha - lr_alpha * slope).clamp(0.0, 1.0).to(alpha.dtype)  # compiled: lr is a float64 0-dim tensor
         return sgd_step(params, grad_w, ctx.lr), {"v": new_v, "alpha": alpha}
 
     def client_finish(self, params: TensorDict, local: NestedState, ctx: ClientContext) -> tuple[Payload, NestedState]:
