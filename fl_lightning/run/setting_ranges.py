@@ -164,7 +164,8 @@ CLASS_SETTINGS = {
 PROJECT_DATA = ("FederatedDataModule", "VisionDataModule", "TextDataModule", "InstructionDataModule")
 PROJECT_ALGORITHMS = (
     "APFL", "Ditto", "FAdamET", "FAdamGT", "FedALA", "FedAdam", "FedAlt", "FedAvg", "FedAvgM", "FedAvgP", "FedAvgSVRG", "FedCM",
-    "FedDecorr", "FedDyn", "FedExP", "FedLADA", "FedLC", "FedMIM", "FedNTD", "FedNova", "FedProto", "FedProx", "FedRS", "FedSAM",
+    "FedBABU", "FedDecorr", "FedDyn", "FedExP", "FedLADA", "FedLC", "FedMIM", "FedNTD", "FedNova", "FedProto", "FedProx", "FedRS",
+    "FedRoD", "FedSAM",
     "FedSim", "FedYogi", "LocalAdam", "MOON", "PFedMe", "PerFedAvg", "SCAFFOLD", "ScaffoldP",
 )  # fmt: skip
 NO_GLOBAL_LR = ("FedAlt", "FedAvgP", "FedProto", "FedSim", "ScaffoldP")  # the algorithms without a global_lr argument
@@ -212,7 +213,7 @@ def _number(text: str) -> Any:
 def effective_settings(args: list[str]) -> tuple[dict[str, Any], dict[str, str | None], dict[str, str]]:
     """``(values, classes, flags)`` of a command (bases expanded): every setting's last value by its key
     without ``init_args``, the class name of every class setting, and the flag each key was given with."""
-    from fl_lightning.run.setting_check import _flags, config_files
+    from fl_lightning.run.setting_args import _flags, config_files
 
     values: dict[str, Any] = {}
     classes: dict[str, str | None] = {}
@@ -293,7 +294,7 @@ def refusals(args: list[str], class_names: bool = True) -> list[str]:
     """One line per setting of the command (``args``: subcommand first, bases expanded) out of its range,
     and (``class_names``; not with user modules, whose classes may be named) per unknown class name of a
     class setting inside a class setting (``NESTED_CLASSES``)."""
-    from fl_lightning.run.setting_check import source, unknown_class_line
+    from fl_lightning.run.setting_args import source, unknown_class_line
 
     values, classes, flags = effective_settings(args)
     subcommand = args[0] if args else "fit"
