@@ -341,7 +341,7 @@ class FederatedModule(L.LightningModule):
         with torch.inference_mode(False), torch.enable_grad():  # evaluation runs under inference mode
             x = self.global_params()
             state = self.client_state(client_id, x)
-            return self._personalized(client_id, self.algorithm.personal_model(x, state.algorithm, state.personal), state, x)
+            return self._personalized(client_id, self.algorithm.personal_model(x, state.algorithm, state.personal), state, x, self._evaluation_info())
 
     def unseen_prediction_params(self, client_id: int) -> TensorDict:
         """The parameters an unseen client predicts with: from its initial state it runs one round of the
@@ -361,23 +361,25 @@ class FederatedModule(L.LightningModule):
                 raise ClientError(f"unseen client {client_id} failed its personalization round; see the warning above")
             state = dict(result.client_state)
             personal = state.pop(PERSONAL, initial.personal)
-            return self._personalized(client_id, self.algorithm.personal_model(x, state, personal), ClientState(state, personal), x)
+            return self._personalized(client_id, self.algorithm.personal_model(x, state, personal), ClientState(state, personal), x, info)
 
     def _evaluation_info(self) -> RoundInfo:
         """The facts of the last completed round, for rules run at evaluation."""
         round_idx = max(self.global_step - 1, 0)
-        personal_lr = self.local.personal_lr_at(round_idx) if self.personal_names or self.local.personal_lr is not None else None
-        return RoundInfo(round_idx, self.local.lr_at(round_idx), self.datamodule.num_clients, None, personal_lr)
+        return RoundInfo(round_idx, self.local.lr_at(round_idx), self.datamodule.num_clients, None, self._personal_lr(round_idx))
 
-    def _personalized(self, client_id: int, params: TensorDict, state: ClientState, x: TensorDict) -> TensorDict:
+    def _personal_lr(self, round_idx: int) -> float | None:
+        """gamma_v of the round: with personal tensors, or a ``local.personal_lr`` a rule reads (Ditto's v_i); else None."""
+        return self.local.personal_lr_at(round_idx) if self.personal_names or self.local.personal_lr is not None else None
+
+    def _personalized(self, client_id: int, params: TensorDict, state: ClientState, x: TensorDict, info: RoundInfo) -> TensorDict:
         """``algorithm.personalize_step`` run ``personalize_steps`` times on the client's training batches (25.2)."""
-        steps = self.algorithm.personalize_steps
-        if not steps:
+        if not self.algorithm.personalize_steps:
             return params
         from fl_lightning.executors.sequential import personalize_client
 
         seed = derive_seed(self.datamodule.seed, client_id, PERSONALIZE_STREAM)
-        return personalize_client(params, client_id, seed, state, x, self._evaluation_info(), self._runtime(private=False))
+        return personalize_client(params, client_id, seed, state, x, info, self._runtime(private=False))
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return self.algorithm.server_optimizer(self.federated_parameters())
@@ -390,8 +392,7 @@ class FederatedModule(L.LightningModule):
     # ---- one round ------------------------------------------------------------------------
     def training_step(self, plan: RoundPlan, batch_idx: int) -> None:
         self._round_started = time.perf_counter()
-        personal_lr = self.local.personal_lr_at(plan.round) if self.personal_names or self.local.personal_lr is not None else None
-        info = RoundInfo(plan.round, self.local.lr_at(plan.round), self.datamodule.num_clients, plan, personal_lr)
+        info = RoundInfo(plan.round, self.local.lr_at(plan.round), self.datamodule.num_clients, plan, self._personal_lr(plan.round))
         x = self.global_params()
         server_state = {n: {k: v.to(self.device) for k, v in td.items()} for n, td in self.server_state.items()}
         if self.algorithm.warmup_pass and plan.round == 0:

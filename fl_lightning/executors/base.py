@@ -20,7 +20,7 @@ from fl_lightning.core.client_data import ClientData
 from fl_lightning.core.config import LocalTraining
 from fl_lightning.reliability.faults import DivergenceError
 from fl_lightning.core.objective import Objective
-from fl_lightning.core.tasks import ClientResult, ClientTask, SummedRound
+from fl_lightning.core.tasks import PERSONAL, ClientResult, ClientTask, Payload, SummedRound
 
 
 @dataclass(frozen=True)
@@ -104,3 +104,13 @@ def data_pass_fn(runtime: ClientRuntime, client_id: int) -> Callable[[dict], Dat
         return DataPass(out.features, out.logits, target, torch.ones(target.shape[0], dtype=out.logits.dtype, device=target.device))
 
     return data_pass
+
+
+def finish_client(algorithm: Algorithm, params: dict, local_state: Any, ctx: Any) -> tuple[Payload, Any]:
+    """The client's (upload, new state): ``client_finish`` on the shared tensors (the broadcast's names) and,
+    with personal tensors (``ctx.personal``), ``personal_finish``'s values kept under ``PERSONAL``. One client,
+    or clients stacked on a leading dimension alike."""
+    if not ctx.personal:
+        return algorithm.client_finish(params, local_state, ctx)
+    upload, new_state = algorithm.client_finish({k: params[k] for k in ctx.broadcast["x"]}, local_state, ctx)
+    return upload, {**new_state, PERSONAL: algorithm.personal_finish(params, local_state, ctx)}

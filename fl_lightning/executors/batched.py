@@ -35,14 +35,14 @@ from fl_lightning.algorithms.base import ClientContext, ClientIdUnavailable, Rou
 from fl_lightning.core.client_data import Unstackable
 from fl_lightning.executors.dpsgd import client_noise, dp_sampler, private_grad_fn, private_steps
 from fl_lightning.core.errors import FLError, interrupted, one_line
-from fl_lightning.executors.base import ClientRuntime, Executor, check_loss, data_pass_fn, seed_client, to_device
+from fl_lightning.executors.base import ClientRuntime, Executor, check_loss, data_pass_fn, finish_client, seed_client, to_device
 from fl_lightning.executors.compiled import DEFAULT_MAX_VARIANTS, CompiledPrograms, Uncompilable, log_fallback, tensor_lr
 from fl_lightning.executors.sequential import SequentialExecutor, compiled_unsupported_reason
 from fl_lightning.core.local_loss import client_loss
 from fl_lightning.core.objective import StepRecord
 from fl_lightning.core.participation import UniformSampling
 from fl_lightning.core.params import TensorDict
-from fl_lightning.core.tasks import PERSONAL, ClientResult, ClientTask, Payload
+from fl_lightning.core.tasks import ClientResult, ClientTask, Payload
 
 log = logging.getLogger(__name__)
 
@@ -432,16 +432,11 @@ class BatchedExecutor(Executor):
         """
         algorithm, (states, stacked_state), last = runtime.algorithm, states, runtime.local.steps - 1
         personal = personal or {}
-        shared = {k: params[k] for k in broadcast["x"]} if personal else params
         if declares_capability(algorithm, "elementwise") and type(algorithm) not in self._finish_per_client:
             try:
                 ctx = self._context(ids, broadcast, stacked_state, info, runtime, step=last, personal=personal)
-                upload, new_state = algorithm.client_finish(shared, local_state, ctx)
-                new_states = _unstack(new_state, len(states))
-                if personal:
-                    kept = _unstack(algorithm.personal_finish(params, local_state, ctx), len(states))
-                    new_states = [{**state, PERSONAL: own} for state, own in zip(new_states, kept)]
-                return _unstack(upload, len(states), rows=True), new_states
+                upload, new_state = finish_client(algorithm, params, local_state, ctx)
+                return _unstack(upload, len(states), rows=True), _unstack(new_state, len(states))
             except ClientIdUnavailable:
                 self._finish_per_client.add(type(algorithm))
         views, local_views = _unstack(params, len(states)), _unstack(local_state, len(states))
@@ -450,8 +445,5 @@ class BatchedExecutor(Executor):
         for i, c in enumerate(ids.tolist()):
             ctx = self._context(int(c), broadcast, states[i], info, runtime, step=last, personal=personal_views[i])
             ctx.data_pass = data_pass_fn(runtime, int(c))  # client by client here: its whole set, as sequential execution reads it
-            upload, new_state = algorithm.client_finish({k: views[i][k] for k in broadcast["x"]} if personal else views[i], local_views[i], ctx)
-            if personal:
-                new_state = {**new_state, PERSONAL: algorithm.personal_finish(views[i], local_views[i], ctx)}
-            outputs.append((upload, new_state))
+            outputs.append(finish_client(algorithm, views[i], local_views[i], ctx))
         return [u for u, _ in outputs], [s for _, s in outputs]

@@ -18,13 +18,13 @@ from fl_lightning.core import params as P
 from fl_lightning.algorithms.base import ClientContext, ClientIdUnavailable, RoundInfo
 from fl_lightning.executors.dpsgd import client_noise, dp_sampler, private_grad_fn, private_steps
 from fl_lightning.core.errors import FLError, interrupted
-from fl_lightning.executors.base import ClientRuntime, Executor, check_loss, data_pass_fn, seed_client, to_device
+from fl_lightning.executors.base import ClientRuntime, Executor, check_loss, data_pass_fn, finish_client, seed_client, to_device
 from fl_lightning.executors.compiled import DEFAULT_MAX_VARIANTS, CompiledPrograms, Uncompilable, check_compile_unit, log_fallback, tensor_lr
 from fl_lightning.core.local_loss import client_loss
 from fl_lightning.core.objective import StepRecord, round_means
 from fl_lightning.reliability.faults import TRANSIENT_ERRORS, ClientError, fatal_client_error
 from fl_lightning.core.params import TensorDict
-from fl_lightning.core.tasks import PERSONAL, ClientResult, ClientState, ClientTask
+from fl_lightning.core.tasks import ClientResult, ClientState, ClientTask
 
 log = logging.getLogger(__name__)
 
@@ -163,10 +163,7 @@ def _train_client(task: ClientTask, info: RoundInfo, runtime: ClientRuntime, rec
         else:
             ctx.grad = objective.grad_fn(to_device(batch, device), local.weight_decay, record, loss=loss)
         params, local_state = algorithm.client_step(params, local_state, ctx)
-    shared = {k: params[k] for k in broadcast["x"]} if personal else params
-    upload, new_state = algorithm.client_finish(shared, local_state, ctx)
-    if personal:
-        new_state = {**new_state, PERSONAL: algorithm.personal_finish(params, local_state, ctx)}
+    upload, new_state = finish_client(algorithm, params, local_state, ctx)
     return ClientResult(cid, upload, new_state, task.num_steps, math.nan)
 
 
@@ -265,10 +262,7 @@ def train_client_compiled(programs: CompiledPrograms, task: ClientTask, info: Ro
     for loss, out, target, terms in evaluations:
         record.add(loss, out, target, terms or None)
     ctx = ClientContext(cid, broadcast, client_state, info, steps, personal=personal, step=steps - 1, data_pass=data_pass_fn(runtime, cid))
-    shared = {k: params[k] for k in broadcast["x"]} if personal else params
-    upload, new_state = algorithm.client_finish(shared, local_state, ctx)
-    if personal:
-        new_state = {**new_state, PERSONAL: algorithm.personal_finish(params, local_state, ctx)}
+    upload, new_state = finish_client(algorithm, params, local_state, ctx)
     return ClientResult(cid, upload, new_state, steps, math.nan)
 
 
