@@ -187,3 +187,15 @@ def config_fits_through_the_cli(tmp_path, name: str, algorithm: str) -> list[dic
         rows = list(csv.DictReader(f))
     assert_personal_metrics(rows)
     return rows
+
+
+def mlp_logits(p: dict, x):
+    """``MLP(8, 3, hidden=[16])`` written out (the reference's own forward, not the model's)."""
+    return torch.relu(x @ p["net.1.weight"].T + p["net.1.bias"]) @ p["net.3.weight"].T + p["net.3.bias"]
+
+
+def mlp_grad(p: dict, x, y) -> dict:
+    """The cross-entropy gradient of ``mlp_logits`` at ``p`` on (x, y), by plain autograd."""
+    leaves = {k: v.detach().clone().requires_grad_(True) for k, v in p.items()}
+    grads = torch.autograd.grad(F.cross_entropy(mlp_logits(leaves, x), y), list(leaves.values()))
+    return dict(zip(leaves, grads))

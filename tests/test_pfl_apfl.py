@@ -6,13 +6,12 @@ import re
 
 import pytest
 import torch
-import torch.nn.functional as F
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from fl_lightning import FedAvg, FederatedModule, LocalTraining
 from fl_lightning.algorithms import APFL
 from models import MLP
-from tests.pfl_reference import config_fits_through_the_cli
+from tests.pfl_reference import config_fits_through_the_cli, mlp_grad as _grad, mlp_logits as _logits
 from tests.conftest import tiny_datamodule, tiny_trainer
 
 LR, STEPS, BATCH, ROUNDS = 0.1, 3, 8, 4
@@ -31,16 +30,6 @@ def _fit(algorithm, execution="sequential", rounds=ROUNDS, data=None, **trainer_
 
 
 # ---- an independent APFL: plain tensors, the MLP written out, the data module's round plans and batches ----
-def _logits(p, x):
-    return torch.relu(x @ p["net.1.weight"].T + p["net.1.bias"]) @ p["net.3.weight"].T + p["net.3.bias"]
-
-
-def _grad(p, x, y):
-    leaves = {k: v.detach().clone().requires_grad_(True) for k, v in p.items()}
-    grads = torch.autograd.grad(F.cross_entropy(_logits(leaves, x), y), list(leaves.values()))
-    return dict(zip(leaves, grads))
-
-
 def reference_apfl(alpha0, adaptive, alpha_lr, rounds=ROUNDS):
     """Deng et al. (2020), Alg. 1 with the alpha update of Sec. 3, every update from the iterates before the step.
     Returns the global model, and per client (v_i, alpha_i) for the clients that trained."""

@@ -18,7 +18,7 @@ from fl_lightning.engine.module import PERSONALIZE_STREAM
 from fl_lightning.engine.personal_eval import PersonalizedEvaluation
 from fl_lightning.experiments.testing import check_batched
 from models import MLP
-from tests.pfl_reference import config_fits_through_the_cli
+from tests.pfl_reference import config_fits_through_the_cli, mlp_grad, mlp_logits as _mlp
 from tests.conftest import tiny_datamodule, tiny_trainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,15 +48,8 @@ def _fit(algorithm, execution="sequential", rounds=ROUNDS, local=LOCAL, director
 
 
 # ---- an independent Ditto: plain tensors, a written-out MLP, autograd ---------------------------------
-def _mlp(p, inputs):
-    """MLP(8, 3, hidden=[16]) written out."""
-    return torch.relu(inputs @ p["net.1.weight"].T + p["net.1.bias"]) @ p["net.3.weight"].T + p["net.3.bias"]
-
-
 def _grad(p, batch):
-    inputs, target = batch
-    leaves = {k: v.detach().requires_grad_(True) for k, v in p.items()}
-    return dict(zip(leaves, torch.autograd.grad(F.cross_entropy(_mlp(leaves, inputs), target), list(leaves.values()))))
+    return mlp_grad(p, *batch)
 
 
 def _ditto_client(x, v, batches, lam, lr, personal_lr):

@@ -8,40 +8,23 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fl_lightning import FedAvg, FederatedModule, LocalTraining
+from fl_lightning import FedAvg
 from fl_lightning.algorithms import PerFedAvg
 from fl_lightning.core.participation import derive_seed
 from fl_lightning.engine.module import PERSONALIZE_STREAM
 from models import MLP
-from tests.pfl_reference import config_fits_through_the_cli
-from tests.conftest import tiny_datamodule, tiny_trainer
+from tests.pfl_reference import config_fits_through_the_cli, mlp_grad as _grad, mlp_logits as _logits
+from tests.test_pfl_apfl import BATCH, LR, STEPS, _data
+from tests.test_pfl_apfl import _fit as apfl_fit
 
-BETA, STEPS, BATCH, ROUNDS = 0.1, 3, 8, 3
-
-
-def _data(**kw):
-    """3 clients, 2 of them per round (uniform weights 1/2)."""
-    return tiny_datamodule(num_clients=3, clients_per_round=2, **kw)
+BETA, ROUNDS = LR, 3  # beta is the local lr; the clients and local settings are APFL's test problem
 
 
 def _fit(algorithm, execution="sequential", rounds=ROUNDS, data=None, **trainer_kw):
-    torch.manual_seed(0)
-    module = FederatedModule(MLP(8, 3, hidden=[16]), algorithm, LocalTraining(lr=BETA, steps=STEPS, batch_size=BATCH), execution=execution)
-    tiny_trainer("/tmp/unused", rounds, **trainer_kw).fit(module, datamodule=data or _data())
-    return module
+    return apfl_fit(algorithm, execution, rounds, data, **trainer_kw)
 
 
 # ---- an independent Per-FedAvg: plain tensors, the MLP written out, the data module's plans and batches ----
-def _logits(p, x):
-    return torch.relu(x @ p["net.1.weight"].T + p["net.1.bias"]) @ p["net.3.weight"].T + p["net.3.bias"]
-
-
-def _grad(p, x, y):
-    leaves = {k: v.detach().clone().requires_grad_(True) for k, v in p.items()}
-    grads = torch.autograd.grad(F.cross_entropy(_logits(leaves, x), y), list(leaves.values()))
-    return dict(zip(leaves, grads))
-
-
 def reference_perfedavg(alpha, variant, delta, rounds=ROUNDS):
     """Fallah et al. (2020), Alg. 1, D = D' = D'' = the step's minibatch; HF's H d by central differences.
     Returns the global model and each client's prediction parameters x - alpha grad f_i(x; its batch)."""

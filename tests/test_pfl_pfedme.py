@@ -7,7 +7,6 @@ import functools
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from fl_lightning import FedAvg, LocalTraining
 from fl_lightning.algorithms import PFedMe
@@ -17,7 +16,7 @@ from fl_lightning.experiments.testing import check_batched
 from models import MLP
 from tests.pfl_reference import config_fits_through_the_cli
 from tests.test_pfl_ditto import (
-    UNSEEN, _data, _difference, _fit, _grad, _mlp, assert_evaluation_scores_the_personal_models, assert_resume_is_bitwise,
+    UNSEEN, _data, _difference, _fit, _grad, assert_evaluation_scores_the_personal_models, assert_resume_is_bitwise,
 )
 
 LAM, INNER, BETA, ROUNDS = 15.0, 3, 0.8, 4
