@@ -1,13 +1,22 @@
 """Throughput and memory of federated execution against a bare PyTorch FedAvg loop.
 
-    python benchmarks/run.py --out results.json [--quick] [--workloads mlp,mlp400,cnn,lora]
+    python benchmarks/run.py --out results.json [--quick] [--workloads mlp,mlp400,cnn,lora,mlp_realistic,cnn_realistic]
 
 Workloads: ``mlp`` (synthetic data, 100 clients, S = 10 and 50), ``mlp400`` (the same
 data-per-client and model with 400 clients, S = 200: the issue's "batched at S = 200"
 setting; fewer rounds, a round is 20x that of S = 10), ``cnn`` (digits
 SmallCNN, 50 clients, S = 20), ``lora`` (the tiny test GPT-2 with LoRA adapters on
-SST-2-schema data written locally, 20 clients, S = 5). Every workload runs K = 4
-(LoRA: 2) local SGD steps of batch 16 (LoRA: 8) per client and round.
+SST-2-schema data written locally, 20 clients, S = 5). Every one of these runs K = 4
+(LoRA: 2) local SGD steps of batch 16 (LoRA: 8) per client and round: an idealised round,
+every client the same work.
+
+Realistic workloads (``benchmarks/realistic.py``): ``mlp_realistic`` (the MLP data and model, S = 50)
+and ``cnn_realistic`` (the digits SmallCNN, S = 20) split the data by Dirichlet(0.1) label skew
+(100 / 50 clients of 2 to a few hundred samples), train 2 local epochs of batch 32 (K_i = 2 ceil(n_i / 32),
+the last batch of a pass short) and make 20 % of the clients stragglers. Their bare loop runs the
+framework's own schedule (clients, budgets, minibatches), so every execution does the same client-steps.
+Their rows also carry ``stacked_fraction`` (the fit's rounds that ran stacked; bare: null, sequential: 0)
+and ``padding_waste`` (the share of the stacked work that was padding; null where nothing stacked).
 
 Executions: ``bare`` is the reference, a hand-written sequential FedAvg loop in
 this file; ``sequential`` and ``batched`` run FedAvg through ``FederatedModule``
@@ -27,8 +36,8 @@ memory during that row (the kernel's high-water mark, reset before each row).
 The JSON file (``--out``, default ``benchmarks/results/<cpu>-<cores>cpu-<date>.json``) holds
 ``{"machine": {cpu, cores, torch, ...}, "date", "quick", "rows": [...]}``; the machine is printed with
 the results. Rows: ``{workload, execution, clients_per_round, client_steps_per_s,
-peak_rss_mb, ratio_vs_bare}``; ``ddp2`` rows also carry ``ratio_vs_sequential``; compiled rows
-``compile_s`` (each repeat's seconds compiling: the first with inductor's on-disk cache as found, later
+peak_rss_mb, ratio_vs_bare}`` (realistic workloads: also ``stacked_fraction, padding_waste``);
+``ddp2`` rows also carry ``ratio_vs_sequential``; compiled rows ``compile_s`` (each repeat's seconds compiling: the first with inductor's on-disk cache as found, later
 ones in the same process reload it) and ``programs_compiled``.
 """
 
@@ -47,6 +56,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import realistic  # noqa: E402
+
 LR = 0.05
 WORKLOADS = {
     # name: clients, clients-per-round settings, local steps, batch size
@@ -56,8 +67,14 @@ WORKLOADS = {
     "lora": dict(num_clients=20, plan=[5], steps=2, batch=8),
     # Opt-in (--workloads resnet18): ResNet-18 (GroupNorm) on CIFAR-shaped random images, minutes on a CPU.
     "resnet18": dict(num_clients=20, plan=[10], steps=1, batch=8),
+    # Realistic rounds (benchmarks/realistic.py): Dirichlet(alpha) client sizes, local.epochs passes of
+    # batch 32, a fraction of stragglers; the same data and model as mlp / cnn.
+    "mlp_realistic": dict(num_clients=100, plan=[50], epochs=2, batch=32, samples=8000, alpha=0.1, straggler=0.2),
+    "cnn_realistic": dict(num_clients=50, plan=[20], epochs=2, batch=32, alpha=0.1, straggler=0.2),
 }
 OPT_IN = {"resnet18"}
+DEFAULT_WORKLOADS = "mlp,mlp400,cnn,lora,mlp_realistic,cnn_realistic"
+REALISTIC = {w for w, spec in WORKLOADS.items() if "epochs" in spec}
 
 
 class _Device:
@@ -141,11 +158,12 @@ def build(workload: str, clients_per_round: int):
     """(model, datamodule) of a workload, seeded: every execution starts from the same model."""
     import torch
 
-    from datamodules import IID, FederatedDataModule
+    from datamodules import IID, Dirichlet, FederatedDataModule
     from fl_lightning import UniformSampling
 
     spec = WORKLOADS[workload]
-    common = dict(num_clients=spec["num_clients"], partition=IID(), participation=UniformSampling(clients_per_round))
+    partition = Dirichlet(spec["alpha"]) if "alpha" in spec else IID()
+    common = dict(num_clients=spec["num_clients"], partition=partition, participation=UniformSampling(clients_per_round))
     if workload == "lora":
         from datamodules import TextDataModule
         from models import LoRAClassifier
@@ -215,6 +233,8 @@ def bare_loop(workload: str, clients_per_round: int, rounds: int, one_batch: boo
     spec = WORKLOADS[workload]
     device = torch.device(DEVICE.type)
     model.to(device)
+    if workload in REALISTIC:  # unequal local work: the framework's schedule (one_batch: not defined for it)
+        return None if one_batch or compiled else realistic.bare_loop(model, data, spec, rounds, LR, device, DEVICE.sync)
     train = data.source.train
     if isinstance(train, TensorDataset):  # resident on the device, as the framework keeps it
         train = TensorDataset(*(t.to(device) for t in train.tensors))
@@ -311,13 +331,20 @@ def framework(workload: str, clients_per_round: int, rounds: int, execution: str
         unit = {"compile_unit": os.environ["FL_BENCH_COMPILE_UNIT"]} if os.environ.get("FL_BENCH_COMPILE_UNIT") else {}
         kwargs = {"execution": (BatchedExecutor if execution.startswith("batched") else SequentialExecutor)(compile=True, **unit)}
     distributed = dict(devices=2, strategy="ddp") if execution == "ddp2" else {}
-    module = FederatedModule(model, FedAvg(), LocalTraining(lr=LR, steps=spec["steps"], batch_size=spec["batch"]), **kwargs)
+    if workload in REALISTIC:
+        kwargs.update(faults=realistic.faults(spec))
+        local = realistic.local_training(spec, LR)
+    else:
+        local = LocalTraining(lr=LR, steps=spec["steps"], batch_size=spec["batch"])
+    module = FederatedModule(model, FedAvg(), local, **kwargs)
     trainer = L.Trainer(
         max_steps=rounds, logger=False, enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0, callbacks=[timer, *callbacks],
         accelerator="gpu" if DEVICE.type == "cuda" else "cpu", **distributed,
     )  # fmt: skip
     trainer.fit(module, datamodule=data)
+    if workload in REALISTIC:
+        STACKING[(workload, execution, clients_per_round)] = realistic.stacking(module.executor, rounds)
     inner = module.executor.inner
     if getattr(inner, "compile_seconds", None) is not None:  # compiled execution: its compile time and programs
         programs = [p for p in (getattr(inner, "programs", None), getattr(getattr(inner, "sequential", None), "programs", None)) if p is not None]
@@ -327,6 +354,19 @@ def framework(workload: str, clients_per_round: int, rounds: int, execution: str
 
 
 COMPILES: dict[tuple, list] = {}  # (workload, execution, S): (seconds compiling, programs compiled) of each fit
+STACKING: dict[tuple, tuple] = {}  # realistic (workload, execution, S): (stacked_fraction, padding_waste) of the last fit
+_WORK: dict[tuple, int] = {}
+
+
+def client_steps(workload: str, clients_per_round: int, rounds: int) -> int:
+    """The client-steps of a run's timed rounds: (rounds - 1) x S x K, or a realistic schedule's sum."""
+    spec = WORKLOADS[workload]
+    if workload not in REALISTIC:
+        return (rounds - 1) * clients_per_round * spec["steps"]
+    key = (workload, clients_per_round, rounds)
+    if key not in _WORK:
+        _WORK[key] = realistic.client_steps(realistic.schedule(build(workload, clients_per_round)[1], spec, rounds))
+    return _WORK[key]
 
 
 # ---- one process per workload -------------------------------------------------------------------
@@ -353,7 +393,7 @@ def _best_rows(runs: list[tuple[str, str, int]], rounds: dict[str, int], repeats
         seconds = run_one(workload, execution, s, rounds[workload])
         if seconds is None:  # not rank 0
             continue
-        rate = (rounds[workload] - 1) * s * WORKLOADS[workload]["steps"] / seconds
+        rate = client_steps(workload, s, rounds[workload]) / seconds
         best[key] = max(best.get(key, 0.0), rate)
         peak[key] = max(peak.get(key, 0.0), peak_rss_mb())
     rows = [dict(workload=w, execution=e, clients_per_round=s, client_steps_per_s=best[(w, e, s)],
@@ -362,6 +402,10 @@ def _best_rows(runs: list[tuple[str, str, int]], rounds: dict[str, int], repeats
         compiles = COMPILES.get((row["workload"], row["execution"], row["clients_per_round"]))
         if compiles:
             row["compile_s"], row["programs_compiled"] = [c for c, _ in compiles], compiles[0][1]
+        if row["workload"] in REALISTIC:  # bare: not a federated executor
+            stacked, waste = STACKING.get((row["workload"], row["execution"], row["clients_per_round"]), (None, None))
+            row["stacked_fraction"] = None if stacked is None else round(stacked, 3)
+            row["padding_waste"] = None if waste is None else round(waste, 3)
     return rows
 
 
@@ -438,17 +482,28 @@ def default_out(info: dict, quick: bool, prefix: str = "") -> str:
     return f"benchmarks/results/{head}{cpu}-{info['cores']}cpu{'-quick' if quick else ''}-{time.strftime('%Y-%m-%d')}.json"
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, its workloads checked (an unknown one: exit code 2)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None, help="default: benchmarks/results/<cpu>-<cores>cpu-<date>.json")
-    parser.add_argument("--quick", action="store_true", help="fewer rounds and repeats: the whole run in under 2 minutes")
-    parser.add_argument("--workloads", default="mlp,mlp400,cnn,lora", help=f"any of {', '.join(WORKLOADS)} ({', '.join(sorted(OPT_IN))}: opt-in)")
+    parser.add_argument("--quick", action="store_true", help="fewer rounds and repeats: the whole run in a few minutes")
+    parser.add_argument("--workloads", default=DEFAULT_WORKLOADS, help=f"any of {', '.join(WORKLOADS)} ({', '.join(sorted(OPT_IN))}: opt-in)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where every row runs (ddp2 rows: cpu only)")
     parser.add_argument("--executions", default="bare,sequential,batched,ddp2")
+    parser.add_argument("--rounds", default=None, help="rounds of a run per workload, e.g. mlp=10,cnn=4 (default: by --quick)")
+    parser.add_argument("--repeats", type=int, default=None, help="runs of each row, the best kept (default: 2 with --quick, else 3)")
     parser.add_argument("--compile-unit", choices=["step", "round"], default=None, help="compiled rows' compile_unit (default: each executor's)")
     parser.add_argument("--_worker", nargs=4, help=argparse.SUPPRESS)
     parser.add_argument("--_ddp", nargs=3, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    unknown = [w for w in args.workloads.split(",") if w not in WORKLOADS]
+    if unknown:
+        parser.error(f"--workloads: unknown {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     if args._worker:
         workloads, executions, rounds, repeats = args._worker
         print(json.dumps(worker(workloads.split(","), executions.split(","), _rounds_arg(rounds), int(repeats))))
@@ -464,10 +519,11 @@ def main() -> None:
     os.environ["FL_BENCH_DEVICE"] = args.device
     if args.compile_unit:
         os.environ["FL_BENCH_COMPILE_UNIT"] = args.compile_unit
-    rounds = ({"mlp": 16, "mlp400": 6, "cnn": 8, "lora": 4, "resnet18": 3} if args.quick
-              else {"mlp": 40, "mlp400": 10, "cnn": 15, "lora": 10, "resnet18": 4})  # fmt: skip
+    rounds = ({"mlp": 16, "mlp400": 6, "cnn": 8, "lora": 4, "resnet18": 3, "mlp_realistic": 10, "cnn_realistic": 8} if args.quick
+              else {"mlp": 40, "mlp400": 10, "cnn": 15, "lora": 10, "resnet18": 4, "mlp_realistic": 25, "cnn_realistic": 15})  # fmt: skip
+    rounds.update(_rounds_arg(args.rounds) if args.rounds else {})
     rounds_arg = ",".join(f"{k}={v}" for k, v in rounds.items())
-    repeats = 2 if args.quick else 3
+    repeats = args.repeats or (2 if args.quick else 3)
     executions = args.executions.split(",")
     local = [e for e in executions if e != "ddp2"]
     if "bare" not in local:
@@ -491,7 +547,9 @@ def main() -> None:
     for row in rows:
         row["client_steps_per_s"] = round(row["client_steps_per_s"], 1)
         extra = f"  (x{row['ratio_vs_sequential']} of sequential)" if "ratio_vs_sequential" in row else ""
-        print(f"{row['workload']:6s} {row['execution']:10s} S={row['clients_per_round']:3d} "
+        if row.get("stacked_fraction") is not None:
+            extra += f"  stacked {row['stacked_fraction']:.0%}, padding waste {row['padding_waste']}"
+        print(f"{row['workload']:13s} {row['execution']:10s} S={row['clients_per_round']:3d} "
               f"{row['client_steps_per_s']:10.1f} steps/s {row['peak_rss_mb']:8.1f} MB  x{row['ratio_vs_bare']}{extra}")  # fmt: skip
     info = machine()
     print(f"total {time.perf_counter() - started:.0f} s on {info['cpu']}, {info['cores']} cores, torch {info['torch']} "
