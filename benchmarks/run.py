@@ -519,7 +519,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ["FL_BENCH_DEVICE"] = args.device
     if args.compile_unit:
         os.environ["FL_BENCH_COMPILE_UNIT"] = args.compile_unit
-    rounds = ({"mlp": 16, "mlp400": 6, "cnn": 8, "lora": 4, "resnet18": 3, "mlp_realistic": 10, "cnn_realistic": 8} if args.quick
+    rounds = ({"mlp": 16, "mlp400": 6, "cnn": 8, "lora": 4, "resnet18": 3, "mlp_realistic": 16, "cnn_realistic": 10} if args.quick
               else {"mlp": 40, "mlp400": 10, "cnn": 15, "lora": 10, "resnet18": 4, "mlp_realistic": 25, "cnn_realistic": 15})  # fmt: skip
     rounds.update(_rounds_arg(args.rounds) if args.rounds else {})
     rounds_arg = ",".join(f"{k}={v}" for k, v in rounds.items())
