@@ -78,3 +78,17 @@ def test_stacking_reads_stats_else_the_fallbacks():
     batched.inner.fallbacks = Counter({"local.epochs gives clients different numbers of steps": 8})
     assert stacking(batched, 8) == (0.0, None)
     assert stacking(resolve_executor(SequentialExecutor()), 8) == (0.0, None)
+
+
+def test_realistic_rows_carry_stacked_fraction_and_padding_waste(monkeypatch):
+    run = _runner()
+    monkeypatch.setattr(run, "_quiet", lambda: None)  # keep this process's warning and log settings
+    monkeypatch.setitem(run.WORKLOADS, "cnn_realistic", {**run.WORKLOADS["cnn_realistic"], "plan": [4]})
+    rows = run.worker(["cnn_realistic"], ["bare", "one_batch", "sequential", "batched"], rounds={"cnn_realistic": 2}, repeats=1)
+    by = {row["execution"]: row for row in rows}
+    assert list(by) == ["bare", "sequential", "batched"]  # one_batch: not defined for unequal local work
+    assert all(row["client_steps_per_s"] > 0 for row in rows)
+    assert (by["bare"]["stacked_fraction"], by["bare"]["padding_waste"]) == (None, None)
+    assert (by["sequential"]["stacked_fraction"], by["sequential"]["padding_waste"]) == (0.0, None)
+    stacked, waste = by["batched"]["stacked_fraction"], by["batched"]["padding_waste"]
+    assert 0.0 <= stacked <= 1.0 and (waste is None) == (stacked == 0.0) and (waste is None or 0.0 <= waste < 1.0)
