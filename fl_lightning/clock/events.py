@@ -33,11 +33,16 @@ class InFlight:
     start: float
 
 
-def dispatch_draw(seed: int, index: int, idle: Sequence[int]) -> tuple[int, float]:
-    """(client, tie-break) of dispatch ``index``: a uniform choice among the idle clients (ascending ids),
-    then a uniform tie-break in [0, 1), from one generator seeded by (seed, index, DISPATCH_STREAM)."""
+def dispatch_draw(seed: int, index: int, num_clients: int, busy: set[int]) -> tuple[int, float]:
+    """(client, tie-break) of dispatch ``index``: a uniform choice among the idle clients (those not in
+    ``busy``, in ascending id order), then a uniform tie-break in [0, 1), from one generator seeded by
+    (seed, index, DISPATCH_STREAM). Costs O(|busy|), not O(N)."""
     rng = np.random.default_rng(derive_seed(seed, index, DISPATCH_STREAM))
-    client = idle[int(rng.integers(len(idle)))]
+    client = int(rng.integers(num_clients - len(busy)))  # the k-th idle client: skip every busy id at or below it
+    for b in sorted(busy):
+        if b > client:
+            break
+        client += 1
     return client, float(rng.random())
 
 

@@ -31,9 +31,8 @@ class AsyncServer:
     def _dispatch(self, events: EventQueue, devices: Devices, x, version: int, bytes_down: int, bytes_up: int, waiting) -> None:
         """Send one idle client (not in flight, not in the buffer) the model version ``version`` at the current time."""
         data, local = self.datamodule, self.local
-        excluded = events.busy() | {e.client for e in waiting}
-        idle = [c for c in range(data.num_clients) if c not in excluded]
-        client, tiebreak = dispatch_draw(data.seed, events.dispatched, idle)
+        busy = events.busy() | {e.client for e in waiting}
+        client, tiebreak = dispatch_draw(data.seed, events.dispatched, data.num_clients, busy)
         steps = data.num_local_steps(client, local.batch_size, local.steps, local.epochs)
         start = devices.next_online(client, self.sim_time)
         finish = start + self.clock.task_seconds(devices, client, steps, bytes_down, bytes_up)
