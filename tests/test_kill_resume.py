@@ -31,6 +31,8 @@ CONFIGS = {  # config -> extra CLI arguments
         "--model.compression.down", "fl_lightning.compression.QSGD", "--model.compression.down.levels", "4",
         "--model.store", "fl_lightning.core.state.DiskClientStore", "--model.store.directory", "{store}",
     ],
+    # FedBuff under the simulated clock: clients in flight, their model versions and the clock in the checkpoint
+    "fedbuff_digits": ["--model.asynchronous.concurrency", "4", "--model.asynchronous.buffer_size", "2"],
 }  # fmt: skip
 
 

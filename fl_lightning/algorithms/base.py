@@ -173,6 +173,12 @@ class Algorithm:
     #: declares it. True here: the base ``aggregate`` (FedAvg's) is ``-sum_i w_i delta_i``.
     linear_aggregate = True
 
+    #: Whether the server rule (``broadcast``, ``aggregate``, client and server state) is defined for
+    #: asynchronous arrivals, each from its own model version (docs/algorithms.md, 27): FedAvg's weighted
+    #: sum of stateless clients' deltas is. Honoured only where the declaring class wrote every server
+    #: rule it runs (``fl_lightning.clock.asynchronous.defined_asynchronously``): SCAFFOLD, FedDyn are refused.
+    asynchronous = True
+
     #: Whether ``local_loss`` reads ``out.features``, the model's representation (the model must
     #: define ``representation`` and ``head``: docs/architecture.md, "The local objective").
     needs_features = False

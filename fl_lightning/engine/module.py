@@ -20,6 +20,10 @@ from fl_lightning.core import params as P
 from fl_lightning.algorithms import Algorithm, FedAvg, RoundInfo
 from fl_lightning.algorithms.base import declares_capability
 from fl_lightning.core.client_data import ClientData
+from fl_lightning.clock import SimClock
+from fl_lightning.clock.asynchronous import AsyncAggregation
+from fl_lightning.clock.events import EventQueue
+from fl_lightning.engine.async_step import AsyncServer
 from fl_lightning.compression.stages import Compression
 from fl_lightning.core.config import MAX_LOCAL_STEPS, LocalTraining
 from fl_lightning.core.errors import CheckpointError
@@ -60,7 +64,7 @@ def quiet_known_warnings() -> None:
     warnings.filterwarnings("ignore", message=".*when logging on epoch level in distributed setting.*")
 
 
-class FederatedModule(L.LightningModule):
+class FederatedModule(AsyncServer, L.LightningModule):
     """Owns the global model, the server state, the client store and the round loop.
 
     Each training step receives a ``RoundPlan`` from the datamodule, broadcasts,
@@ -95,6 +99,10 @@ class FederatedModule(L.LightningModule):
         record_privacy: record-level DP-SGD in local training (``fl_lightning.pipeline.record_privacy.RecordPrivacy``,
             docs/privacy.md): per-example clipping and Gaussian noise in every local step; logs
             ``privacy/record_epsilon``. Composes with ``privacy`` and ``compression``.
+        clock: simulated time (``fl_lightning.clock.SimClock``, docs/time.md): each client's speed, bandwidth
+            and availability; rounds wait for their slowest client or a deadline; logs ``time/sim_s``.
+        asynchronous: FedBuff or FedAsync (``fl_lightning.clock.AsyncAggregation``, docs/time.md) under the
+            clock: one training step is one server update from the buffered arrivals.
     """
 
     def __init__(
@@ -111,6 +119,8 @@ class FederatedModule(L.LightningModule):
         privacy: ClientPrivacy | None = None,
         compression: Compression | None = None,
         record_privacy: RecordPrivacy | None = None,
+        clock: SimClock | None = None,
+        asynchronous: AsyncAggregation | None = None,
     ) -> None:
         super().__init__()
         quiet_known_warnings()
@@ -150,6 +160,12 @@ class FederatedModule(L.LightningModule):
         if self.messages.client_stages:  # inside the DDP wrapper: each process transforms its own clients' uploads
             self.executor.inner = MessageExecutor(self.executor.inner, self.messages)
         self.objective = Objective(model, self.federated_names + self.personal_names)
+        self.clock, self.asynchronous = clock, asynchronous
+        if asynchronous is not None:
+            asynchronous.check(self.algorithm, clock, privacy, record_privacy, self.messages, self.personal_names, faults)
+        self._events = EventQueue() if asynchronous is not None else None  # clients in flight and their model versions
+        self.sim_time = 0.0  # simulated seconds since the run began (with a clock)
+        self._upload_size: int | None = None  # the clock's nominal upload bytes (fl_lightning/clock/sizes.py)
         self._checked_data = None
         self._schema: dict[str, Any] | None = None  # the fingerprint's algorithm and model part (fixed)
         self._partition: tuple[Any, str] | None = None  # (datamodule, its partition's digest)
@@ -233,6 +249,8 @@ class FederatedModule(L.LightningModule):
                 f"trainer.val_check_interval must be > 0 (rounds between evaluations, or a fraction in (0, 1]), got {interval}"
             )
         self._check_local_work()
+        if self.asynchronous is not None:
+            self.asynchronous.check_population(self.datamodule.num_clients)
         check_label_counts(self.algorithm, self.datamodule)
         if self.messages:
             self.messages.check(self.algorithm, self.datamodule.num_clients)
@@ -392,6 +410,8 @@ class FederatedModule(L.LightningModule):
     # ---- one round ------------------------------------------------------------------------
     def training_step(self, plan: RoundPlan, batch_idx: int) -> None:
         self._round_started = time.perf_counter()
+        if self.asynchronous is not None:
+            return self._async_step(plan)
         info = RoundInfo(plan.round, self.local.lr_at(plan.round), self.datamodule.num_clients, plan, self._personal_lr(plan.round))
         x = self.global_params()
         server_state = {n: {k: v.to(self.device) for k, v in td.items()} for n, td in self.server_state.items()}
@@ -403,7 +423,8 @@ class FederatedModule(L.LightningModule):
             self.messages.begin_round(info)
             if self.messages.broadcast_stages:
                 broadcast, broadcast_bytes = self.messages.transform_broadcast(broadcast, info, self.datamodule.seed)
-        tasks, stragglers = self._tasks(plan.clients.tolist(), plan.seeds.tolist(), broadcast, plan.round)
+        times = self._plan_times(plan, x, broadcast, broadcast_bytes) if self.clock is not None else None
+        tasks, stragglers = self._tasks(plan.clients.tolist(), plan.seeds.tolist(), broadcast, plan.round, allowed=times and times.allowed)
         # An algorithm whose aggregate is a sum over clients may get the uploads summed (DDP:
         # partial sums all-reduced, not gathered); any other, or one process, gets every upload.
         linear = declares_capability(self.algorithm, "linear_aggregate")
@@ -425,6 +446,8 @@ class FederatedModule(L.LightningModule):
             extra_metrics["faults/stragglers"] = stragglers
         if self.record_privacy is not None:
             extra_metrics.update(extra_record)
+        if times is not None:
+            extra_metrics.update(self._advance_clock(times, plan, results, summed, broadcast, broadcast_bytes))
         if not results:
             self._empty_round(plan, broadcast, extra_metrics)
             return
@@ -452,6 +475,47 @@ class FederatedModule(L.LightningModule):
         if bad is not None:
             raise self._diverged(f"round {plan.round}: the global model became non-finite ({bad})")
         self._log_round(plan, broadcast, uploads, results, extra_metrics, summed, broadcast_bytes)
+
+    # ---- simulated time (fl_lightning/clock, docs/time.md) ------------------------------------------
+    def _bytes_down(self, broadcast: Payload, broadcast_bytes: int | None) -> int:
+        return payload_bytes(broadcast) if broadcast_bytes is None else broadcast_bytes
+
+    def _nominal_upload(self, x: TensorDict) -> int:
+        if self._upload_size is None:
+            from fl_lightning.clock.sizes import nominal_upload_bytes
+
+            self._upload_size = nominal_upload_bytes(self.algorithm, x, self.compression)
+        return self._upload_size
+
+    def _plan_times(self, plan: RoundPlan, x: TensorDict, broadcast: Payload, broadcast_bytes: int | None):
+        """Each selected client's online time and the steps it may run before the deadline (27.4)."""
+        from fl_lightning.clock.rounds import plan_round
+
+        data, local = self.datamodule, self.local
+        clients = plan.clients.tolist()
+        steps = [data.num_local_steps(c, local.batch_size, local.steps, local.epochs) for c in clients]
+        devices = self.clock.devices(data.num_clients)
+        return plan_round(self.clock, devices, self.sim_time, clients, steps, self._bytes_down(broadcast, broadcast_bytes), self._nominal_upload(x))
+
+    def _advance_clock(self, times, plan: RoundPlan, results, summed, broadcast: Payload, broadcast_bytes: int | None) -> dict[str, float]:
+        """Move the clock to the round's end (27.4) from the bytes each reporting client actually sent."""
+        from fl_lightning.clock.rounds import round_end
+
+        if summed is not None:
+            sizes = summed.upload_bytes
+        else:
+            sizes = [r.upload_bytes if r.upload_bytes is not None else payload_bytes(r.upload) for r in results]
+        data, local = self.datamodule, self.local
+        full = {c: data.num_local_steps(c, local.batch_size, local.steps, local.epochs) for c in plan.clients.tolist()}
+        cut = sum(0 < a < full[c] for c, a in times.allowed.items())
+        missed = sum(a == 0 for a in times.allowed.values())
+        reported = [(r.client_id, r.num_steps, up) for r, up in zip(results, sizes)]
+        devices = self.clock.devices(data.num_clients)
+        self.sim_time = round_end(self.clock, devices, self.sim_time, times, reported, self._bytes_down(broadcast, broadcast_bytes), bool(cut or missed))
+        metrics = {"time/sim_s": self.sim_time}
+        if self.clock.deadline is not None:
+            metrics.update({"faults/deadline_dropped": missed, "faults/deadline_stragglers": cut})
+        return metrics
 
     def _check_loss_growth(self, round_idx: int, losses: list[float]) -> None:
         """A finite loss that grows by orders of magnitude over the first round's is divergence too:
@@ -527,11 +591,12 @@ class FederatedModule(L.LightningModule):
         return self._trainer is not None and self._trainer.received_sigterm
 
     def _tasks(
-        self, clients: list[int], seeds: list[int], broadcast: Payload, round_idx: int, warmup: bool = False
+        self, clients: list[int], seeds: list[int], broadcast: Payload, round_idx: int, warmup: bool = False, allowed=None
     ) -> tuple[list[ClientTask], int]:
         """The client tasks (each client's K computed here, and only here) and the number of stragglers.
 
-        In a round, ``self.faults`` drops clients and cuts stragglers' budgets, drawn from their round seeds.
+        In a round, ``self.faults`` drops clients and cuts stragglers' budgets, drawn from their round seeds;
+        ``allowed`` (the clock's deadline, ``fl_lightning.clock.rounds``) caps each client's steps (0: dropped).
         """
         data, local = self.datamodule, self.local
         tasks, stragglers = [], 0
@@ -543,6 +608,11 @@ class FederatedModule(L.LightningModule):
                     log.warning("round %d: client %d dropped out (never reported)", round_idx, cid)
                     continue
                 stragglers += budget < steps
+            if allowed is not None and allowed[cid] < budget:
+                if not allowed[cid]:
+                    log.info("round %d: client %d misses the deadline (never reports)", round_idx, cid)
+                    continue
+                budget = allowed[cid]
             load_state = functools.partial(self.client_state, cid, broadcast["x"])
             load_messages = functools.partial(self.message_state, cid) if self.messages.client_stages else None
             tasks.append(ClientTask(cid, seed, budget, broadcast, load_state, warmup, load_messages))
@@ -677,6 +747,10 @@ class FederatedModule(L.LightningModule):
             "fingerprint": self.fingerprint(),
             "first_loss": self._first_loss,
         }
+        if self.clock is not None:  # only then, as below
+            checkpoint[_CKPT_KEY]["clock"] = {"sim_time": self.sim_time}
+            if self.asynchronous is not None:
+                checkpoint[_CKPT_KEY]["clock"]["events"] = self._events.state_dict()
         if self.messages:  # only then: a run without message stages writes the checkpoint it always wrote
             checkpoint[_CKPT_KEY]["messages"] = self.messages.state_dict()
         if self.record_privacy is not None:
@@ -699,6 +773,10 @@ class FederatedModule(L.LightningModule):
         if self.record_privacy is not None and "record_privacy" in state:
             self.record_privacy.load_state_dict(state["record_privacy"])
         self._first_loss = state.get("first_loss")
+        if self.clock is not None and "clock" in state:
+            self.sim_time = float(state["clock"]["sim_time"])
+            if self.asynchronous is not None:
+                self._events = self.asynchronous.events_from(state["clock"]["events"])
         if state.get("personal_store"):  # checkpoints before personal tensors became client state
             legacy = ClientStore()
             legacy.load_state_dict(state["personal_store"])

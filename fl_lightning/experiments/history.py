@@ -21,6 +21,7 @@ TEST_ACC = "test/acc"  # logged at every evaluation when the data has a validati
 ROUND = "round"
 BYTES = "comm/cumulative_bytes"
 UPLOADS = "comm/cumulative_client_uploads"
+SIM_TIME = "time/sim_s"  # simulated seconds (a run with the clock, docs/time.md)
 LEGACY_NAMES = {  # metrics.csv columns of runs logged before the names said per-round or cumulative
     "comm/bytes_total": BYTES,
     "comm/client_uploads_total": UPLOADS,
@@ -39,6 +40,7 @@ COSTS = {  # cost-to-target measures: column -> label
     PER_CLIENT: "Total communication per client (model-sized messages)",
     UPLOADS: "Client uploads (total)",
     BYTES: "Total communication (MB)",
+    SIM_TIME: "Simulated time (s)",
 }
 
 

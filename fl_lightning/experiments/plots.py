@@ -22,7 +22,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from fl_lightning.experiments.history import ACC, BYTES, PER_CLIENT, ROUND, TEST_ACC, UPLOADS, History, seed_curve  # noqa: E402
+from fl_lightning.experiments.history import ACC, BYTES, PER_CLIENT, ROUND, SIM_TIME, TEST_ACC, UPLOADS, History, seed_curve  # noqa: E402
 
 LABELS = {
     ACC: "validation accuracy",  # the test set when the data has no validation split (data.val_fraction)
@@ -33,6 +33,7 @@ LABELS = {
     "train/global_cost": "global cost f(θ)",
     "train/cost_error": "f(θ) − f*",
     "time/round_s": "wall time per round (s)",
+    SIM_TIME: "simulated time (s)",
     "algo/c_norm": "server control variate ‖c‖",
     ROUND: "round",
     BYTES: "total communication (MB)",
@@ -82,7 +83,8 @@ def figures_for(histories: Mapping[str, Sequence[History]]) -> list[Figure]:
     """Accuracy against rounds and each communication measure, then every other logged metric against rounds."""
     logged = {m for hs in histories.values() for h in hs for m in h.metrics()}
     figures = [Figure("acc_vs_rounds", ACC)]
-    for x, name in ((PER_CLIENT, "acc_vs_comm_per_client"), (UPLOADS, "acc_vs_client_uploads"), (BYTES, "acc_vs_bytes"), (EPSILON, "acc_vs_epsilon")):
+    for x, name in ((PER_CLIENT, "acc_vs_comm_per_client"), (UPLOADS, "acc_vs_client_uploads"), (BYTES, "acc_vs_bytes"), (EPSILON, "acc_vs_epsilon"),
+                    (SIM_TIME, "acc_vs_sim_time")):
         if x in logged:
             figures.append(Figure(name, ACC, x))
     for metric in sorted(logged):

@@ -56,6 +56,8 @@ DATA = "datamodules.federated:FederatedDataModule"
 PRIVACY = "fl_lightning.pipeline.privacy:ClientPrivacy"
 RECORD_PRIVACY = "fl_lightning.pipeline.record_privacy:RecordPrivacy"
 TRAINER = "fl_lightning.run.cli_app:_check_trainer"
+CLOCK = "fl_lightning.clock:SimClock"
+ASYNC = "fl_lightning.clock.asynchronous:AsyncAggregation"
 
 RANGES: dict[str, Range] = {
     # ---- local training (fl_lightning.core.config.LocalTraining) ----
@@ -134,6 +136,24 @@ RANGES: dict[str, Range] = {
     "model.privacy.target_quantile": Range("float", lambda v, s: 0 < v < 1, lambda v, s: f"privacy.target_quantile must be in (0, 1), got {v}", PRIVACY, 1.0),
     "model.privacy.clip_lr": Range("float", lambda v, s: v > 0, lambda v, s: f"privacy.clip_lr must be > 0, got {v}", PRIVACY, 0.0),
     "model.privacy.count_noise": Range("float?", lambda v, s: v > 0, lambda v, s: f"privacy.count_noise must be > 0 (or null), got {v}", PRIVACY, 0.0),
+    # ---- simulated time (fl_lightning.clock.SimClock) and asynchronous aggregation (AsyncAggregation) ----
+    **{
+        f"model.clock.{arg}": Range("float", _finite_positive, lambda v, s, a=arg: f"clock.{a} must be > 0 and finite, got {v!r}", CLOCK, -1.0)
+        for arg in ("step_cost", "bandwidth", "period")
+    },
+    **{
+        f"model.clock.{arg}": Range("float", lambda v, s: 0 <= v < math.inf, lambda v, s, a=arg: f"clock.{a} must be >= 0 and finite, got {v!r}", CLOCK, -1.0)
+        for arg in ("speed_sigma", "bandwidth_sigma")
+    },
+    "model.clock.duty": Range("float", lambda v, s: 0 < v <= 1, lambda v, s: f"clock.duty must be in (0, 1], got {v!r}", CLOCK, 1.5),
+    "model.clock.deadline": Range(
+        "float?", _finite_positive, lambda v, s: f"clock.deadline must be > 0 seconds (or null: wait for the slowest client), got {v!r}", CLOCK, 0.0
+    ),
+    **{
+        f"model.asynchronous.{arg}": Range("int", _at_least(1), lambda v, s, a=arg: f"asynchronous.{a} must be an integer >= 1, got {v!r}", ASYNC, 0)
+        for arg in ("concurrency", "buffer_size")
+    },
+    "model.asynchronous.alpha": Range("float", lambda v, s: 0 < v <= 1, lambda v, s: f"asynchronous.alpha must be in (0, 1], got {v!r}", ASYNC, 1.5),
     # ---- algorithms (fl_lightning.algorithms; global_lr: fl_lightning.algorithms.base.Algorithm) ----
     "model.algorithm[*].global_lr": Range("float", lambda v, s: v > 0, lambda v, s: f"algorithm global_lr must be > 0, got {v}",
                                           "fl_lightning.algorithms:FedAvg", 0.0),  # fmt: skip
