@@ -183,8 +183,8 @@ def test_refusals_of_algorithm_and_privacy():
     with pytest.raises(ValueError, match="not a weighted combination of the uploads"):
         Robust(rule="median").check(FedNova(), 10)
     with pytest.raises(ValueError, match="client-level DP's noise covers"):
-        Robust(rule="multi_krum").check(FedAvg(), 10, privacy=object())
-    Robust(rule="norm_bound").check(FedAvg(), 10, privacy=object())
+        Robust(rule="multi_krum").check_with_privacy()
+    Robust(rule="norm_bound").check_with_privacy()
     Robust(rule="bulyan", f=1).check(SCAFFOLD(), 7)
     with pytest.raises(ValueError, match=r"robust.beta must be in \[0, 0.5\)"):
         Robust(rule="trimmed_mean", beta=0.5)

@@ -102,6 +102,15 @@ class Robust:
             raise ValueError(f"robust.f must be an integer >= 0, got {self.f}")
         if self.fraction is not None and not 0 <= self.fraction < 1:
             raise ValueError(f"robust.fraction must be in [0, 1), got {self.fraction}")
+        if self.beta is not None and not 0 <= self.beta < 0.5:
+            raise ValueError(f"robust.beta must be in [0, 0.5) (2 beta < 1), got {self.beta}")
+        if self.m is not None and self.m < 1:
+            raise ValueError(f"robust.m must be an integer >= 1 (or null for n - f), got {self.m}")
+        if self.iters is not None and self.iters < 1:
+            raise ValueError(f"robust.iters must be an integer >= 1, got {self.iters}")
+        for name in ("nu", "tau", "max_norm"):
+            if not 0 < getattr(self, name) < math.inf:
+                raise ValueError(f"robust.{name} must be > 0, got {getattr(self, name)}")
         if self.f is not None and self.fraction is not None:
             raise ValueError("robust.f and robust.fraction both set: give the number of attackers or their fraction, not both")
         self.rule_impl = self._build()
@@ -139,9 +148,19 @@ class Robust:
             return f"robust.rule={self.rule} needs {rule.requirement(f)}: got n={n} reporting clients and f={f}"
         return None
 
-    def check(self, algorithm: Any, cohort: int | None, privacy: Any = None) -> None:
+    def check_with_privacy(self) -> None:
+        """Client-level DP (clip -> robust aggregation -> noise) keeps its guarantee only where the rule's output
+        is a mean with fixed weights of uploads of bounded norm (``DP_SAFE``); any other rule is refused."""
+        if self.rule not in DP_SAFE:
+            raise ValueError(
+                f"robust.rule={self.rule} with privacy: client-level DP's noise covers one client moving the sum by at most C/m, "
+                f"which {self.rule} breaks (its output is not a mean with fixed bounded weights: one client changes how the others "
+                "count); use robust.rule=norm_bound or remove privacy"
+            )
+
+    def check(self, algorithm: Any, cohort: int | None) -> None:
         """One line before training: an algorithm whose aggregate is not a weighted combination of uploads,
-        client-level DP with a rule that breaks its sensitivity argument, too few clients per round."""
+        a fraction without an honest majority where the rule needs one, too few clients per round."""
         from fl_lightning.algorithms.base import declares_capability
         from fl_lightning.pipeline.messages import sends_no_model_shaped_upload
 
@@ -153,12 +172,6 @@ class Robust:
             )
         if sends_no_model_shaped_upload(algorithm):
             raise ValueError(f"robust.rule={self.rule} cannot combine {name}'s uploads: they are not shaped like the model; remove robust")
-        if privacy is not None and self.rule not in DP_SAFE:
-            raise ValueError(
-                f"robust.rule={self.rule} with privacy: client-level DP's noise covers one client moving the sum by at most C/m, "
-                f"which {self.rule} breaks (its output is not a mean with fixed bounded weights: one client changes how the others "
-                "count); use robust.rule=norm_bound or remove privacy"
-            )
         if self.fraction is not None and self.rule_impl.needs_majority and self.fraction >= 0.5:
             raise ValueError(self.violation(1))
         if cohort is not None:
