@@ -43,9 +43,12 @@ def test_a_rule_that_returns_the_mean_gives_the_plain_run(tmp_path, algorithm):
     assert "robust/upload_norm_mean" in trainer.callback_metrics
 
 
-def test_centered_clipping_resumes_bitwise(tmp_path):
+@pytest.mark.parametrize("robust", [dict(rule="centered_clipping", tau=0.05, iters=2), dict(rule="fltrust", root_size=30)])
+def test_stateful_rules_resume_bitwise(tmp_path, robust):
+    """Centered clipping's center is checkpointed; FLTrust's root data is redrawn from the seed (the same samples)."""
+
     def run(path, rounds, ckpt=None):
-        module = _module(FedAvg(), Robust("centered_clipping", tau=0.05, iters=2))
+        module = _module(SCAFFOLD(), Robust(**robust))
         checkpoint = ModelCheckpoint(dirpath=path / "ckpt", save_last=True, every_n_train_steps=1, save_top_k=0)
         _fit(path, module, rounds, ckpt_path=ckpt, enable_checkpointing=True, callbacks=[checkpoint])
         return module
@@ -55,8 +58,13 @@ def test_centered_clipping_resumes_bitwise(tmp_path):
     resumed = run(tmp_path / "c", 4, str(tmp_path / "b" / "ckpt" / "last.ckpt"))
     for a, b in zip(straight.model.parameters(), resumed.model.parameters()):
         assert torch.equal(a, b)
-    assert torch.equal(straight.robust.rule_impl.center, resumed.robust.rule_impl.center)
-    assert float(torch.linalg.vector_norm(straight.robust.rule_impl.center)) > 0
+    assert straight.store.equal(resumed.store) and len(straight.store) > 0
+    if robust["rule"] == "centered_clipping":
+        assert torch.equal(straight.robust.rule_impl.center, resumed.robust.rule_impl.center)
+        assert float(torch.linalg.vector_norm(straight.robust.rule_impl.center)) > 0
+    else:
+        assert all(torch.equal(a, b) for a, b in zip(straight._root_data[1].samples, resumed._root_data[1].samples))
+        assert len(straight._root_data[1].samples[0]) == 30
 
 
 def test_too_few_reporting_clients_skip_the_round_with_a_warning(tmp_path, caplog):

@@ -76,6 +76,17 @@ def np_centered_clipping(V, center, tau, iters):
     return v
 
 
+def np_fltrust(V, g0):
+    g0n = np.sqrt(g0 @ g0)
+    total, acc = 0.0, np.zeros_like(g0)
+    for v in V:
+        vn = np.sqrt(v @ v)
+        ts = max(0.0, float(v @ g0) / (vn * g0n))
+        total += ts
+        acc += ts * v * (g0n / vn)
+    return acc / total if total > 0 else np.zeros_like(g0)
+
+
 def np_norm_bound(V, w, M):
     w = w / w.sum()
     return (w[:, None] * np_clip_rows(V, M)).sum(0) / w.sum()
@@ -142,6 +153,13 @@ def test_rules_equal_numpy_references(n, seed, ties):
     second = robust.combine(ups, torch.from_numpy(w), ids)  # from the first round's output as center
     c1 = np_centered_clipping(V, np.zeros(V.shape[1]), 2.0, 3)
     diffs["centered_clipping"] = max(np.abs(flat(first.upload) - c1).max(), np.abs(flat(second.upload) - np_centered_clipping(V, c1, 2.0, 3)).max())
+    g0 = V[2] + 0.5  # the server's update: most uploads agree with it, some point away (trust 0)
+    assert (V @ g0 < 0).any() and (V @ g0 > 0).sum() > 1
+    ref_payload = uploads(n, seed, ties)[0][0]
+    flat_ref = torch.from_numpy(g0.copy())
+    ref_payload = {"delta": {"w": flat_ref[:6].reshape(2, 3), "b": flat_ref[6:8]}, "delta_c": {"w": flat_ref[8:]}}
+    out = Robust(rule="fltrust").combine(ups, torch.from_numpy(w), ids, ref_payload)
+    diffs["fltrust"] = np.abs(flat(out.upload) - np_fltrust(V, g0)).max()
     out = run(rule="norm_bound", max_norm=3.0)
     diffs["norm_bound"] = np.abs(flat(out.upload) - np_norm_bound(V, w, 3.0)).max()
     print(n, seed, ties, {k: f"{v:.2e}" for k, v in diffs.items()})

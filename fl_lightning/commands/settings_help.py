@@ -77,7 +77,7 @@ privacy (docs/privacy.md):
 
 robust aggregation (docs/robustness.md):
   --model.robust.rule NAME         median, trimmed_mean, krum, multi_krum, bulyan, geometric_median,
-                                   centered_clipping or norm_bound; default none (the weighted mean)
+                                   centered_clipping, norm_bound or fltrust; default none (the mean)
   --model.robust.f F               attackers per round, >= 0 (or --model.robust.fraction in [0, 1))
 
 execution:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
@@ -145,6 +146,7 @@ class FederatedModule(L.LightningModule):
         if robust is not None and privacy is not None:  # before compression's: a selecting rule is the first reason
             robust.check_with_privacy()
         self._robust_round = None  # the last round's RoundOutcome (its metrics and kept clients are logged)
+        self._root_data = None  # (datamodule, FLTrust's RootData drawn from it)
         compress_up, compress_down = compression.stages() if compression is not None else ([], [])
         if compression is not None:
             named = dict(model.named_parameters())
@@ -247,6 +249,8 @@ class FederatedModule(L.LightningModule):
             self.messages.check(self.algorithm, self.datamodule.num_clients)
         if self.robust is not None:
             self.robust.check(self.algorithm, self._cohort())
+            if self.robust.needs_reference and self.personal_names:
+                raise ValueError("robust.rule=fltrust with personal tensors: the server's root update has no personal part; use another rule")
             if self.global_rank == 0:
                 KeptRecord(self._run_dir()).start(self._resumed_step or 0)
         if self.privacy is not None:  # the sampling scheme, sigma (calibrated if asked), the accountant
@@ -524,11 +528,30 @@ class FederatedModule(L.LightningModule):
             weights = self.messages.aggregation_weights(info)(uploads)
         else:
             weights = survivor_weights(plan.clients, plan.weights, ids)
-        self._robust_round = self.robust.combine(uploads, weights, ids)
+        reference = self._root_update(x, server_state, info) if self.robust.needs_reference else None
+        self._robust_round = self.robust.combine(uploads, weights, ids, reference)
         sums = self.algorithm.upload_sum(x, [self._robust_round.upload] * len(uploads), weights, info)
         if self.messages.aggregate is not None:
             sums = self._with_extra(x, sums, info)
         return self.algorithm.aggregate_sum(x, sums, server_state, info, local_steps)
+
+    def _root_update(self, x: TensorDict, server_state: NestedState, info: RoundInfo) -> Payload:
+        """FLTrust's g0: the algorithm's client rule run by the server on its root dataset (a fresh client's state,
+        the round's broadcast, K local steps, minibatches from (seed, round)); nothing of it is stored."""
+        from fl_lightning.executors.sequential import run_task
+        from fl_lightning.robust.root_data import ROOT_STREAM, RootData
+
+        data = self.datamodule
+        if self._root_data is None or self._root_data[0] is not data:
+            self._root_data = (data, RootData(data, self.robust.root_size))
+        root = self._root_data[1]
+        broadcast = self.algorithm.broadcast(x, server_state, info)
+        steps = root.num_local_steps(0, self.local.batch_size, self.local.steps, self.local.epochs)
+        initial = ClientState(self.algorithm.client_state_init(x), {})
+        task = ClientTask(0, derive_seed(data.seed, info.round, ROOT_STREAM), steps, broadcast, lambda: initial)
+        with torch.inference_mode(False), torch.enable_grad():
+            result = run_task(task, info, dataclasses.replace(self._runtime(private=False), data=root, fail_fast=True))
+        return result.upload
 
     def _run_dir(self) -> str | None:
         """Where files of the run go beside its metrics: the first logger's directory, else the trainer's root."""

@@ -1,5 +1,5 @@
 """Robust aggregation as the server's combination of the round's uploads (``--model.robust.*``;
-docs/robustness.md, docs/algorithms.md 26.1).
+docs/robustness.md, docs/algorithms.md (26.1.1)).
 
 The module, for an algorithm whose aggregate is a weighted combination of uploads
 (``linear_aggregate``), replaces the weighted mean: it stacks the round's decoded uploads (after the
@@ -23,13 +23,14 @@ from fl_lightning.core.tasks import Payload
 from fl_lightning.robust.base import Combined, RobustRule
 from fl_lightning.robust.bulyan import Bulyan
 from fl_lightning.robust.centered_clipping import CenteredClipping
+from fl_lightning.robust.fltrust import FLTrust
 from fl_lightning.robust.geometric_median import GeometricMedian
 from fl_lightning.robust.krum import Krum, MultiKrum
 from fl_lightning.robust.median import Median
 from fl_lightning.robust.norm_bound import NormBound
 from fl_lightning.robust.trimmed_mean import TrimmedMean
 
-RULES = ("median", "trimmed_mean", "krum", "multi_krum", "bulyan", "geometric_median", "centered_clipping", "norm_bound")
+RULES = ("median", "trimmed_mean", "krum", "multi_krum", "bulyan", "geometric_median", "centered_clipping", "norm_bound", "fltrust")
 DP_SAFE = ("norm_bound",)
 """Rules whose output is a weighted mean with each client's weight fixed and its upload's norm bounded:
 the only ones under which client-level DP's sensitivity argument (one client moves the sum by at most
@@ -74,7 +75,7 @@ class Robust:
     """Byzantine-robust aggregation (``--model.robust.*``; docs/robustness.md).
 
     Args:
-        rule: median, trimmed_mean, krum, multi_krum, bulyan, geometric_median, centered_clipping, norm_bound.
+        rule: median, trimmed_mean, krum, multi_krum, bulyan, geometric_median, centered_clipping, norm_bound, fltrust.
         f: the number of attackers among a round's reporting clients the rule must tolerate.
         fraction: instead of f, the assumed fraction of attackers: f = floor(fraction * n) of the n reporting.
         beta: trimmed_mean's trimmed fraction per side (b = floor(beta n)); null: b = f.
@@ -83,6 +84,7 @@ class Robust:
         nu: geometric_median's smoothing (the smallest distance it divides by).
         tau: centered_clipping's radius.
         max_norm: norm_bound's bound M on each upload's norm.
+        root_size: fltrust's root dataset, this many training samples drawn by seed (the server trains on it).
     """
 
     rule: str = "median"
@@ -94,6 +96,7 @@ class Robust:
     nu: float = 1e-6
     tau: float = 1.0
     max_norm: float = 1.0
+    root_size: int = 100
 
     def __post_init__(self) -> None:
         if self.rule not in RULES:
@@ -111,6 +114,8 @@ class Robust:
         for name in ("nu", "tau", "max_norm"):
             if not 0 < getattr(self, name) < math.inf:
                 raise ValueError(f"robust.{name} must be > 0, got {getattr(self, name)}")
+        if self.root_size < 1:
+            raise ValueError(f"robust.root_size must be an integer >= 1, got {self.root_size}")
         if self.f is not None and self.fraction is not None:
             raise ValueError("robust.f and robust.fraction both set: give the number of attackers or their fraction, not both")
         self.rule_impl = self._build()
@@ -127,6 +132,7 @@ class Robust:
             "geometric_median": lambda: GeometricMedian(nu=self.nu, **iters),
             "centered_clipping": lambda: CenteredClipping(self.tau, **iters),
             "norm_bound": lambda: NormBound(self.max_norm),
+            "fltrust": lambda: FLTrust(),
         }[self.rule]()
 
     # ---- the assumption on f ------------------------------------------------------------------------
@@ -172,6 +178,11 @@ class Robust:
             )
         if sends_no_model_shaped_upload(algorithm):
             raise ValueError(f"robust.rule={self.rule} cannot combine {name}'s uploads: they are not shaped like the model; remove robust")
+        if self.needs_reference and (algorithm.warmup_pass or getattr(algorithm, "needs_label_counts", False)):
+            raise ValueError(
+                f"robust.rule=fltrust cannot train {name} on its root dataset (a warm-up pass or per-client label counts); "
+                "use another rule"
+            )
         if self.fraction is not None and self.rule_impl.needs_majority and self.fraction >= 0.5:
             raise ValueError(self.violation(1))
         if cohort is not None:
@@ -179,13 +190,23 @@ class Robust:
             if line is not None:
                 raise ValueError(f"{line} (clients per round)")
 
+    @property
+    def needs_reference(self) -> bool:
+        """Whether the rule compares the uploads with the server's own update on its root dataset (FLTrust)."""
+        return getattr(self.rule_impl, "needs_reference", False)
+
     # ---- one round ------------------------------------------------------------------------------------
-    def combine(self, uploads: list[Payload], weights: Tensor, client_ids: list[int]) -> RoundOutcome:
-        """The robust combination of the round's uploads (client ``client_ids[i]`` sent ``uploads[i]``)."""
+    def combine(self, uploads: list[Payload], weights: Tensor, client_ids: list[int], reference: Payload | None = None) -> RoundOutcome:
+        """The robust combination of the round's uploads (client ``client_ids[i]`` sent ``uploads[i]``);
+        ``reference``: the server's own upload on its root dataset (FLTrust), shaped like an upload."""
         V, layout = stack(uploads)
         w = torch.as_tensor(weights, dtype=torch.float64).to(V.device)
         w = w / w.sum() if float(w.sum()) > 0 else torch.full_like(w, 1.0 / len(uploads))
-        out: Combined = self.rule_impl.combine(V, w, self.attackers(len(uploads)))
+        f = self.attackers(len(uploads))
+        if self.needs_reference:
+            out: Combined = self.rule_impl.combine(V, w, f, stack([*uploads[:1], reference])[0][1] if reference is not None else None)
+        else:
+            out = self.rule_impl.combine(V, w, f)
         metrics = self.norm_metrics(torch.linalg.vector_norm(V, dim=1), client_ids)
         kept = None if out.kept is None else [client_ids[i] for i in out.kept]
         if kept is not None:

@@ -1,4 +1,4 @@
-"""The robust-aggregation contract (docs/algorithms.md, 26.1).
+"""The robust-aggregation contract (docs/algorithms.md (26.1.1)).
 
 A ``RobustRule`` sees the round's decoded uploads as one matrix ``V`` ``[n, d]``: row i is client i's
 whole upload (every entry the algorithm uploads, e.g. SCAFFOLD's ``delta`` and ``delta_c``, each

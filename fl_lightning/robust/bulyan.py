@@ -1,4 +1,4 @@
-"""Bulyan (El Mhamdi et al., ICML 2018), docs/algorithms.md (26.5)."""
+"""Bulyan (El Mhamdi et al., ICML 2018), docs/algorithms.md (26.1.5)."""
 
 from __future__ import annotations
 

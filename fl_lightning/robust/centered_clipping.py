@@ -1,4 +1,4 @@
-"""Centered clipping (Karimireddy, He and Jaggi, ICML 2021), docs/algorithms.md (26.7)."""
+"""Centered clipping (Karimireddy, He and Jaggi, ICML 2021), docs/algorithms.md (26.1.7)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Geometric median by the smoothed Weiszfeld algorithm (RFA; Pillutla et al., IEEE TSP 2022),
-docs/algorithms.md (26.6)."""
+docs/algorithms.md (26.1.6)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Krum and Multi-Krum (Blanchard et al., NeurIPS 2017), docs/algorithms.md (26.4)."""
+"""Krum and Multi-Krum (Blanchard et al., NeurIPS 2017), docs/algorithms.md (26.1.4)."""
 
 from __future__ import annotations
 

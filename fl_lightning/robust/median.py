@@ -1,4 +1,4 @@
-"""Coordinate-wise median (Yin et al., ICML 2018), docs/algorithms.md (26.2)."""
+"""Coordinate-wise median (Yin et al., ICML 2018), docs/algorithms.md (26.1.2)."""
 
 from __future__ import annotations
 

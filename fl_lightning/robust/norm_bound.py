@@ -1,4 +1,4 @@
-"""Norm bounding (Sun et al., "Can you really backdoor federated learning?", 2019), docs/algorithms.md (26.8)."""
+"""Norm bounding (Sun et al., "Can you really backdoor federated learning?", 2019), docs/algorithms.md (26.1.8)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Coordinate-wise trimmed mean (Yin et al., ICML 2018), docs/algorithms.md (26.3)."""
+"""Coordinate-wise trimmed mean (Yin et al., ICML 2018), docs/algorithms.md (26.1.3)."""
 
 from __future__ import annotations
 

@@ -57,7 +57,7 @@ PRIVACY = "fl_lightning.pipeline.privacy:ClientPrivacy"
 RECORD_PRIVACY = "fl_lightning.pipeline.record_privacy:RecordPrivacy"
 TRAINER = "fl_lightning.run.cli_app:_check_trainer"
 ROBUST = "fl_lightning.robust.aggregation:Robust"
-ROBUST_RULES = ("median", "trimmed_mean", "krum", "multi_krum", "bulyan", "geometric_median", "centered_clipping", "norm_bound")
+ROBUST_RULES = ("median", "trimmed_mean", "krum", "multi_krum", "bulyan", "geometric_median", "centered_clipping", "norm_bound", "fltrust")
 # (fl_lightning.robust.aggregation.RULES: tests/test_robust_cli.py checks they agree)
 
 RANGES: dict[str, Range] = {
@@ -148,6 +148,7 @@ RANGES: dict[str, Range] = {
         "float?", lambda v, s: 0 <= v < 0.5, lambda v, s: f"robust.beta must be in [0, 0.5) (2 beta < 1), got {v}", ROBUST, 0.5
     ),
     "model.robust.m": Range("int?", _at_least(1), lambda v, s: f"robust.m must be an integer >= 1 (or null for n - f), got {v}", ROBUST, 0),
+    "model.robust.root_size": Range("int", _at_least(1), lambda v, s: f"robust.root_size must be an integer >= 1, got {v}", ROBUST, 0),
     "model.robust.iters": Range("int?", _at_least(1), lambda v, s: f"robust.iters must be an integer >= 1, got {v}", ROBUST, 0),
     **{
         f"model.robust.{name}": Range("float", _finite_positive, lambda v, s, n=name: f"robust.{n} must be > 0, got {v}", ROBUST, 0.0)
