@@ -12,16 +12,22 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from fl_lightning import FederatedModule, LocalTraining
 from fl_lightning.algorithms import SCAFFOLD, FedAvg
+from fl_lightning.compression import Compression, TopK
+from fl_lightning.pipeline.privacy import ClientPrivacy
 from fl_lightning.models import MLP
 from fl_lightning.reliability.faults import ClientFaults
 from fl_lightning.robust import Robust
 from tests.conftest import tiny_datamodule, tiny_trainer
 
 
-def _module(algorithm, robust=None, faults=ClientFaults()):
+def _module(algorithm, robust=None, faults=ClientFaults(), **kw):
     torch.manual_seed(0)
     return FederatedModule(MLP(in_features=8, num_classes=3, hidden=[16]), algorithm, LocalTraining(lr=0.1, steps=3, batch_size=8),
-                           faults=faults, robust=robust)  # fmt: skip
+                           faults=faults, robust=robust, **kw)  # fmt: skip
+
+
+def _topk(feedback):
+    return Compression(up=TopK(ratio=0.3), error_feedback_up=feedback)
 
 
 def _fit(tmp_path, module, rounds, clients_per_round=5, ckpt_path=None, **kw):
@@ -30,9 +36,18 @@ def _fit(tmp_path, module, rounds, clients_per_round=5, ckpt_path=None, **kw):
     return trainer
 
 
-@pytest.mark.parametrize("algorithm", [FedAvg, SCAFFOLD])
-def test_a_rule_that_returns_the_mean_gives_the_plain_run(tmp_path, algorithm):
-    plain, bound = _module(algorithm()), _module(algorithm(), Robust("norm_bound", max_norm=1e9))
+@pytest.mark.parametrize(
+    "algorithm, extra",
+    [
+        (FedAvg, lambda: {}),
+        (SCAFFOLD, lambda: {}),
+        (SCAFFOLD, lambda: {"compression": _topk(True)}),  # the rule sees the decoded (sparse) uploads
+        (FedAvg, lambda: {"privacy": ClientPrivacy(clip_norm=0.5, noise_multiplier=1.0), "compression": _topk(False)}),  # clip, compress, rule, noise
+    ],
+    ids=["fedavg", "scaffold", "scaffold-topk-ef", "fedavg-dp-topk"],
+)
+def test_a_rule_that_returns_the_mean_gives_the_plain_run(tmp_path, algorithm, extra):
+    plain, bound = _module(algorithm(), **extra()), _module(algorithm(), Robust("norm_bound", max_norm=1e9), **extra())
     _fit(tmp_path / "a", plain, 3)
     trainer = _fit(tmp_path / "b", bound, 3)
     for a, b in zip(plain.model.parameters(), bound.model.parameters()):
@@ -41,6 +56,7 @@ def test_a_rule_that_returns_the_mean_gives_the_plain_run(tmp_path, algorithm):
         for k in state:
             torch.testing.assert_close(state[k], bound.server_state[name][k], rtol=1e-5, atol=1e-6)
     assert "robust/upload_norm_mean" in trainer.callback_metrics
+    assert not torch.equal(next(plain.model.parameters()), next(_module(algorithm()).model.parameters()))  # it trained
 
 
 @pytest.mark.parametrize("robust", [dict(rule="centered_clipping", tau=0.05, iters=2), dict(rule="fltrust", root_size=30)])

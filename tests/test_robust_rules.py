@@ -169,7 +169,7 @@ def test_rules_equal_numpy_references(n, seed, ties):
 def test_norm_metrics_split_benign_and_malicious():
     ups, V = uploads(6, 3)
     robust = Robust(rule="median")
-    robust.malicious = {101, 105}
+    robust.mark_malicious({101, 105})
     m = robust.combine(ups, torch.ones(6), list(range(100, 106))).metrics
     norms = np.sqrt((V**2).sum(1))
     assert abs(m["robust/upload_norm_mean"] - norms.mean()) < TOL

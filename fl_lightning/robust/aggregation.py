@@ -213,6 +213,11 @@ class Robust:
             metrics["robust/kept_fraction"] = len(kept) / len(client_ids)
         return RoundOutcome(unstack(out.vector, layout), kept, metrics)
 
+    def mark_malicious(self, client_ids: set[int] | None) -> None:
+        """The attackers' client ids (from an attack), to split ``robust/upload_norm_mean`` into
+        ``robust/norm_benign`` and ``robust/norm_malicious``; None: not known."""
+        self.malicious = None if client_ids is None else {int(c) for c in client_ids}
+
     def norm_metrics(self, norms: Tensor, client_ids: list[int]) -> dict[str, float]:
         """``robust/upload_norm_mean``; with ``malicious`` ids known, ``robust/norm_benign`` and ``robust/norm_malicious``."""
         metrics = {"robust/upload_norm_mean": float(norms.mean())}
