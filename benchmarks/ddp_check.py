@@ -14,7 +14,8 @@ process without clients); ``--dropout f`` drops clients before they train and ``
 makes the first client of every round fail while training (either way the survivors are reweighted).
 ``--privacy C SIGMA`` runs under client-level DP (clip norm C, noise multiplier sigma), with
 ``--adaptive-clipping`` under adaptive clipping; ``--record-privacy C SIGMA`` under record-level
-DP-SGD in local training (Poisson sampling).
+DP-SGD in local training (Poisson sampling). ``--robust RULE F`` aggregates with a robust rule
+(``fl_lightning.robust.Robust``, f attackers): every upload gathered on every process.
 The output also holds the last round's logged metrics and the executor's count of rounds
 whose uploads were gathered or summed across the processes.
 """
@@ -38,6 +39,7 @@ from fl_lightning.reliability.faults import ClientFailure, ClientFaults  # noqa:
 from fl_lightning.core.participation import BernoulliParticipation  # noqa: E402
 from fl_lightning.pipeline.privacy import ClientPrivacy  # noqa: E402
 from fl_lightning.pipeline.record_privacy import RecordPrivacy  # noqa: E402
+from fl_lightning.robust import Robust  # noqa: E402
 from fl_lightning.core.state import flatten_state  # noqa: E402
 from models import MLP  # noqa: E402
 
@@ -78,6 +80,7 @@ def main() -> None:
     parser.add_argument("--privacy", type=float, nargs=2, default=None, metavar=("C", "SIGMA"), help="client-level DP: clip norm, noise multiplier")
     parser.add_argument("--adaptive-clipping", action="store_true", help="with --privacy: adaptive clipping (count noise 1.0, quantile 0.5)")
     parser.add_argument("--record-privacy", type=float, nargs=2, default=None, metavar=("C", "SIGMA"), help="record-level DP-SGD")
+    parser.add_argument("--robust", nargs=2, default=None, metavar=("RULE", "F"), help="robust aggregation: rule name, f")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -93,7 +96,8 @@ def main() -> None:
     module = FederatedModule(MLP(32, 10, hidden=[64]), ALGORITHMS[args.algorithm](), local, personal=personal, execution=args.execution,
                              faults=ClientFaults(dropout=args.dropout), compression=compression,
                              privacy=_privacy(args),
-                             record_privacy=RecordPrivacy(*args.record_privacy) if args.record_privacy else None)  # fmt: skip
+                             record_privacy=RecordPrivacy(*args.record_privacy) if args.record_privacy else None,
+                             robust=Robust(args.robust[0], f=int(args.robust[1])) if args.robust else None)  # fmt: skip
     participation = BernoulliParticipation(args.bernoulli) if args.bernoulli else UniformSampling(args.clients_per_round)
     data = FederatedDataModule(
         "synthetic", dict(num_samples=8000, num_features=32, num_classes=10, seed=0), num_clients=100,

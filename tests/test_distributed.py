@@ -54,6 +54,16 @@ def test_ddp_two_processes_equal_one_process(tmp_path, algorithm, skew):
     assert ddp["exchanges"] == {"gathered": 3 + (algorithm == "scaffold_p"), "summed": 0}  # + the warm-up pass
 
 
+def test_ddp_robust_aggregation_gathers_and_equals_one_process(tmp_path):
+    """Multi-Krum needs every upload in one place: the processes gather them (never the partial sums), and
+    2 processes give the one-process run bitwise, SCAFFOLD's control deltas combined jointly."""
+    single = _train(tmp_path, 1, "scaffold", False, "--robust", "multi_krum", "1")
+    ddp = _train(tmp_path, 2, "scaffold", False, "--robust", "multi_krum", "1")
+    _assert_close(single, ddp, rtol=0, atol=0)
+    assert ddp["exchanges"] == {"gathered": 3, "summed": 0}
+    assert single["metrics"]["robust/kept_fraction"] == ddp["metrics"]["robust/kept_fraction"] == pytest.approx(0.8)
+
+
 @pytest.mark.parametrize(
     "algorithm, skew, extra",
     [

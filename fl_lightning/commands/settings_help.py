@@ -75,6 +75,11 @@ privacy (docs/privacy.md):
   --model.privacy.target_epsilon E     > 0, or null (no budget)
   --model.record_privacy.*             record-level DP-SGD: clip_norm, noise_multiplier, delta alike
 
+robust aggregation (docs/robustness.md):
+  --model.robust.rule NAME         median, trimmed_mean, krum, multi_krum, bulyan, geometric_median,
+                                   centered_clipping, norm_bound or fltrust; default none (the mean)
+  --model.robust.f F               attackers per round, >= 0 (or --model.robust.fraction in [0, 1))
+
 execution:
   --model.execution NAME           sequential (default) or batched (docs/performance.md)
 

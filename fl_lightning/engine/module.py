@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
@@ -35,6 +36,8 @@ from fl_lightning.core.metrics import consistency_from_sums, count_messages, los
 from fl_lightning.core.objective import Objective
 from fl_lightning.pipeline.privacy import ClientPrivacy
 from fl_lightning.pipeline.record_privacy import RecordPrivacy
+from fl_lightning.robust.aggregation import Robust
+from fl_lightning.robust.record import KeptRecord
 from fl_lightning.core.params import TensorDict
 from fl_lightning.core.participation import RoundPlan, derive_seed, derive_seeds
 from fl_lightning.core.state import ClientStore, NestedState, flatten_state, unflatten_state
@@ -103,6 +106,8 @@ class FederatedModule(AsyncServer, L.LightningModule):
             and availability; rounds wait for their slowest client or a deadline; logs ``time/sim_s``.
         asynchronous: FedBuff or FedAsync (``fl_lightning.clock.AsyncAggregation``, docs/time.md) under the
             clock: one training step is one server update from the buffered arrivals.
+        robust: Byzantine-robust aggregation (``fl_lightning.robust.Robust``, docs/robustness.md): the
+            rule's combination of the round's uploads replaces their weighted mean; default none.
     """
 
     def __init__(
@@ -121,6 +126,7 @@ class FederatedModule(AsyncServer, L.LightningModule):
         record_privacy: RecordPrivacy | None = None,
         clock: SimClock | None = None,
         asynchronous: AsyncAggregation | None = None,
+        robust: Robust | None = None,
     ) -> None:
         super().__init__()
         quiet_known_warnings()
@@ -146,6 +152,11 @@ class FederatedModule(AsyncServer, L.LightningModule):
         self.privacy = privacy
         self.record_privacy = record_privacy
         self.compression = compression
+        self.robust = robust
+        if robust is not None and privacy is not None:  # before compression's: a selecting rule is the first reason
+            robust.check_with_privacy()
+        self._robust_round = None  # the last round's RoundOutcome (its metrics and kept clients are logged)
+        self._root_data = None  # (datamodule, FLTrust's RootData drawn from it)
         compress_up, compress_down = compression.stages() if compression is not None else ([], [])
         if compression is not None:
             named = dict(model.named_parameters())
@@ -254,6 +265,12 @@ class FederatedModule(AsyncServer, L.LightningModule):
         check_label_counts(self.algorithm, self.datamodule)
         if self.messages:
             self.messages.check(self.algorithm, self.datamodule.num_clients)
+        if self.robust is not None:
+            self.robust.check(self.algorithm, self._cohort())
+            if self.robust.needs_reference and self.personal_names:
+                raise ValueError("robust.rule=fltrust with personal tensors: the server's root update has no personal part; use another rule")
+            if self.global_rank == 0:
+                KeptRecord(self._run_dir()).start(self._resumed_step or 0)
         if self.privacy is not None:  # the sampling scheme, sigma (calibrated if asked), the accountant
             participation = getattr(self.datamodule, "participation", None)
             self.privacy.prepare(participation, self.datamodule.num_clients, self.trainer.max_steps, self.datamodule.seed)
@@ -427,7 +444,8 @@ class FederatedModule(AsyncServer, L.LightningModule):
         tasks, stragglers = self._tasks(plan.clients.tolist(), plan.seeds.tolist(), broadcast, plan.round, allowed=times and times.allowed)
         # An algorithm whose aggregate is a sum over clients may get the uploads summed (DDP:
         # partial sums all-reduced, not gathered); any other, or one process, gets every upload.
-        linear = declares_capability(self.algorithm, "linear_aggregate")
+        # Robust aggregation needs every upload in one place: gathered (DDP), never summed.
+        linear = declares_capability(self.algorithm, "linear_aggregate") and self.robust is None
         weights = self.messages.aggregation_weights(info)  # an aggregate stage's fixed weights, or None: the plan's
         if weights is None:
             weights = functools.partial(survivor_weights, plan.clients, plan.weights)
@@ -455,6 +473,11 @@ class FederatedModule(AsyncServer, L.LightningModule):
             if math.isinf(result.mean_loss):
                 raise self._diverged(f"round {plan.round}: client {result.client_id}'s training loss is non-finite ({result.mean_loss})")
         self._check_loss_growth(plan.round, [r.mean_loss for r in results])
+        too_few = self.robust.violation(len(results)) if self.robust is not None else None
+        if too_few is not None:  # dropouts or failures left fewer clients than the rule's assumption on f
+            log.warning("round %d: skipped (nothing aggregated, no client state kept): %s", plan.round, too_few)
+            self._empty_round(plan, broadcast, {**extra_metrics, "robust/skipped": 1})
+            return
         local_steps = [r.num_steps for r in results]
         if summed is not None:
             uploads, (pseudo_grad, self.server_state) = [], self._aggregate_summed(plan, x, summed, server_state, info, local_steps)
@@ -462,6 +485,10 @@ class FederatedModule(AsyncServer, L.LightningModule):
             uploads = [r.upload for r in results]
             pseudo_grad, self.server_state = self._aggregate(plan, x, results, server_state, info, local_steps)
         extra_metrics.update({f"algo/{k}": v for k, v in self.algorithm.metrics(self.server_state, info).items()})
+        if self._robust_round is not None:
+            extra_metrics.update(self._robust_round.metrics)
+            if self._robust_round.kept is not None and self.global_rank == 0:
+                KeptRecord(self._run_dir()).add(plan.round, self._robust_round.kept)
         if self.messages:
             extra_metrics.update(self.messages.end_round(info, len(results)))
         for result in results:
@@ -550,11 +577,55 @@ class FederatedModule(AsyncServer, L.LightningModule):
                 bad = first_non_finite(result.upload)
                 if bad is not None:
                     raise self._diverged(f"round {plan.round}: client {result.client_id} sent a non-finite update ({bad})")
+        if self.robust is not None:  # the rule's r stands for every upload (fl_lightning/robust/aggregation.py)
+            return self._aggregate_robust(plan, x, results, server_state, info, local_steps)
         if self.messages.aggregate is not None:  # an aggregate stage: fixed weights and its extra upload in the sum
             sums = self.algorithm.upload_sum(x, uploads, self.messages.aggregation_weights(info)(uploads), info)
             return self.algorithm.aggregate_sum(x, self._with_extra(x, sums, info), server_state, info, local_steps)
         weights = survivor_weights(plan.clients, plan.weights, [r.client_id for r in results])
         return self.algorithm.aggregate(x, uploads, weights, server_state, info, local_steps)
+
+    def _aggregate_robust(self, plan, x, results, server_state, info, local_steps) -> tuple[TensorDict, NestedState]:
+        """Clip and compress (client stages, already applied) -> the robust rule -> the aggregate stage's noise."""
+        uploads, ids = [r.upload for r in results], [r.client_id for r in results]
+        if self.messages.aggregate is not None:
+            weights = self.messages.aggregation_weights(info)(uploads)
+        else:
+            weights = survivor_weights(plan.clients, plan.weights, ids)
+        reference = self._root_update(x, server_state, info) if self.robust.needs_reference else None
+        self._robust_round = self.robust.combine(uploads, weights, ids, reference)
+        sums = self.algorithm.upload_sum(x, [self._robust_round.upload] * len(uploads), weights, info)
+        if self.messages.aggregate is not None:
+            sums = self._with_extra(x, sums, info)
+        return self.algorithm.aggregate_sum(x, sums, server_state, info, local_steps)
+
+    def _root_update(self, x: TensorDict, server_state: NestedState, info: RoundInfo) -> Payload:
+        """FLTrust's g0: the algorithm's client rule run by the server on its root dataset (a fresh client's state,
+        the round's broadcast, K local steps, minibatches from (seed, round)); nothing of it is stored."""
+        from fl_lightning.executors.sequential import run_task
+        from fl_lightning.robust.root_data import ROOT_STREAM, RootData
+
+        data = self.datamodule
+        if self._root_data is None or self._root_data[0] is not data:
+            self._root_data = (data, RootData(data, self.robust.root_size))
+        root = self._root_data[1]
+        broadcast = self.algorithm.broadcast(x, server_state, info)
+        steps = root.num_local_steps(0, self.local.batch_size, self.local.steps, self.local.epochs)
+        initial = ClientState(self.algorithm.client_state_init(x), {})
+        task = ClientTask(0, derive_seed(data.seed, info.round, ROOT_STREAM), steps, broadcast, lambda: initial)
+        with torch.inference_mode(False), torch.enable_grad():
+            result = run_task(task, info, dataclasses.replace(self._runtime(private=False), data=root, fail_fast=True))
+        return result.upload
+
+    def _run_dir(self) -> str | None:
+        """Where files of the run go beside its metrics: the first logger's directory, else the trainer's root."""
+        return next((lg.log_dir for lg in self.trainer.loggers if getattr(lg, "log_dir", None)), self.trainer.default_root_dir)
+
+    def _cohort(self) -> int | None:
+        """The clients a round selects, where the participation fixes their number (else None: checked per round)."""
+        participation = getattr(self.datamodule, "participation", None)
+        count = getattr(participation, "count", None)
+        return int(count(self.datamodule.num_clients)) if callable(count) else None
 
     def _aggregate_summed(self, plan, x, summed: SummedRound, server_state, info, local_steps) -> tuple[TensorDict, NestedState]:
         """The pseudo-gradient and new server state from the uploads' sums (``SummedRound``)."""
@@ -755,6 +826,8 @@ class FederatedModule(AsyncServer, L.LightningModule):
             checkpoint[_CKPT_KEY]["messages"] = self.messages.state_dict()
         if self.record_privacy is not None:
             checkpoint[_CKPT_KEY]["record_privacy"] = self.record_privacy.state_dict()
+        if self.robust is not None:  # only then: a run without it writes the checkpoint it always wrote
+            checkpoint[_CKPT_KEY]["robust"] = self.robust.state_dict()
         wandb_ids = [str(logger.version) for logger in self.loggers if type(logger).__name__ == "WandbLogger" and logger.version]
         if wandb_ids:  # a resume continues this wandb run (fl_lightning/run/cli_app.py)
             checkpoint["loggers"] = {"wandb_run_id": wandb_ids[0]}
@@ -772,6 +845,8 @@ class FederatedModule(AsyncServer, L.LightningModule):
             self.messages.load_state_dict(state.get("messages", {}))
         if self.record_privacy is not None and "record_privacy" in state:
             self.record_privacy.load_state_dict(state["record_privacy"])
+        if self.robust is not None:
+            self.robust.load_state_dict(state.get("robust", {}))
         self._first_loss = state.get("first_loss")
         if self.clock is not None and "clock" in state:
             self.sim_time = float(state["clock"]["sim_time"])

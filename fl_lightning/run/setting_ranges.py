@@ -58,6 +58,9 @@ RECORD_PRIVACY = "fl_lightning.pipeline.record_privacy:RecordPrivacy"
 TRAINER = "fl_lightning.run.cli_app:_check_trainer"
 CLOCK = "fl_lightning.clock:SimClock"
 ASYNC = "fl_lightning.clock.asynchronous:AsyncAggregation"
+ROBUST = "fl_lightning.robust.aggregation:Robust"
+ROBUST_RULES = ("median", "trimmed_mean", "krum", "multi_krum", "bulyan", "geometric_median", "centered_clipping", "norm_bound", "fltrust")
+# (fl_lightning.robust.aggregation.RULES: tests/test_robust_cli.py checks they agree)
 
 RANGES: dict[str, Range] = {
     # ---- local training (fl_lightning.core.config.LocalTraining) ----
@@ -154,6 +157,23 @@ RANGES: dict[str, Range] = {
         for arg in ("concurrency", "buffer_size")
     },
     "model.asynchronous.alpha": Range("float", lambda v, s: 0 < v <= 1, lambda v, s: f"asynchronous.alpha must be in (0, 1], got {v!r}", ASYNC, 1.5),
+    # ---- robust aggregation (fl_lightning.robust.Robust) ----
+    "model.robust.rule": Range(
+        "str", lambda v, s: v in ROBUST_RULES,
+        lambda v, s: f"robust.rule must be one of {', '.join(ROBUST_RULES)}, got {v!r}", ROBUST, "krumm",
+    ),  # fmt: skip
+    "model.robust.f": Range("int?", _at_least(0), lambda v, s: f"robust.f must be an integer >= 0, got {v}", ROBUST, -1),
+    "model.robust.fraction": Range("float?", lambda v, s: 0 <= v < 1, lambda v, s: f"robust.fraction must be in [0, 1), got {v}", ROBUST, 1.0),
+    "model.robust.beta": Range(
+        "float?", lambda v, s: 0 <= v < 0.5, lambda v, s: f"robust.beta must be in [0, 0.5) (2 beta < 1), got {v}", ROBUST, 0.5
+    ),
+    "model.robust.m": Range("int?", _at_least(1), lambda v, s: f"robust.m must be an integer >= 1 (or null for n - f), got {v}", ROBUST, 0),
+    "model.robust.root_size": Range("int", _at_least(1), lambda v, s: f"robust.root_size must be an integer >= 1, got {v}", ROBUST, 0),
+    "model.robust.iters": Range("int?", _at_least(1), lambda v, s: f"robust.iters must be an integer >= 1, got {v}", ROBUST, 0),
+    **{
+        f"model.robust.{name}": Range("float", _finite_positive, lambda v, s, n=name: f"robust.{n} must be > 0, got {v}", ROBUST, 0.0)
+        for name in ("nu", "tau", "max_norm")
+    },
     # ---- algorithms (fl_lightning.algorithms; global_lr: fl_lightning.algorithms.base.Algorithm) ----
     "model.algorithm[*].global_lr": Range("float", lambda v, s: v > 0, lambda v, s: f"algorithm global_lr must be > 0, got {v}",
                                           "fl_lightning.algorithms:FedAvg", 0.0),  # fmt: skip

@@ -1,0 +1,101 @@
+"""Robust aggregation in the round: a rule whose output is the weighted mean gives the plain run (so r stands
+where the mean goes, SCAFFOLD's control deltas included); centered clipping's center resumes bit for bit; a round
+whose dropouts leave too few clients for the rule is skipped with one warning."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from fl_lightning import FederatedModule, LocalTraining
+from fl_lightning.algorithms import SCAFFOLD, FedAvg
+from fl_lightning.compression import Compression, TopK
+from fl_lightning.pipeline.privacy import ClientPrivacy
+from fl_lightning.models import MLP
+from fl_lightning.reliability.faults import ClientFaults
+from fl_lightning.robust import Robust
+from tests.conftest import tiny_datamodule, tiny_trainer
+
+
+def _module(algorithm, robust=None, faults=ClientFaults(), **kw):
+    torch.manual_seed(0)
+    return FederatedModule(MLP(in_features=8, num_classes=3, hidden=[16]), algorithm, LocalTraining(lr=0.1, steps=3, batch_size=8),
+                           faults=faults, robust=robust, **kw)  # fmt: skip
+
+
+def _topk(feedback):
+    return Compression(up=TopK(ratio=0.3), error_feedback_up=feedback)
+
+
+def _fit(tmp_path, module, rounds, clients_per_round=5, ckpt_path=None, **kw):
+    trainer = tiny_trainer(tmp_path, rounds, **kw)
+    trainer.fit(module, datamodule=tiny_datamodule(num_clients=8, clients_per_round=clients_per_round), ckpt_path=ckpt_path)
+    return trainer
+
+
+@pytest.mark.parametrize(
+    "algorithm, extra",
+    [
+        (FedAvg, lambda: {}),
+        (SCAFFOLD, lambda: {}),
+        (SCAFFOLD, lambda: {"compression": _topk(True)}),  # the rule sees the decoded (sparse) uploads
+        (FedAvg, lambda: {"privacy": ClientPrivacy(clip_norm=0.5, noise_multiplier=1.0), "compression": _topk(False)}),  # clip, compress, rule, noise
+    ],
+    ids=["fedavg", "scaffold", "scaffold-topk-ef", "fedavg-dp-topk"],
+)
+def test_a_rule_that_returns_the_mean_gives_the_plain_run(tmp_path, algorithm, extra):
+    plain, bound = _module(algorithm(), **extra()), _module(algorithm(), Robust("norm_bound", max_norm=1e9), **extra())
+    _fit(tmp_path / "a", plain, 3)
+    trainer = _fit(tmp_path / "b", bound, 3)
+    for a, b in zip(plain.model.parameters(), bound.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    for name, state in plain.server_state.items():  # SCAFFOLD's c = mean_i c_i
+        for k in state:
+            torch.testing.assert_close(state[k], bound.server_state[name][k], rtol=1e-5, atol=1e-6)
+    assert "robust/upload_norm_mean" in trainer.callback_metrics
+    assert not torch.equal(next(plain.model.parameters()), next(_module(algorithm()).model.parameters()))  # it trained
+
+
+@pytest.mark.parametrize("robust", [dict(rule="centered_clipping", tau=0.05, iters=2), dict(rule="fltrust", root_size=30)])
+def test_stateful_rules_resume_bitwise(tmp_path, robust):
+    """Centered clipping's center is checkpointed; FLTrust's root data is redrawn from the seed (the same samples)."""
+
+    def run(path, rounds, ckpt=None):
+        module = _module(SCAFFOLD(), Robust(**robust))
+        checkpoint = ModelCheckpoint(dirpath=path / "ckpt", save_last=True, every_n_train_steps=1, save_top_k=0)
+        _fit(path, module, rounds, ckpt_path=ckpt, enable_checkpointing=True, callbacks=[checkpoint])
+        return module
+
+    straight = run(tmp_path / "a", 4)
+    run(tmp_path / "b", 2)
+    resumed = run(tmp_path / "c", 4, str(tmp_path / "b" / "ckpt" / "last.ckpt"))
+    for a, b in zip(straight.model.parameters(), resumed.model.parameters()):
+        assert torch.equal(a, b)
+    assert straight.store.equal(resumed.store) and len(straight.store) > 0
+    if robust["rule"] == "centered_clipping":
+        assert torch.equal(straight.robust.rule_impl.center, resumed.robust.rule_impl.center)
+        assert float(torch.linalg.vector_norm(straight.robust.rule_impl.center)) > 0
+    else:
+        assert all(torch.equal(a, b) for a, b in zip(straight._root_data[1].samples, resumed._root_data[1].samples))
+        assert len(straight._root_data[1].samples[0]) == 30
+
+
+def test_too_few_reporting_clients_skip_the_round_with_a_warning(tmp_path, caplog):
+    module = _module(FedAvg(), Robust("krum", f=1), faults=ClientFaults(dropout=0.3))  # krum needs n >= 5 of the 5
+    before = [p.detach().clone() for p in module.model.parameters()]
+    with caplog.at_level(logging.WARNING, logger="fl_lightning.engine.module"):
+        _fit(tmp_path, module, 3)
+    skipped = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert skipped and all("robust.rule=krum needs n > 2f + 2: got n=" in s for s in skipped)
+    dropped = [r for r in caplog.records if "dropped out" in r.getMessage()]
+    assert dropped and len(skipped) == len({r.getMessage().split(":")[0] for r in dropped})  # one per round with a dropout
+    if len(skipped) == 3:
+        assert all(torch.equal(a, b) for a, b in zip(before, module.model.parameters()))
+
+
+def test_a_cohort_too_small_for_the_rule_is_refused_before_training(tmp_path):
+    with pytest.raises(ValueError, match=r"^robust.rule=bulyan needs n >= 4f \+ 3: got n=5 reporting clients and f=1 \(clients per round\)$"):
+        _fit(tmp_path, _module(FedAvg(), Robust("bulyan", f=1)), 1)
