@@ -13,7 +13,7 @@ from scipy.stats import norm
 from fl_lightning.adversary import ALIE, IPM, Attack, GaussianUpload, LabelFlip, MinMax, MinSum, ModelReplacement, RoundView, SignFlip
 from fl_lightning.adversary.gaussian import GAUSSIAN_STREAM
 from fl_lightning.adversary.malicious import choose_malicious
-from fl_lightning.algorithms import FedAvg, RoundInfo
+from fl_lightning.algorithms import FedAvg, FedProto, RoundInfo
 from fl_lightning.core.participation import derive_seed
 from fl_lightning.core.tasks import ClientResult, ClientTask
 
@@ -101,6 +101,8 @@ def test_the_malicious_set_is_fixed_by_the_seed():
     assert choose_malicious(20, 5, clients=[7, 2]).ids == (2, 7)
     with pytest.raises(ValueError, match=r"attack.fraction must be in \[0, 1\), got 1.0"):
         Attack(fraction=1.0, upload=SignFlip())
+    with pytest.raises(ValueError, match="attack sets neither attack.data nor attack.upload"):
+        Attack(fraction=0.2)
     with pytest.raises(ValueError, match=r"attack.clients must be distinct ids in \[0, 20\)"):
         choose_malicious(20, 5, clients=[20])
 
@@ -146,3 +148,19 @@ def test_an_attack_needing_benign_uploads_is_skipped_with_fewer_than_two(caplog)
     out = attack.tamper(results, tasks, RoundInfo(4, 0.1, 3), FedAvg())
     assert all(a is b for a, b in zip(out, results))
     assert "round 4: attack.upload ALIE needs at least 2 benign uploads, the round has 1" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "attack, algorithm, processes, record_privacy, message",
+    [
+        (Attack(0.2, upload=MinMax()), FedProto(), 1, False, "attack.upload MinMax cannot attack FedProto: its uploads are not shaped like the model"),
+        (Attack(0.2, upload=ALIE()), FedAvg(), 2, False, "attack.upload ALIE reads every benign upload of the round, but under DDP (2 processes)"),
+        (Attack(0.2, data=LabelFlip()), FedAvg(), 1, True, "attack.data cannot poison record-level DP-SGD's sampled records"),
+        (Attack(0.2, data=LabelFlip({1: 10})), FedAvg(), 1, False, r"attack.data LabelFlip.mapping classes must be in [0, 10), got 10"),
+    ],
+    ids=["fedproto", "ddp", "record_privacy", "mapping"],
+)
+def test_settings_without_a_meaning_are_refused_before_training(attack, algorithm, processes, record_privacy, message):
+    with pytest.raises(ValueError) as refused:
+        attack.prepare(20, 0, 10, algorithm, processes, record_privacy)
+    assert message in str(refused.value) and "\n" not in str(refused.value)

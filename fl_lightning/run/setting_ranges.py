@@ -134,6 +134,10 @@ RANGES: dict[str, Range] = {
     "model.privacy.target_quantile": Range("float", lambda v, s: 0 < v < 1, lambda v, s: f"privacy.target_quantile must be in (0, 1), got {v}", PRIVACY, 1.0),
     "model.privacy.clip_lr": Range("float", lambda v, s: v > 0, lambda v, s: f"privacy.clip_lr must be > 0, got {v}", PRIVACY, 0.0),
     "model.privacy.count_noise": Range("float?", lambda v, s: v > 0, lambda v, s: f"privacy.count_noise must be > 0 (or null), got {v}", PRIVACY, 0.0),
+    # ---- attacks (fl_lightning.adversary.Attack) ----
+    "model.attack.fraction": Range(
+        "float", lambda v, s: 0 <= v < 1, lambda v, s: f"attack.fraction must be in [0, 1), got {v}", "fl_lightning.adversary:Attack", 1.0
+    ),
     # ---- algorithms (fl_lightning.algorithms; global_lr: fl_lightning.algorithms.base.Algorithm) ----
     "model.algorithm[*].global_lr": Range("float", lambda v, s: v > 0, lambda v, s: f"algorithm global_lr must be > 0, got {v}",
                                           "fl_lightning.algorithms:FedAvg", 0.0),  # fmt: skip
@@ -158,7 +162,7 @@ NESTED_CLASSES: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 # The class settings whose value names a class (a string there is a class name, not a value).
 CLASS_SETTINGS = {
-    "data", "model.algorithm", "model.compression", "model.privacy", "model.record_privacy", "model.model", "model.store",
+    "data", "model.algorithm", "model.compression", "model.privacy", "model.record_privacy", "model.attack", "model.model", "model.store",
     "model.execution", "lr_scheduler", "trainer.logger", "trainer.callbacks", "trainer.strategy", "trainer.plugins", *NESTED_CLASSES,
 }  # fmt: skip
 PROJECT_DATA = ("FederatedDataModule", "VisionDataModule", "TextDataModule", "InstructionDataModule")
