@@ -116,6 +116,8 @@ LAYERS: dict[str, set[str]] = {
     "compression": {"core", "pipeline"},
     "robust": {"core", "algorithms", "pipeline"},
     "engine": {"core", "reliability", "optim", "algorithms", "executors", "pipeline", "compression", "robust"},
+    "adversary": {"core", "algorithms", "executors", "pipeline"},
+    "engine": {"core", "reliability", "optim", "algorithms", "executors", "pipeline", "compression", "adversary"},
 }
 LAYERS["run"] = {*LAYERS["engine"], "engine", "models", "datamodules"}
 LAYERS["experiments"] = {*LAYERS["run"], "run"}

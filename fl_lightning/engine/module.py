@@ -18,6 +18,9 @@ from torchmetrics import MeanMetric
 
 from fl_lightning.reliability import csv_resume, fingerprint
 from fl_lightning.core import params as P
+from fl_lightning.adversary import Attack
+from fl_lightning.adversary.base import split_batch
+from fl_lightning.adversary.executor import AttackExecutor
 from fl_lightning.algorithms import Algorithm, FedAvg, RoundInfo
 from fl_lightning.algorithms.base import declares_capability
 from fl_lightning.core.client_data import ClientData
@@ -108,6 +111,9 @@ class FederatedModule(AsyncServer, L.LightningModule):
             clock: one training step is one server update from the buffered arrivals.
         robust: Byzantine-robust aggregation (``fl_lightning.robust.Robust``, docs/robustness.md): the
             rule's combination of the round's uploads replaces their weighted mean; default none.
+        attack: malicious clients poisoning their data or their uploads (``fl_lightning.adversary.Attack``,
+            docs/robustness.md, "Attacks"): uploads are attacked after the round's training, before the message
+            stages; logs ``attack/*`` (``attack/backdoor_asr`` at every evaluation with a backdoor).
     """
 
     def __init__(
@@ -127,6 +133,7 @@ class FederatedModule(AsyncServer, L.LightningModule):
         clock: SimClock | None = None,
         asynchronous: AsyncAggregation | None = None,
         robust: Robust | None = None,
+        attack: Attack | None = None,
     ) -> None:
         super().__init__()
         quiet_known_warnings()
@@ -168,6 +175,9 @@ class FederatedModule(AsyncServer, L.LightningModule):
         self.messages = MessagePipeline(
             [*(uplink or []), *(privacy.stages() if privacy is not None else []), *compress_up], [*(downlink or []), *compress_down]
         )
+        self.attack = attack
+        if attack is not None:  # inside the message stages: compression, clipping and noise see what the attacker sends
+            self.executor.inner = AttackExecutor(self.executor.inner, attack)
         if self.messages.client_stages:  # inside the DDP wrapper: each process transforms its own clients' uploads
             self.executor.inner = MessageExecutor(self.executor.inner, self.messages)
         self.objective = Objective(model, self.federated_names + self.personal_names)
@@ -187,6 +197,8 @@ class FederatedModule(AsyncServer, L.LightningModule):
         self.comm_totals = {"bytes_up": 0, "bytes_down": 0, "client_uploads": 0}
         self.val_loss, self.val_acc = MeanMetric(), MeanMetric()
         self.test_loss, self.test_acc = MeanMetric(), MeanMetric()
+        if attack is not None and attack.backdoor is not None:
+            self.val_asr, self.test_asr = MeanMetric(), MeanMetric()
 
     # ---- wiring -------------------------------------------------------------------------
     @property
@@ -271,6 +283,10 @@ class FederatedModule(AsyncServer, L.LightningModule):
                 raise ValueError("robust.rule=fltrust with personal tensors: the server's root update has no personal part; use another rule")
             if self.global_rank == 0:
                 KeptRecord(self._run_dir()).start(self._resumed_step or 0)
+        if self.attack is not None:  # refusals, then the malicious set drawn from data.seed
+            data = self.datamodule
+            self.attack.prepare(data.num_clients, data.seed, getattr(data, "num_classes", None), self.algorithm,
+                                self.trainer.world_size, self.record_privacy is not None)  # fmt: skip
         if self.privacy is not None:  # the sampling scheme, sigma (calibrated if asked), the accountant
             participation = getattr(self.datamodule, "participation", None)
             self.privacy.prepare(participation, self.datamodule.num_clients, self.trainer.max_steps, self.datamodule.seed)
@@ -462,6 +478,8 @@ class FederatedModule(AsyncServer, L.LightningModule):
         extra_metrics = {"faults/dropped": len(plan.clients) - len(tasks), "faults/failed": len(tasks) - len(results)}
         if self.faults.active:
             extra_metrics["faults/stragglers"] = stragglers
+        if self.attack is not None:
+            extra_metrics.update(self.attack.round_metrics())
         if self.record_privacy is not None:
             extra_metrics.update(extra_record)
         if times is not None:
@@ -652,8 +670,9 @@ class FederatedModule(AsyncServer, L.LightningModule):
     def _runtime(self, aggregation_weights=None, private: bool = True) -> ClientRuntime:
         """What client training may use; ``private=False``: without record-level DP-SGD (evaluation's
         personalization trains on the client's own device and sends nothing)."""
+        data = self.attack.data_view(self.datamodule) if self.attack is not None else self.datamodule
         return ClientRuntime(
-            self.algorithm, self.objective, self.datamodule, self.local, self.device, self.faults.fail_fast,
+            self.algorithm, self.objective, data, self.local, self.device, self.faults.fail_fast,
             tuple(self.personal_names), self._stop_requested, aggregation_weights, self.record_privacy if private else None,
         )  # fmt: skip
 
@@ -754,6 +773,8 @@ class FederatedModule(AsyncServer, L.LightningModule):
 
     # ---- evaluation of the global model ---------------------------------------------------------
     def _evaluate(self, batch: Any, loss_metric: MeanMetric, acc_metric: MeanMetric, prefix: str) -> None:
+        if prefix == "test" or not getattr(self.datamodule, "val_fraction", 0):  # test inputs (val is the test set without a split)
+            self._backdoor_success(batch, getattr(self, f"{prefix}_asr", None))
         loss, logits, target = self.objective(batch)
         if self.objective.token_level:  # a language model: loss and accuracy over the scored tokens
             scored = target != -100
@@ -765,6 +786,16 @@ class FederatedModule(AsyncServer, L.LightningModule):
         kw = dict(on_step=False, on_epoch=True, add_dataloader_idx=False)
         self.log(f"{prefix}/loss", loss_metric, prog_bar=prefix == "val", **kw)
         self.log(f"{prefix}/acc", acc_metric, prog_bar=True, **kw)
+
+    def _backdoor_success(self, batch: Any, metric: MeanMetric | None) -> None:
+        """``attack/backdoor_asr``: the share of triggered test inputs of non-target classes predicted as the target."""
+        if metric is None or self.attack is None or self.attack.backdoor is None:
+            return
+        inputs, targets = self.attack.backdoor.triggered(*split_batch(batch))
+        if len(targets):
+            _, logits, target = self.objective((inputs, targets))
+            metric.update((logits.argmax(-1) == target).float())
+        self.log("attack/backdoor_asr", metric, on_step=False, on_epoch=True, add_dataloader_idx=False)
 
     def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         """Loader 0 is the validation set; loader 1, when the data has a validation split, the test set."""

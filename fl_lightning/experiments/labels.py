@@ -53,6 +53,8 @@ METRICS: dict[str, Measured] = {  # metric in metrics.csv -> what it measured; t
     "test/personal_acc_worst10": Measured("Personalized accuracy at test (client holdout, worst 10% of clients)", PERSONAL),
     "test/personal_acc_weighted": Measured("Personalized accuracy at test (client holdout, weighted by holdout size)", PERSONAL),
     "test/unseen_acc_mean": Measured("Unseen-client accuracy at test (client holdout after personalization, mean)", UNSEEN),
+    # Attacks (docs/robustness.md, "Attacks"): a backdoor's success on the test set's triggered inputs of other classes.
+    "attack/backdoor_asr": Measured("Backdoor attack success rate (triggered test inputs of non-target classes)", GLOBAL),
 }
 EXTRA = [metric for metric in METRICS if metric not in (ACC, TEST_ACC)]  # rows added when logged
 

@@ -174,6 +174,10 @@ RANGES: dict[str, Range] = {
         f"model.robust.{name}": Range("float", _finite_positive, lambda v, s, n=name: f"robust.{n} must be > 0, got {v}", ROBUST, 0.0)
         for name in ("nu", "tau", "max_norm")
     },
+    # ---- attacks (fl_lightning.adversary.Attack) ----
+    "model.attack.fraction": Range(
+        "float", lambda v, s: 0 <= v < 1, lambda v, s: f"attack.fraction must be in [0, 1), got {v}", "fl_lightning.adversary:Attack", 1.0
+    ),
     # ---- algorithms (fl_lightning.algorithms; global_lr: fl_lightning.algorithms.base.Algorithm) ----
     "model.algorithm[*].global_lr": Range("float", lambda v, s: v > 0, lambda v, s: f"algorithm global_lr must be > 0, got {v}",
                                           "fl_lightning.algorithms:FedAvg", 0.0),  # fmt: skip
@@ -198,7 +202,7 @@ NESTED_CLASSES: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 # The class settings whose value names a class (a string there is a class name, not a value).
 CLASS_SETTINGS = {
-    "data", "model.algorithm", "model.compression", "model.privacy", "model.record_privacy", "model.model", "model.store",
+    "data", "model.algorithm", "model.compression", "model.privacy", "model.record_privacy", "model.attack", "model.model", "model.store",
     "model.execution", "lr_scheduler", "trainer.logger", "trainer.callbacks", "trainer.strategy", "trainer.plugins", *NESTED_CLASSES,
 }  # fmt: skip
 PROJECT_DATA = ("FederatedDataModule", "VisionDataModule", "TextDataModule", "InstructionDataModule")

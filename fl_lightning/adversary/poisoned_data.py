@@ -1,0 +1,71 @@
+"""The clients' data as malicious clients see it: their batches poisoned before any executor stacks them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fl_lightning.adversary.base import DataPoisoning, split_batch
+from fl_lightning.adversary.malicious import MaliciousClients
+from fl_lightning.core.participation import derive_seed
+
+POISON_STREAM = 0x9015
+"""Seed stream of a step's poisoning: ``derive_seed(client round seed, POISON_STREAM, step)``."""
+FULL_BATCH_STREAM = 0xF011
+"""Round seed of a client's full batch (``derive_seed(data.seed, client, FULL_BATCH_STREAM)``): the same every round."""
+
+
+class PoisonedData:
+    """``data`` (a ``ClientData``) with the malicious clients' batches through ``poisoning``.
+
+    A batch is poisoned from (the client's round seed, the step), so sequential execution (``client_batches``)
+    and batched execution (``stacked_client_batches``, each client's row poisoned before the step's clients
+    train together) see the same samples. Everything else is ``data``'s."""
+
+    def __init__(self, data: Any, malicious: MaliciousClients, poisoning: DataPoisoning, num_classes: int) -> None:
+        self._data, self.malicious, self.poisoning, self.num_classes = data, malicious, poisoning, num_classes
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._data, name)
+
+    def _poison(self, batch: Any, seed: int, step: int) -> tuple[Tensor, Tensor]:
+        inputs, labels = split_batch(batch)
+        generator = torch.Generator().manual_seed(derive_seed(seed, POISON_STREAM, step))
+        return self.poisoning.poison(inputs, labels, self.num_classes, generator)
+
+    def client_batches(
+        self, client_id: int, seed: int, batch_size: int | None, steps: int | None = None, epochs: int | None = None
+    ) -> Iterator[Any]:
+        batches = self._data.client_batches(client_id, seed, batch_size, steps, epochs)
+        if client_id not in self.malicious:
+            return batches
+        return (self._poison(batch, seed, step) for step, batch in enumerate(batches))
+
+    def stacked_client_batches(
+        self, client_ids: Sequence[int], seeds: Sequence[int], batch_size: int | None, steps: int
+    ) -> Iterator[Any]:
+        batches = self._data.stacked_client_batches(client_ids, seeds, batch_size, steps)  # raises Unstackable here
+        rows = [(s, seed) for s, (c, seed) in enumerate(zip(client_ids, seeds)) if int(c) in self.malicious]
+        return batches if not rows else self._stacked(batches, rows)
+
+    def _stacked(self, batches: Iterator[Any], rows: list[tuple[int, int]]) -> Iterator[Any]:
+        for step, batch in enumerate(batches):
+            inputs, labels = (t.clone() for t in split_batch(batch))
+            for s, seed in rows:
+                inputs[s], labels[s] = self._poison((inputs[s], labels[s]), seed, step)
+            yield inputs, labels
+
+    def client_full_batch(self, client_id: int) -> Any:
+        batch = self._data.client_full_batch(client_id)
+        if client_id not in self.malicious:
+            return batch
+        return self._poison(batch, derive_seed(self._data.seed, client_id, FULL_BATCH_STREAM), 0)
+
+    def client_label_counts(self, client_id: int) -> Tensor:
+        if client_id not in self.malicious:
+            return self._data.client_label_counts(client_id)
+        labels = self.client_full_batch(client_id)[1]
+        return torch.bincount(labels.reshape(-1).long().cpu(), minlength=self.num_classes)
