@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from .gpt2_lora import peft_lora_model, prepared_mask
+from .gpt2_lora import adapter_layers, peft_lora_model, prepared_mask
 
 IGNORE_INDEX = -100
 
@@ -91,6 +91,10 @@ class LoRACausalLM(nn.Module):
 
     def head(self, z: Tensor) -> Tensor:
         return self.net.get_base_model().get_output_embeddings()(z)
+
+    def lora_layers(self) -> list:
+        """The adapted layers (``adapter_layers``): what a LoRA aggregation method reads and writes."""
+        return adapter_layers(self.net)
 
     @property
     def max_positions(self) -> int | None:

@@ -88,6 +88,24 @@ def peft_lora_model(
     return net
 
 
+def adapter_layers(net: nn.Module, prefix: str = "net") -> list:
+    """Every LoRA-adapted layer of the peft model ``net`` (names under ``prefix``): its A and B, its frozen
+    weight, its scaling alpha/r and layout (``fl_lightning.lora.AdapterLayer``, for the aggregation methods)."""
+    from peft.tuners.lora import LoraLayer
+
+    from fl_lightning.lora import AdapterLayer
+
+    return [
+        AdapterLayer(
+            a=f"{prefix}.{name}.lora_A.default.weight", b=f"{prefix}.{name}.lora_B.default.weight",
+            base=f"{prefix}.{name}.base_layer.weight", scaling=float(module.scaling["default"]),
+            fan_in_fan_out=bool(module.fan_in_fan_out),
+        )  # fmt: skip
+        for name, module in net.named_modules()
+        if isinstance(module, LoraLayer)
+    ]
+
+
 class LoRAClassifier(nn.Module):
     """A pretrained causal LM with a classification head and LoRA adapters.
 
@@ -152,6 +170,10 @@ class LoRAClassifier(nn.Module):
 
     def head(self, z: Tensor) -> Tensor:
         return self.net.get_base_model().score(z)
+
+    def lora_layers(self) -> list:
+        """The adapted layers (``adapter_layers``): what a LoRA aggregation method reads and writes."""
+        return adapter_layers(self.net)
 
     def save_pretrained(self, path: str | Path) -> None:
         """Write the current adapter (and head) in peft's format, for ``PeftModel.from_pretrained``,

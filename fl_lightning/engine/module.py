@@ -29,6 +29,8 @@ from fl_lightning.core.local_loss import check_label_counts, check_local_loss
 from fl_lightning.pipeline.messages import MessageExecutor, MessagePipeline, Stage, add_sums, is_message_state, upload_like
 from fl_lightning.core.metrics import consistency_from_sums, count_messages, loss_term_means, payload_bytes, round_metrics
 from fl_lightning.core.objective import Objective
+from fl_lightning.lora import LoRAAggregation
+from fl_lightning.lora.server import lora_server
 from fl_lightning.pipeline.privacy import ClientPrivacy
 from fl_lightning.pipeline.record_privacy import RecordPrivacy
 from fl_lightning.core.params import TensorDict
@@ -95,6 +97,10 @@ class FederatedModule(L.LightningModule):
         record_privacy: record-level DP-SGD in local training (``fl_lightning.pipeline.record_privacy.RecordPrivacy``,
             docs/privacy.md): per-example clipping and Gaussian noise in every local step; logs
             ``privacy/record_epsilon``. Composes with ``privacy`` and ``compression``.
+        lora_aggregation: how the server aggregates LoRA adapters (``fl_lightning.lora``, docs/algorithms.md 28):
+            ``factors`` (FedIT), ``stacked`` (FLoRA), ``exact_residual`` (FedEx-LoRA), ``svd`` (FlexLoRA),
+            ``zero_pad`` (HetLoRA), ``share_a`` (FedSA-LoRA), or such a method with heterogeneous ``ranks``;
+            ``None`` (default): the algorithm's own aggregate of the factors, and nothing of it runs.
     """
 
     def __init__(
@@ -111,6 +117,7 @@ class FederatedModule(L.LightningModule):
         privacy: ClientPrivacy | None = None,
         compression: Compression | None = None,
         record_privacy: RecordPrivacy | None = None,
+        lora_aggregation: str | LoRAAggregation | None = None,
     ) -> None:
         super().__init__()
         quiet_known_warnings()
@@ -150,6 +157,7 @@ class FederatedModule(L.LightningModule):
         if self.messages.client_stages:  # inside the DDP wrapper: each process transforms its own clients' uploads
             self.executor.inner = MessageExecutor(self.executor.inner, self.messages)
         self.objective = Objective(model, self.federated_names + self.personal_names)
+        self.lora = lora_server(lora_aggregation, model, self.federated_names, self.personal_names, self.algorithm, privacy)
         self._checked_data = None
         self._schema: dict[str, Any] | None = None  # the fingerprint's algorithm and model part (fixed)
         self._partition: tuple[Any, str] | None = None  # (datamodule, its partition's digest)
@@ -406,7 +414,8 @@ class FederatedModule(L.LightningModule):
         tasks, stragglers = self._tasks(plan.clients.tolist(), plan.seeds.tolist(), broadcast, plan.round)
         # An algorithm whose aggregate is a sum over clients may get the uploads summed (DDP:
         # partial sums all-reduced, not gathered); any other, or one process, gets every upload.
-        linear = declares_capability(self.algorithm, "linear_aggregate")
+        linear = declares_capability(self.algorithm, "linear_aggregate") and (self.lora is None or not self.lora.reads_clients)
+        x_round = P.detach_clone(x) if self.lora is not None and self.lora.reads_clients else x  # the factors the clients start from
         weights = self.messages.aggregation_weights(info)  # an aggregate stage's fixed weights, or None: the plan's
         if weights is None:
             weights = functools.partial(survivor_weights, plan.clients, plan.weights)
@@ -428,6 +437,9 @@ class FederatedModule(L.LightningModule):
         if not results:
             self._empty_round(plan, broadcast, extra_metrics)
             return
+        if self.lora is not None and self.lora.heterogeneous:  # a rank-r_i client sends its factors' first r_i components
+            for result in results:
+                result.upload = self.lora.mask_upload(result.upload, result.client_id)
         for result in results:  # any executor's: NaN may also mean "no loss recorded", infinity may not
             if math.isinf(result.mean_loss):
                 raise self._diverged(f"round {plan.round}: client {result.client_id}'s training loss is non-finite ({result.mean_loss})")
@@ -448,6 +460,12 @@ class FederatedModule(L.LightningModule):
         for name, param in zip(self.federated_names, self.federated_parameters()):
             param.grad = pseudo_grad[name].to(param.dtype)
         optimizer.step()
+        if self.lora is not None and self.lora.method.needs_clients:  # the method's new factors and fold (fl_lightning/lora)
+            ids = [r.client_id for r in results]
+            weights = survivor_weights(plan.clients, plan.weights, ids)
+            extra_metrics["comm/round_bytes_fold"] = self.lora.finish_round(
+                x_round, [r.upload["delta"] for r in results], ids, weights, self.datamodule.seed, plan.round
+            )
         bad = None if all_finite([{"x": self.global_params()}]) else first_non_finite({"x": self.global_params()})
         if bad is not None:
             raise self._diverged(f"round {plan.round}: the global model became non-finite ({bad})")
@@ -543,9 +561,12 @@ class FederatedModule(L.LightningModule):
                     log.warning("round %d: client %d dropped out (never reported)", round_idx, cid)
                     continue
                 stragglers += budget < steps
+            own = broadcast
+            if self.lora is not None and self.lora.client_rank(cid) < self.lora.rank:  # zero-padded to its rank
+                own = self.lora.client_broadcast(broadcast, cid)
             load_state = functools.partial(self.client_state, cid, broadcast["x"])
             load_messages = functools.partial(self.message_state, cid) if self.messages.client_stages else None
-            tasks.append(ClientTask(cid, seed, budget, broadcast, load_state, warmup, load_messages))
+            tasks.append(ClientTask(cid, seed, budget, own, load_state, warmup, load_messages))
         return tasks, stragglers
 
     def _empty_round(self, plan: RoundPlan, broadcast: Payload, extra_metrics: dict[str, int]) -> None:
