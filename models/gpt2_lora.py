@@ -88,6 +88,25 @@ def peft_lora_model(
     return net
 
 
+def save_adapter(net: nn.Module, path: str | Path, with_base: bool = False) -> None:
+    """``net.save_pretrained(path)`` and the base model's config beside it; ``with_base``: also the base model
+    with its current frozen weights in ``path/base`` (where a LoRA aggregation folded updates into them,
+    docs/algorithms.md 28), named in ``adapter_config.json`` so that ``AutoPeftModel*`` loads that base."""
+    path = Path(path)
+    config = net.peft_config["default"]
+    original = config.base_model_name_or_path
+    if with_base:
+        import copy
+
+        copy.deepcopy(net).unload().save_pretrained(str(path / "base"))
+        config.base_model_name_or_path = str((path / "base").resolve())
+    try:
+        net.save_pretrained(str(path))
+    finally:
+        config.base_model_name_or_path = original
+    net.get_base_model().config.save_pretrained(str(path))
+
+
 def adapter_layers(net: nn.Module, prefix: str = "net") -> list:
     """Every LoRA-adapted layer of the peft model ``net`` (names under ``prefix``): its A and B, its frozen
     weight, its scaling alpha/r and layout (``fl_lightning.lora.AdapterLayer``, for the aggregation methods)."""
@@ -175,9 +194,9 @@ class LoRAClassifier(nn.Module):
         """The adapted layers (``adapter_layers``): what a LoRA aggregation method reads and writes."""
         return adapter_layers(self.net)
 
-    def save_pretrained(self, path: str | Path) -> None:
+    def save_pretrained(self, path: str | Path, with_base: bool = False) -> None:
         """Write the current adapter (and head) in peft's format, for ``PeftModel.from_pretrained``,
         and the base model's config (``config.json``: ``num_labels``, ``pad_token_id``) beside it,
-        the settings ``AutoPeftModelForSequenceClassification`` needs to rebuild the classifier."""
-        self.net.save_pretrained(str(path))
-        self.net.get_base_model().config.save_pretrained(str(path))
+        the settings ``AutoPeftModelForSequenceClassification`` needs to rebuild the classifier;
+        ``with_base``: also the (folded) base model, ``save_adapter``."""
+        save_adapter(self.net, path, with_base)

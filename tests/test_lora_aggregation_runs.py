@@ -76,3 +76,98 @@ def test_factors_is_fedit_bitwise(assets, tmp_path):
         runs.append(m)
     for (name, a), b in zip(runs[0].model.named_parameters(), runs[1].model.parameters()):
         assert torch.equal(a, b), name
+
+
+def test_svd_sets_the_best_rank_r_approximation_of_the_mean_update(assets, tmp_path):
+    m = module(assets, "svd", rank=2)
+    tiny_trainer(tmp_path, rounds=1).fit(m, datamodule=sst2(assets, num_clients=4, per_round=3))
+    x, deltas, weights, w0 = m.algorithm.last
+    want, got, named = client_mean(m, x, deltas, weights), effective(m), dict(m.model.named_parameters())
+    for l in m.model.lora_layers():
+        assert torch.equal(named[l.base].detach(), w0[l.base])  # nothing folded
+        target = want[l.b].double()
+        u, s, vh = torch.linalg.svd(target)
+        best = (u[:, :2] * s[:2]) @ vh[:2]
+        assert torch.allclose((got[l.base] - w0[l.base]).double(), best, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["zero_pad", "factors", "svd"])
+def test_heterogeneous_ranks_batched_equals_sequential_and_padding_stays_zero(assets, tmp_path, name):
+    """Clients of ranks 1, 2, 4 (client c: ranks[c % 3]) in one stacked pass over the shared base equal
+    one-after-another training; a rank-r_i client's factors and Adam state beyond r_i stay exactly zero."""
+    runs = {}
+    for execution in ("sequential", "batched"):
+        method = {"zero_pad": ZeroPad, "factors": Factors, "svd": SVD}[name](ranks=[1, 2, 4])
+        m = module(assets, method, algorithm=LocalAdam(global_lr=1.0), execution=execution)
+        tiny_trainer(tmp_path / execution, rounds=2).fit(m, datamodule=sst2(assets, num_clients=3, per_round=3))
+        runs[execution] = m
+    for (key, a), b in zip(runs["sequential"].model.named_parameters(), runs["batched"].model.parameters()):
+        assert torch.allclose(a, b, atol=1e-5), key
+    m = runs["batched"]
+    assert m.executor.inner._per_client_x  # the round ran stacked, each client with its own zero-padded x
+    for layer in m.model.lora_layers():
+        v = m.store.get(0, dict)["v"]  # client 0 trains at rank 1: zero gradient beyond it
+        assert float(v[layer.a][1:].abs().max()) == 0.0 and float(v[layer.b][:, 1:].abs().max()) == 0.0
+        assert float(v[layer.a][:1].abs().max()) > 0.0
+
+
+def test_client_level_dp_is_refused_where_the_method_reads_unnoised_factors(assets):
+    from fl_lightning.pipeline.privacy import ClientPrivacy
+
+    with pytest.raises(ValueError, match=r"model.lora_aggregation=exact_residual with client-level DP \(model.privacy\)"):
+        module(assets, "exact_residual", privacy=ClientPrivacy(clip_norm=1.0, noise_multiplier=1.0))
+    module(assets, "factors", privacy=ClientPrivacy(clip_norm=1.0, noise_multiplier=1.0))  # a guarantee: accepted
+
+
+@pytest.mark.parametrize("name", ["stacked", "svd"])
+def test_exported_adapter_of_every_method_loads_with_the_peft_auto_class_and_gives_the_framework_outputs(assets, tmp_path, name):
+    """A folding method (FLoRA) exports its folded base beside the adapter and names it in adapter_config.json."""
+    from peft import AutoPeftModelForSequenceClassification
+    from transformers import AutoConfig, AutoTokenizer
+
+    from fl_lightning.run.export import ExportPretrained
+
+    m, export = module(assets, name), tmp_path / "adapter"
+    tiny_trainer(tmp_path, rounds=2, callbacks=[ExportPretrained(str(export))]).fit(m, datamodule=sst2(assets))
+    assert (export / "base").is_dir() == (name == "stacked")
+    config, tokenizer = AutoConfig.from_pretrained(str(export)), AutoTokenizer.from_pretrained(str(export))
+    loaded = AutoPeftModelForSequenceClassification.from_pretrained(str(export), num_labels=2, pad_token_id=config.pad_token_id).eval()
+    batch = tokenizer(["a fine film", "the plot was dull and far too long"], padding=True, return_tensors="pt")
+    m.model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(**batch).logits, m.model(**batch), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["stacked", "exact_residual"])
+def test_resume_of_a_folding_method_is_bitwise(assets, tmp_path, name):
+    """The folded frozen weights are in the checkpoint, and FLoRA's fresh A comes from (seed, round)."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    def run(directory, rounds, ckpt_path=None):
+        m = module(assets, name)
+        checkpoint = ModelCheckpoint(dirpath=directory / "ckpt", save_last=True, every_n_train_steps=1, save_top_k=0)
+        trainer = tiny_trainer(directory, rounds=rounds, enable_checkpointing=True, callbacks=[checkpoint])
+        trainer.fit(m, datamodule=sst2(assets, per_round=2), ckpt_path=ckpt_path)
+        return m
+
+    straight = run(tmp_path / "a", rounds=3)
+    run(tmp_path / "b", rounds=2)
+    resumed = run(tmp_path / "c", rounds=3, ckpt_path=str(tmp_path / "b" / "ckpt" / "last.ckpt"))
+    for (key, a), b in zip(straight.model.named_parameters(), resumed.model.parameters()):
+        assert torch.equal(a, b), key
+
+
+def test_share_a_keeps_b_with_each_client_and_needs_it_personal(assets, tmp_path):
+    from fl_lightning.algorithms import FedAvgP
+
+    with pytest.raises(ValueError, match=r"model.lora_aggregation=share_a keeps each client's B: set model.personal"):
+        module(assets, "share_a")
+    with pytest.raises(ValueError, match="model.lora_aggregation=exact_residual aggregates B, but model.personal holds it"):
+        module(assets, "exact_residual", algorithm=FedAvgP(), personal=["*lora_B*"])
+    m = module(assets, "share_a", algorithm=FedAvgP(), personal=["*lora_B*"])
+    start = {l.b: dict(m.model.named_parameters())[l.b].detach().clone() for l in m.model.lora_layers()}
+    tiny_trainer(tmp_path, rounds=2).fit(m, datamodule=sst2(assets, num_clients=4, per_round=2))
+    assert all(l.a in m.federated_names and l.b not in m.federated_names for l in m.model.lora_layers())
+    kept = [m.client_personal(c) for c in range(4) if m.store.get(c, dict)]
+    assert len(kept) >= 2 and any(not torch.equal(kept[0][l.b], start[l.b]) for l in m.model.lora_layers())
+    assert any(not torch.equal(kept[0][l.b], kept[1][l.b]) for l in m.model.lora_layers())  # each client its own B

@@ -412,10 +412,11 @@ class FederatedModule(L.LightningModule):
             if self.messages.broadcast_stages:
                 broadcast, broadcast_bytes = self.messages.transform_broadcast(broadcast, info, self.datamodule.seed)
         tasks, stragglers = self._tasks(plan.clients.tolist(), plan.seeds.tolist(), broadcast, plan.round)
+        if self.lora is not None and self.lora.method.needs_clients:  # the factors the clients start from (after downlink stages)
+            x_round = P.detach_clone(broadcast["x"])
         # An algorithm whose aggregate is a sum over clients may get the uploads summed (DDP:
         # partial sums all-reduced, not gathered); any other, or one process, gets every upload.
         linear = declares_capability(self.algorithm, "linear_aggregate") and (self.lora is None or not self.lora.reads_clients)
-        x_round = P.detach_clone(x) if self.lora is not None and self.lora.reads_clients else x  # the factors the clients start from
         weights = self.messages.aggregation_weights(info)  # an aggregate stage's fixed weights, or None: the plan's
         if weights is None:
             weights = functools.partial(survivor_weights, plan.clients, plan.weights)
