@@ -93,3 +93,13 @@ def test_unknown_method_and_bad_ranks_are_one_line():
         resolve("mean")
     with pytest.raises(ValueError, match="ranks must be a non-empty list of ranks >= 1"):
         Stacked(ranks=[0, 2])
+    with pytest.raises(ValueError, match="set ranks .by client id. or tiers .drawn by seed., not both"):
+        Stacked(ranks=[2], tiers=[2, 4])
+
+
+def test_rank_rules_by_client_id_and_tiers_drawn_by_seed():
+    assert [Stacked(ranks=[2, 4, 8]).rank_of(c, 8) for c in range(5)] == [2, 4, 8, 2, 4]
+    assert [Stacked().rank_of(c, 8) for c in range(3)] == [8, 8, 8]
+    drawn = [Stacked(tiers=[2, 4, 8], seed=3).rank_of(c, 8) for c in range(60)]
+    assert drawn == [Stacked(tiers=[2, 4, 8], seed=3).rank_of(c, 8) for c in range(60)]  # a function of (seed, client)
+    assert set(drawn) == {2, 4, 8} and drawn != [Stacked(tiers=[2, 4, 8], seed=4).rank_of(c, 8) for c in range(60)]

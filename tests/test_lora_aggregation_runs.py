@@ -53,9 +53,13 @@ def client_mean(m, x, deltas, weights, ranks=None):
     }
 
 
-@pytest.mark.parametrize("name", ["stacked", "exact_residual"])
-def test_flora_and_fedex_make_the_round_the_mean_of_the_clients_updates(assets, tmp_path, name):
-    m = module(assets, name)
+@pytest.mark.parametrize("name,compressed", [("stacked", False), ("exact_residual", False), ("exact_residual", True)])
+def test_flora_and_fedex_make_the_round_the_mean_of_the_clients_updates(assets, tmp_path, name, compressed):
+    """With uplink compression (Int8 + error feedback) the mean is of the factors the server reconstructs."""
+    from fl_lightning.compression import Int8
+    from fl_lightning.compression.stages import Compression
+
+    m = module(assets, name, compression=Compression(up=Int8()) if compressed else None)
     before = {l.base: dict(m.model.named_parameters())[l.base].detach().clone() for l in m.model.lora_layers()}
     tiny_trainer(tmp_path, rounds=2).fit(m, datamodule=sst2(assets, num_clients=4, per_round=3))
     x, deltas, weights, w0 = m.algorithm.last

@@ -42,6 +42,9 @@ class LoRAAggregation:
         ranks: each client's LoRA rank (heterogeneous ranks, docs/algorithms.md (28.7)): a list whose
             entry ``c % len(ranks)`` is client c's rank, each in [1, the model's rank]; ``None``: every
             client trains at the model's rank.
+        tiers: instead of ``ranks``, the ranks a client may have, each client's drawn uniformly and once
+            from ``seed`` and its id (``derive_seed(seed, c)``): the same on every process and resume.
+        seed: the draw of ``tiers``.
     """
 
     name = "factors"
@@ -52,15 +55,27 @@ class LoRAAggregation:
     #: Whether the result has a client-level DP guarantee when the uploads are clipped and noised.
     private = False
 
-    def __init__(self, ranks: Sequence[int] | None = None) -> None:
-        if ranks is not None:
-            ranks = [int(r) for r in ranks]
-            if not ranks or min(ranks) < 1:
-                raise ValueError(f"lora_aggregation ranks must be a non-empty list of ranks >= 1, got {ranks}")
-        self.ranks = ranks
+    def __init__(self, ranks: Sequence[int] | None = None, tiers: Sequence[int] | None = None, seed: int = 0) -> None:
+        if ranks is not None and tiers is not None:
+            raise ValueError("lora_aggregation: set ranks (by client id) or tiers (drawn by seed), not both")
+        for setting, values in (("ranks", ranks), ("tiers", tiers)):
+            if values is not None and (not list(values) or min(int(r) for r in values) < 1):
+                raise ValueError(f"lora_aggregation {setting} must be a non-empty list of ranks >= 1, got {list(values)}")
+        self.ranks = [int(r) for r in ranks] if ranks is not None else None
+        self.tiers = [int(r) for r in tiers] if tiers is not None else None
+        self.seed = int(seed)
+
+    @property
+    def rank_choices(self) -> list[int] | None:
+        """The ranks clients may have (``None``: all at the model's rank)."""
+        return self.ranks if self.ranks is not None else self.tiers
 
     def rank_of(self, client: int, rank: int) -> int:
         """Client ``client``'s rank (the model's ``rank`` when no ranks are set)."""
+        if self.tiers is not None:
+            from fl_lightning.core.participation import derive_seed
+
+            return self.tiers[derive_seed(self.seed, client) % len(self.tiers)]
         return rank if self.ranks is None else self.ranks[client % len(self.ranks)]
 
     def layer(self, a: Sequence[Tensor], b: Sequence[Tensor], w: Tensor, ctx: LayerRound) -> LayerUpdate:

@@ -49,8 +49,8 @@ class LoRAServer:
         self.method, self.layers = method, list(model.lora_layers())
         self.params = dict(model.named_parameters())
         self.rank = int(self.params[self.layers[0].a].shape[0])
-        if method.ranks is not None and max(method.ranks) > self.rank:
-            raise ValueError(f"model.lora_aggregation ranks must be in [1, {self.rank}] (the model's rank), got {method.ranks}")
+        if method.rank_choices is not None and max(method.rank_choices) > self.rank:
+            raise ValueError(f"model.lora_aggregation ranks must be in [1, {self.rank}] (the model's rank), got {method.rank_choices}")
         b_personal = [layer.b for layer in self.layers if layer.b in personal]
         if getattr(method, "personal_b", False) and len(b_personal) < len(self.layers):
             raise ValueError(
@@ -67,7 +67,7 @@ class LoRAServer:
     # ---- heterogeneous ranks ------------------------------------------------------------------
     @property
     def heterogeneous(self) -> bool:
-        return self.method.ranks is not None and min(self.method.ranks) < self.rank
+        return self.method.rank_choices is not None and min(self.method.rank_choices) < self.rank
 
     @property
     def reads_clients(self) -> bool:
