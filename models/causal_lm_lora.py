@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from .gpt2_lora import peft_lora_model, prepared_mask
+from .gpt2_lora import adapter_layers, peft_lora_model, prepared_mask, save_adapter
 
 IGNORE_INDEX = -100
 
@@ -92,6 +92,10 @@ class LoRACausalLM(nn.Module):
     def head(self, z: Tensor) -> Tensor:
         return self.net.get_base_model().get_output_embeddings()(z)
 
+    def lora_layers(self) -> list:
+        """The adapted layers (``adapter_layers``): what a LoRA aggregation method reads and writes."""
+        return adapter_layers(self.net)
+
     @property
     def max_positions(self) -> int | None:
         """The longest sequence the base model takes (GPT-2: ``n_positions``), or ``None`` when its config does not say."""
@@ -136,8 +140,7 @@ class LoRACausalLM(nn.Module):
             self.net.train(was_training)
         return outputs
 
-    def save_pretrained(self, path: str | Path) -> None:
+    def save_pretrained(self, path: str | Path, with_base: bool = False) -> None:
         """Write the current adapter in peft's format (``AutoPeftModelForCausalLM.from_pretrained``)
-        and the base model's config beside it."""
-        self.net.save_pretrained(str(path))
-        self.net.get_base_model().config.save_pretrained(str(path))
+        and the base model's config beside it; ``with_base``: also the (folded) base model, ``save_adapter``."""
+        save_adapter(self.net, path, with_base)

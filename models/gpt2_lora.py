@@ -88,6 +88,43 @@ def peft_lora_model(
     return net
 
 
+def save_adapter(net: nn.Module, path: str | Path, with_base: bool = False) -> None:
+    """``net.save_pretrained(path)`` and the base model's config beside it; ``with_base``: also the base model
+    with its current frozen weights in ``path/base`` (where a LoRA aggregation folded updates into them,
+    docs/algorithms.md 28), named in ``adapter_config.json`` so that ``AutoPeftModel*`` loads that base."""
+    path = Path(path)
+    config = net.peft_config["default"]
+    original = config.base_model_name_or_path
+    if with_base:
+        import copy
+
+        copy.deepcopy(net).unload().save_pretrained(str(path / "base"))
+        config.base_model_name_or_path = str((path / "base").resolve())
+    try:
+        net.save_pretrained(str(path))
+    finally:
+        config.base_model_name_or_path = original
+    net.get_base_model().config.save_pretrained(str(path))
+
+
+def adapter_layers(net: nn.Module, prefix: str = "net") -> list:
+    """Every LoRA-adapted layer of the peft model ``net`` (names under ``prefix``): its A and B, its frozen
+    weight, its scaling alpha/r and layout (``fl_lightning.lora.AdapterLayer``, for the aggregation methods)."""
+    from peft.tuners.lora import LoraLayer
+
+    from fl_lightning.lora import AdapterLayer
+
+    return [
+        AdapterLayer(
+            a=f"{prefix}.{name}.lora_A.default.weight", b=f"{prefix}.{name}.lora_B.default.weight",
+            base=f"{prefix}.{name}.base_layer.weight", scaling=float(module.scaling["default"]),
+            fan_in_fan_out=bool(module.fan_in_fan_out),
+        )  # fmt: skip
+        for name, module in net.named_modules()
+        if isinstance(module, LoraLayer)
+    ]
+
+
 class LoRAClassifier(nn.Module):
     """A pretrained causal LM with a classification head and LoRA adapters.
 
@@ -153,9 +190,13 @@ class LoRAClassifier(nn.Module):
     def head(self, z: Tensor) -> Tensor:
         return self.net.get_base_model().score(z)
 
-    def save_pretrained(self, path: str | Path) -> None:
+    def lora_layers(self) -> list:
+        """The adapted layers (``adapter_layers``): what a LoRA aggregation method reads and writes."""
+        return adapter_layers(self.net)
+
+    def save_pretrained(self, path: str | Path, with_base: bool = False) -> None:
         """Write the current adapter (and head) in peft's format, for ``PeftModel.from_pretrained``,
         and the base model's config (``config.json``: ``num_labels``, ``pad_token_id``) beside it,
-        the settings ``AutoPeftModelForSequenceClassification`` needs to rebuild the classifier."""
-        self.net.save_pretrained(str(path))
-        self.net.get_base_model().config.save_pretrained(str(path))
+        the settings ``AutoPeftModelForSequenceClassification`` needs to rebuild the classifier;
+        ``with_base``: also the (folded) base model, ``save_adapter``."""
+        save_adapter(self.net, path, with_base)

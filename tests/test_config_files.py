@@ -31,12 +31,12 @@ def _flat(tree: dict | list, prefix: str = "") -> dict:
     return out
 
 
-# Hub-model overlays (fedit_*) need a downloaded GPT-2 to build; tests/test_lora_cli.py and tests/test_instruction_tuning.py compose
-# and runs them on offline fixtures.
+# Hub-model overlays (fedit_*, lora_*) need a downloaded GPT-2 to build; tests/test_lora_cli.py, tests/test_instruction_tuning.py
+# and tests/test_lora_aggregation_cli.py compose and run them on offline fixtures.
 OVERLAYS = sorted(
     p.name for p in (ROOT / "configs").glob("*.yaml")
     if "base" in (yaml.safe_load(p.read_text()) or {}) and "runs" not in yaml.safe_load(p.read_text())
-    and not p.name.startswith("fedit_")
+    and not p.name.startswith(("fedit_", "lora_"))
 )  # fmt: skip
 
 

@@ -37,6 +37,8 @@ from fl_lightning.core.local_loss import check_label_counts, check_local_loss
 from fl_lightning.pipeline.messages import MessageExecutor, MessagePipeline, Stage, add_sums, is_message_state, upload_like
 from fl_lightning.core.metrics import consistency_from_sums, count_messages, loss_term_means, payload_bytes, round_metrics
 from fl_lightning.core.objective import Objective
+from fl_lightning.lora import LoRAAggregation
+from fl_lightning.lora.server import lora_server
 from fl_lightning.pipeline.privacy import ClientPrivacy
 from fl_lightning.pipeline.record_privacy import RecordPrivacy
 from fl_lightning.robust.aggregation import Robust
@@ -114,6 +116,10 @@ class FederatedModule(AsyncServer, L.LightningModule):
         attack: malicious clients poisoning their data or their uploads (``fl_lightning.adversary.Attack``,
             docs/robustness.md, "Attacks"): uploads are attacked after the round's training, before the message
             stages; logs ``attack/*`` (``attack/backdoor_asr`` at every evaluation with a backdoor).
+        lora_aggregation: how the server aggregates LoRA adapters (``fl_lightning.lora``, docs/algorithms.md 28):
+            ``factors`` (FedIT), ``stacked`` (FLoRA), ``exact_residual`` (FedEx-LoRA), ``svd`` (FlexLoRA),
+            ``zero_pad`` (HetLoRA), ``share_a`` (FedSA-LoRA), or such a method with heterogeneous ``ranks``;
+            ``None`` (default): the algorithm's own aggregate of the factors, and nothing of it runs.
     """
 
     def __init__(
@@ -134,6 +140,7 @@ class FederatedModule(AsyncServer, L.LightningModule):
         asynchronous: AsyncAggregation | None = None,
         robust: Robust | None = None,
         attack: Attack | None = None,
+        lora_aggregation: str | LoRAAggregation | None = None,
     ) -> None:
         super().__init__()
         quiet_known_warnings()
@@ -187,6 +194,7 @@ class FederatedModule(AsyncServer, L.LightningModule):
         self._events = EventQueue() if asynchronous is not None else None  # clients in flight and their model versions
         self.sim_time = 0.0  # simulated seconds since the run began (with a clock)
         self._upload_size: int | None = None  # the clock's nominal upload bytes (fl_lightning/clock/sizes.py)
+        self.lora = lora_server(lora_aggregation, model, self.federated_names, self.personal_names, self.algorithm, privacy)
         self._checked_data = None
         self._schema: dict[str, Any] | None = None  # the fingerprint's algorithm and model part (fixed)
         self._partition: tuple[Any, str] | None = None  # (datamodule, its partition's digest)
@@ -462,6 +470,12 @@ class FederatedModule(AsyncServer, L.LightningModule):
         # partial sums all-reduced, not gathered); any other, or one process, gets every upload.
         # Robust aggregation needs every upload in one place: gathered (DDP), never summed.
         linear = declares_capability(self.algorithm, "linear_aggregate") and self.robust is None
+        tasks, stragglers = self._tasks(plan.clients.tolist(), plan.seeds.tolist(), broadcast, plan.round)
+        if self.lora is not None and self.lora.method.needs_clients:  # the factors the clients start from (after downlink stages)
+            x_round = P.detach_clone(broadcast["x"])
+        # An algorithm whose aggregate is a sum over clients may get the uploads summed (DDP:
+        # partial sums all-reduced, not gathered); any other, or one process, gets every upload.
+        linear = declares_capability(self.algorithm, "linear_aggregate") and (self.lora is None or not self.lora.reads_clients)
         weights = self.messages.aggregation_weights(info)  # an aggregate stage's fixed weights, or None: the plan's
         if weights is None:
             weights = functools.partial(survivor_weights, plan.clients, plan.weights)
@@ -487,6 +501,9 @@ class FederatedModule(AsyncServer, L.LightningModule):
         if not results:
             self._empty_round(plan, broadcast, extra_metrics)
             return
+        if self.lora is not None and self.lora.heterogeneous:  # a rank-r_i client sends its factors' first r_i components
+            for result in results:
+                result.upload = self.lora.mask_upload(result.upload, result.client_id)
         for result in results:  # any executor's: NaN may also mean "no loss recorded", infinity may not
             if math.isinf(result.mean_loss):
                 raise self._diverged(f"round {plan.round}: client {result.client_id}'s training loss is non-finite ({result.mean_loss})")
@@ -516,6 +533,12 @@ class FederatedModule(AsyncServer, L.LightningModule):
         for name, param in zip(self.federated_names, self.federated_parameters()):
             param.grad = pseudo_grad[name].to(param.dtype)
         optimizer.step()
+        if self.lora is not None and self.lora.method.needs_clients:  # the method's new factors and fold (fl_lightning/lora)
+            ids = [r.client_id for r in results]
+            weights = survivor_weights(plan.clients, plan.weights, ids)
+            extra_metrics["comm/round_bytes_fold"] = self.lora.finish_round(
+                x_round, [r.upload["delta"] for r in results], ids, weights, self.datamodule.seed, plan.round
+            )
         bad = None if all_finite([{"x": self.global_params()}]) else first_non_finite({"x": self.global_params()})
         if bad is not None:
             raise self._diverged(f"round {plan.round}: the global model became non-finite ({bad})")
@@ -703,9 +726,12 @@ class FederatedModule(AsyncServer, L.LightningModule):
                     log.info("round %d: client %d misses the deadline (never reports)", round_idx, cid)
                     continue
                 budget = allowed[cid]
+            own = broadcast
+            if self.lora is not None and self.lora.client_rank(cid) < self.lora.rank:  # zero-padded to its rank
+                own = self.lora.client_broadcast(broadcast, cid)
             load_state = functools.partial(self.client_state, cid, broadcast["x"])
             load_messages = functools.partial(self.message_state, cid) if self.messages.client_stages else None
-            tasks.append(ClientTask(cid, seed, budget, broadcast, load_state, warmup, load_messages))
+            tasks.append(ClientTask(cid, seed, budget, own, load_state, warmup, load_messages))
         return tasks, stragglers
 
     def _empty_round(self, plan: RoundPlan, broadcast: Payload, extra_metrics: dict[str, int]) -> None:

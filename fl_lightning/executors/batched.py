@@ -269,7 +269,11 @@ class BatchedExecutor(Executor):
         return [result for start in range(0, len(tasks), size) for result in self._run_stacked(tasks[start : start + size], info, runtime)]
 
     def _run_stacked(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> list[ClientResult]:
-        local, broadcast = runtime.local, tasks[0].broadcast
+        local, broadcast, per_client = runtime.local, tasks[0].broadcast, any(t.broadcast is not tasks[0].broadcast for t in tasks)
+        if per_client:  # clients of different LoRA ranks receive their own x (fl_lightning/lora/server.py)
+            if not declares_capability(runtime.algorithm, "elementwise"):
+                raise Unbatchable(f"the clients receive different x and {type(runtime.algorithm).__name__}'s rule is not elementwise")
+            broadcast = {**broadcast, "x": {k: torch.stack([t.broadcast["x"][k] for t in tasks]) for k in broadcast["x"]}}
         clients, seeds = [t.client_id for t in tasks], [t.seed for t in tasks]
         dp = runtime.record_privacy
         if dp is not None:  # record-level DP-SGD: each client's own draws, padded to the step's largest (fl_lightning.executors.dpsgd)
@@ -284,11 +288,12 @@ class BatchedExecutor(Executor):
         personal = _stack([state.personal for state in loaded]) if runtime.personal_names else {}  # each client's own, stacked
         # Different randomness per client (dropout); the CPU generator seeded from the group's first client.
         seed_client(seeds[0], runtime.device)
-        params = {k: v.unsqueeze(0).expand(len(tasks), *v.shape) for k, v in broadcast["x"].items()}
+        params = dict(broadcast["x"]) if per_client else {k: v.unsqueeze(0).expand(len(tasks), *v.shape) for k, v in broadcast["x"].items()}
         params.update(personal)
         ids, stacked_states = torch.tensor(clients), _stack(states)
         record = StepRecord()
         self._seeds = seeds  # the clients' round seeds (record-level DP-SGD's noise)
+        self._per_client_x = per_client  # broadcast["x"] is stacked: each client's own (per-client finish takes its row)
         rule = self._elementwise_rule if declares_capability(runtime.algorithm, "elementwise") else self._vmapped_rule
         if self.programs is not None:
             rule = functools.partial(self._compiled_rule, rule)
@@ -443,7 +448,8 @@ class BatchedExecutor(Executor):
         personal_views = _unstack(personal, len(states)) if personal else [{}] * len(states)
         outputs = []
         for i, c in enumerate(ids.tolist()):
-            ctx = self._context(int(c), broadcast, states[i], info, runtime, step=last, personal=personal_views[i])
+            own = {**broadcast, "x": {k: v[i] for k, v in broadcast["x"].items()}} if self._per_client_x else broadcast
+            ctx = self._context(int(c), own, states[i], info, runtime, step=last, personal=personal_views[i])
             ctx.data_pass = data_pass_fn(runtime, int(c))  # client by client here: its whole set, as sequential execution reads it
             outputs.append(finish_client(algorithm, views[i], local_views[i], ctx))
         return [u for u, _ in outputs], [s for _, s in outputs]

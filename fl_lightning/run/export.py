@@ -30,7 +30,11 @@ def export_pretrained(module: L.LightningModule, dirpath: str | Path, datamodule
         raise ValueError(f"export needs a model with save_pretrained(path); {type(model).__name__} has none")
     path = Path(dirpath)
     path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path)
+    lora = getattr(module, "lora", None)
+    if lora is not None and lora.method.folds:  # the frozen weights changed: the adapter needs its base (docs/lora.md)
+        model.save_pretrained(path, with_base=True)
+    else:
+        model.save_pretrained(path)
     tokenizer_name = getattr(datamodule, "tokenizer_name", None)
     if tokenizer_name:
         from fl_lightning.datamodules.text import load_tokenizer

@@ -1,0 +1,49 @@
+"""The lora_<method> configs (docs/lora.md, docs/algorithms.md 28) parse, and one runs through the CLI on offline fixtures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from fl_lightning.commands.cli import build_cli
+from fl_lightning.lora import METHODS
+from tests.test_lora_cli import assets, offline  # noqa: F401  (fixture)
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = sorted(p.stem for p in (ROOT / "configs").glob("lora_*.yaml"))
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_lora_configs_compose_on_fedit_sst2_and_name_their_method(assets, name):
+    files = {"train": assets.sst2["train"], "validation": assets.sst2["validation"], "test": assets.sst2["validation"]}
+    module = build_cli(["--config", str(ROOT / "configs" / f"{name}.yaml"), *offline(assets, files)], run=False).model
+    method = name.removeprefix("lora_").split("_gpt2")[0]
+    assert module.lora.method.name == method and type(module.lora.method) is METHODS[method]
+    assert module.lora.method.ranks == ([2, 4, 8] if name.endswith("_hetero") else None)
+    assert len(CONFIGS) == 11
+
+
+def test_a_heterogeneous_flora_config_runs_through_the_cli_and_logs_the_folded_bytes(assets, tmp_path, monkeypatch):
+    args = [
+        "--config", str(ROOT / "configs" / "lora_stacked_gpt2_sst2_hetero.yaml"), *offline(assets, assets.sst2),
+        "--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--trainer.accelerator", "cpu",
+        "--data.init_args.num_clients", "3", "--data.init_args.partition.init_args.alpha", "1.0",
+        "--data.init_args.participation.init_args.clients_per_round", "3", "--data.init_args.max_length", "32",
+        "--model.local.steps", "2", "--model.local.epochs", "null", "--model.local.batch_size", "8",
+    ]  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        cli = build_cli(args, run=False)
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    finally:
+        torch.set_num_threads(threads)
+    run = tmp_path / "runs" / "lora_stacked_gpt2_sst2_hetero"
+    rows = (run / "version_0" / "metrics.csv").read_text()
+    assert "comm/round_bytes_fold" in rows and "val/acc" in rows
+    assert (run / "adapter" / "base" / "config.json").is_file()
