@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-
+import itertools
 import math
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, IterableDataset, Subset, TensorDataset,
 from .client_indices import ClientIndices, HeldOutSplit, NoIndices
 from .partition import Dirichlet, Partitioner
 from .sources import SOURCES, DataSource, load_source
-from fl_lightning.core.client_data import Unstackable
+from fl_lightning.core.client_data import IGNORE_TARGET, PaddedBatches, Unstackable
 from fl_lightning.core.participation import Participation, RoundPlan, UniformSampling, derive_seed
 
 _HOLDOUT_STREAM = 0x401D
@@ -429,6 +429,66 @@ class FederatedDataModule(L.LightningDataModule):
             return self._stacked(iter([self.client_batch_index_matrices(client_ids, seeds, batch_size, steps)]), client_ids, seeds)
         chunks = [self.client_batch_index_chunks(c, s, batch_size, steps) for c, s in zip(client_ids, seeds)]
         return self._stacked((torch.stack(block) for block in zip(*chunks)), client_ids, seeds)
+
+    def padded_client_batches(
+        self, client_ids: Sequence[int], seeds: Sequence[int], batch_size: int | None, steps: int | None, epochs: int | None,
+        num_steps: Sequence[int], min_steps: int = 0, min_rows: int = 0,
+    ) -> PaddedBatches:
+        """The clients' batches of ``client_batches`` (client i's first ``num_steps[i]``), padded to one
+        ``[S, B, ...]`` batch per step for masked stacking (docs/performance.md, "Masked stacking"): K and B
+        are the round's largest (``bucket(K)``, ``bucket(B)`` where given); a padded row repeats one of the
+        client's samples with target ``IGNORE_TARGET`` (cross-entropy's ``ignore_index``: it adds nothing to
+        the loss or its gradient, and the mean is over real rows), a padded step repeats the client's first
+        batch and is masked out by the executor (``PaddedBatches.step_mask``). Raises ``Unstackable`` at
+        the call if the batches cannot be padded."""
+        if not isinstance(self.source.train, TensorDataset):
+            raise Unstackable("padded stacking (clients with unequal steps or batch sizes) gathers from in-memory tensors (TensorDataset) only")
+        rows = [list(itertools.islice(self.client_batch_indices(c, s, batch_size, steps, epochs), k))
+                for c, s, k in zip(client_ids, seeds, num_steps)]  # fmt: skip
+        width, depth = max(len(r) for client in rows for r in client), max(len(client) for client in rows)
+        width, depth = max(width, min_rows), max(depth, min_steps)
+        index = torch.empty(len(rows), depth, width, dtype=torch.int64)
+        real = torch.zeros(len(rows), depth, dtype=torch.int64)  # real rows of each client's step (0: a padded step)
+        for i, client in enumerate(rows):
+            for k, r in enumerate(client):
+                index[i, k, : len(r)] = r
+                index[i, k, len(r) :] = r[0]
+                real[i, k] = len(r)
+            index[i, len(client) :] = index[i, 0]
+        target = self.source.train.tensors[-1]
+        if bool(((real > 0) & (real < width)).any()) and (target.is_floating_point() or target.dim() != 1):
+            raise Unstackable(
+                "clients' batches of unequal size are padded, and padded rows are masked through integer class targets "
+                "(cross-entropy's ignore_index); these targets are not"
+            )
+        # a padded step is a copy of the client's first batch (rows and row mask): finite, and masked out as a step
+        filled = torch.where(real > 0, real, real[:, :1])
+        row_mask = torch.arange(width).view(1, 1, width) < filled.unsqueeze(-1)
+        return PaddedBatches(self._padded_steps(index, row_mask, real, client_ids, seeds), real > 0, real, depth, width)
+
+    def _padded_steps(self, index: Tensor, row_mask: Tensor, real: Tensor, client_ids: Sequence[int], seeds: Sequence[int]) -> Iterator[Any]:
+        """Step by step, the ``[S, B, ...]`` batches of ``index`` with padded rows' targets ``IGNORE_TARGET``;
+        where the data augments, each client's real batches go through ``augment`` in order, drawn as
+        ``client_batches`` draws them (a padded step is not augmented: it is masked out)."""
+        generators = [self.augment_generator(s) for s in seeds] if self.augments_batches else None
+        tensors = self.source.train.tensors
+        steps_first, masks = index.transpose(0, 1).contiguous(), row_mask.transpose(0, 1)  # [K, S, B]
+        first: list[Any] = [None] * len(client_ids)  # each client's augmented first batch (its padded steps' copy)
+        for k in range(steps_first.shape[0]):
+            *inputs, target = (gather_rows(t, steps_first[k]) for t in tensors)
+            target = target.masked_fill(~masks[k].to(target.device), IGNORE_TARGET)
+            if generators is None:
+                yield (*inputs, target)
+                continue
+            views = []
+            for i, (c, g) in enumerate(zip(client_ids, generators)):
+                n, width = int(real[i, k]), target.shape[1]
+                if n:
+                    out = self.augment((*(x[i, :n] for x in inputs), target[i, :n]), c, g)[:-1]
+                    out = [torch.cat([y, y[:1].expand(width - n, *y.shape[1:])]) for y in out]
+                    first[i] = out if first[i] is None else first[i]
+                views.append(out if n else first[i])
+            yield (*(torch.stack(parts) for parts in zip(*views)), target)
 
     def client_batch_index_matrices(self, client_ids: Sequence[int], seeds: Sequence[int], batch_size: int, steps: int) -> Tensor:
         """``client_batch_index_matrix`` of every client, stacked: ``[S, steps, batch_size]``

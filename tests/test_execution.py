@@ -63,33 +63,38 @@ class BatchNormMLP(nn.Module):
         return self.net(x)
 
 
+class SmoothedMLP(MLP):
+    """A model with its own loss: batched execution evaluates it under vmap."""
+
+    def loss(self, logits, target):
+        return torch.nn.functional.cross_entropy(logits, target, label_smoothing=0.2)
+
+
 @pytest.mark.parametrize(
     "model_fn, local, reason",
     [
         (BatchNormMLP, None, "BatchNorm running statistics"),
-        (lambda: MLP(8, 3), LocalTraining(lr=0.1, steps=None, epochs=1, batch_size=8), "local.epochs"),
-        (lambda: MLP(8, 3), LocalTraining(lr=0.1, steps=2, batch_size=1000), "fewer samples than local.batch_size"),
+        (lambda: SmoothedMLP(8, 3), LocalTraining(lr=0.1, steps=2, batch_size=1000), "the model's own loss reduces over the batch's rows"),
     ],
 )
 def test_batched_falls_back_to_sequential_with_a_reason(tmp_path, caplog, model_fn, local, reason):
     with caplog.at_level(logging.WARNING, logger="fl_lightning.executors.batched"):
         bat = _fit(tmp_path, model_fn, FedAvg, "batched", local=local)
     assert reason in caplog.text
+    assert bat.executor.inner.stats["stacked_rounds"] == 0 and bat.executor.inner.stats["rounds"] == 3
     seq = _fit(tmp_path, model_fn, FedAvg, "sequential", local=local)
     for a, b in zip(seq.model.parameters(), bat.model.parameters()):
         assert torch.equal(a, b)
 
 
-def test_full_batch_fallback_names_its_own_reason(tmp_path, caplog):
-    """local.batch_size null (full batch) falls back to sequential with that reason, not "fewer samples than
-    local.batch_size"; the module's executor (the DistributedExecutor wrapper) counts it, as its inner one does."""
-    with caplog.at_level(logging.WARNING, logger="fl_lightning.executors.batched"):
-        bat = _fit(tmp_path, lambda: MLP(8, 3), FedAvg, "batched", local=LocalTraining(lr=0.1, steps=2, batch_size=None))
-    reason = "local.batch_size is null (full-batch local steps: each client's batch is all its samples), so batches are not stacked"
-    assert reason in caplog.text and "fewer samples" not in caplog.text
-    assert bat.executor.fallbacks == {reason: 3} and bat.executor.fallbacks is bat.executor.inner.fallbacks
-    seq = _fit(tmp_path, lambda: MLP(8, 3), FedAvg, "sequential", local=LocalTraining(lr=0.1, steps=2, batch_size=None))
-    assert not seq.executor.fallbacks
+def test_full_batch_rounds_run_stacked(tmp_path):
+    """local.batch_size null (full batch: clients of unequal size) runs stacked, rows padded and masked, with the
+    results of sequential execution; the module's executor (the DistributedExecutor wrapper) shows its inner one's stats."""
+    local = LocalTraining(lr=0.1, steps=2, batch_size=None)
+    bat = _fit(tmp_path, lambda: MLP(8, 3), FedAvg, "batched", local=local)
+    assert not bat.executor.fallbacks and bat.executor.stats is bat.executor.inner.stats
+    assert bat.executor.stats["stacked_rounds"] == 3 and bat.executor.stats["padded_work"] > 0
+    _assert_same_training(_fit(tmp_path, lambda: MLP(8, 3), FedAvg, "sequential", local=local), bat)
 
 
 def test_executor_fallbacks_reach_through_the_message_pipeline(tmp_path):
@@ -206,13 +211,6 @@ def test_stacking_in_groups_gives_the_results_of_one_stack(tmp_path, monkeypatch
 def test_max_stacked_clients_must_be_a_positive_integer(value):
     with pytest.raises(ValueError, match="execution.max_stacked_clients must be an integer >= 1 or null"):
         BatchedExecutor(max_stacked_clients=value)
-
-
-class SmoothedMLP(MLP):
-    """A model with its own loss: batched execution evaluates it under vmap."""
-
-    def loss(self, logits, target):
-        return torch.nn.functional.cross_entropy(logits, target, label_smoothing=0.2)
 
 
 def test_batched_uses_the_models_own_loss(tmp_path):

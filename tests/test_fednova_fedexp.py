@@ -105,8 +105,9 @@ def test_matches_the_numpy_reference_with_unequal_local_steps(tmp_path, rule, mo
     assert float(np.abs(ref - 0.5).max()) > 1e-2  # the rounds moved the model
     if rule == "fedexp":
         assert min(etas) >= 1.0 and max(etas) > 1.05  # the server extrapolated
-    if execution == "batched" and mode == "steps":  # rounds without stragglers ran stacked
-        assert module.executor.inner.fallbacks["stragglers run fewer local steps than the others"] < ROUNDS
+    if execution == "batched" and mode == "steps":  # every round ran stacked, stragglers' steps masked (epochs' short
+        # last batches would need padded rows, which regression targets cannot mask)
+        assert not module.executor.inner.fallbacks and module.executor.inner.stats["stacked_rounds"] == ROUNDS
 
 
 @pytest.mark.parametrize("rule", ["fednova", "fedexp"])

@@ -6,14 +6,35 @@ callbacks read nothing else from data.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from torch import Tensor
 
+IGNORE_TARGET = -100
+"""The target of a padded row (cross-entropy's default ``ignore_index``): it adds nothing to the loss, its
+gradient or the accuracy, and the loss is the mean over the real rows (masked stacking)."""
+
 
 class Unstackable(Exception):
     """Clients' batches cannot be stacked on a leading dimension (the message says why)."""
+
+
+@dataclass
+class PaddedBatches:
+    """Clients' batches padded to ``steps`` steps of ``rows`` rows each (masked stacking, docs/performance.md).
+
+    ``batches`` yields step k's ``[S, rows, ...]`` batch (padded rows' targets ``IGNORE_TARGET``);
+    ``step_mask`` (bool ``[S, steps]``) is False at a client's padded steps, which change nothing;
+    ``real_rows`` (int64 ``[S, steps]``) holds each step's real rows (0 at a padded step).
+    """
+
+    batches: Iterator[Any]
+    step_mask: Tensor
+    real_rows: Tensor
+    steps: int
+    rows: int
 
 
 @runtime_checkable
@@ -42,3 +63,7 @@ class ClientData(Protocol):
     ) -> Iterator[Any]:
         """Step k's batches of all the clients stacked ``[S, B, ...]`` (the same samples as
         ``client_batches``); raises ``Unstackable`` before yielding if they cannot be stacked."""
+
+    # Optional (masked stacking): ``padded_client_batches(client_ids, seeds, batch_size, steps, epochs, num_steps,
+    # bucket=None) -> PaddedBatches``, the batches of ``client_batches`` (client i's first ``num_steps[i]``) padded
+    # to the round's largest K and B (``bucket`` rounds both up); raises ``Unstackable`` if they cannot be padded.

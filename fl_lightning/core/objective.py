@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from torch.func import grad_and_value, vmap
 
 from fl_lightning.core import params as P
+from fl_lightning.core.client_data import IGNORE_TARGET
 from fl_lightning.core.client_rows import ClientRows, UnsupportedLayer, model_declares
 from fl_lightning.core.local_loss import ClientLoss, ModelOutputs
 from fl_lightning.core.params import TensorDict
@@ -142,7 +143,7 @@ class Objective:
 
     def grad_fn(
         self, batch: Any, weight_decay: float, record: StepRecord | None = None, stacked: bool = False,
-        loss: ClientLoss | None = None, functional: bool = False,
+        loss: ClientLoss | None = None, functional: bool = False, padded_rows: bool = False,
     ) -> GradFn:
         """Loss and gradient of the minibatch loss plus ``weight_decay/2 ||w||^2`` at given parameters.
 
@@ -153,12 +154,14 @@ class Objective:
         The first evaluation (loss without the decay term, its terms, outputs, targets) goes to ``record``.
         ``functional``: the gradient by ``torch.func.grad_and_value`` instead of the autograd engine,
         so that ``torch.compile`` and ``vmap`` can trace it (compiled execution); the same values.
+        ``padded_rows``: the stacked batch holds padded rows (target ``IGNORE_TARGET``, masked stacking):
+        each client's loss is the mean over its real rows.
         """
         local_loss = None if loss is None else (loss.stacked if stacked else loss.at)
 
         def evaluate(params: TensorDict) -> tuple[Tensor, tuple[Tensor, dict[str, Tensor] | None, Tensor, Tensor]]:
             if local_loss is None:
-                value, out, target = self.stacked(params, batch) if stacked else self.at(params, batch)
+                value, out, target = self.stacked(params, batch, padded_rows) if stacked else self.at(params, batch)
                 terms = None
             else:
                 value, terms, out, target = local_loss(self, params, batch)
@@ -225,15 +228,16 @@ class Objective:
         return ModelOutputs(logits, z[0] if z else None), target
 
     # ---- clients stacked on a leading dimension ------------------------------------------------
-    def stacked(self, params: TensorDict, batch: Any) -> tuple[Tensor, Tensor, Tensor]:
+    def stacked(self, params: TensorDict, batch: Any, padded_rows: bool = False) -> tuple[Tensor, Tensor, Tensor]:
         """``([S] losses, outputs, targets)``: client i's at ``params[.][i]`` on ``batch[.][i]``.
+        ``padded_rows``: rows with target ``IGNORE_TARGET`` are padding; a client's loss is the mean over the others.
 
         Plain logits are computed by one ``vmap`` of the forward and cross-entropy runs
         outside it (one kernel for all clients); other models' whole objective runs under vmap.
         """
         if self.rows is not None and (self._plain_outputs or self.custom_loss is not None):
             try:
-                return self._as_rows(params, batch)
+                return self._as_rows(params, batch, padded_rows)
             except _NotPlainOutputs:
                 self.rows, self._plain_outputs = None, False
         if self._plain_outputs and not isinstance(batch, dict):
@@ -253,12 +257,12 @@ class Objective:
             else:
                 if out.dim() == 3 and target.dim() == 2 and not target.is_floating_point():
                     per_sample = F.cross_entropy(out.flatten(0, 1), target.flatten(), reduction="none")
-                    return per_sample.view(target.shape).mean(1), out, target
+                    return _row_mean(per_sample.view(target.shape), target, padded_rows), out, target
                 return vmap(F.cross_entropy)(out, target), out, target
 
         return vmap(self.at, randomness="different")(params, batch)
 
-    def _as_rows(self, params: TensorDict, batch: Any) -> tuple[Tensor, Tensor, Tensor]:
+    def _as_rows(self, params: TensorDict, batch: Any, padded_rows: bool = False) -> tuple[Tensor, Tensor, Tensor]:
         """``stacked`` by one forward over the clients' concatenated batches (``ClientRows``)."""
         if isinstance(batch, dict):
             target = batch["labels"]
@@ -277,7 +281,15 @@ class Objective:
             out = out.view(*target.shape[:2], *out.shape[1:])
             return torch.stack([self.custom_loss(o, t) for o, t in zip(out, target)]), out, target
         per_sample = F.cross_entropy(out, target.flatten(), reduction="none")
-        return per_sample.view(target.shape).mean(1), out.view(*target.shape, *out.shape[1:]), target
+        return _row_mean(per_sample.view(target.shape), target, padded_rows), out.view(*target.shape, *out.shape[1:]), target
+
+
+def _row_mean(per_sample: Tensor, target: Tensor, padded_rows: bool) -> Tensor:
+    """Each client's mean loss over its rows ``[S, B] -> [S]``; with ``padded_rows`` over its real rows only
+    (cross-entropy gives a padded row, target ``IGNORE_TARGET``, a loss of exactly 0)."""
+    if not padded_rows:
+        return per_sample.mean(1)
+    return per_sample.sum(1) / (target != IGNORE_TARGET).sum(1).clamp(min=1)
 
 
 class StepRecord:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from dataclasses import dataclass
 import logging
 from collections import Counter
 from collections.abc import Sequence
@@ -31,14 +32,15 @@ from torch import Tensor, nn
 from torch.func import grad_and_value, vmap
 
 from fl_lightning.core import params as P
-from fl_lightning.algorithms.base import ClientContext, ClientIdUnavailable, RoundInfo, declares_capability, defines_local_loss
+from fl_lightning.algorithms.base import ClientContext, ClientIdUnavailable, RoundInfo, declares_capability
 from fl_lightning.core.client_data import Unstackable
 from fl_lightning.executors.dpsgd import client_noise, dp_sampler, private_grad_fn, private_steps
 from fl_lightning.core.errors import FLError, interrupted, one_line
+from fl_lightning.executors import masking as M
 from fl_lightning.executors.base import ClientRuntime, Executor, check_loss, data_pass_fn, finish_client, seed_client, to_device
 from fl_lightning.executors.compiled import DEFAULT_MAX_VARIANTS, CompiledPrograms, Uncompilable, log_fallback, tensor_lr
 from fl_lightning.executors.sequential import SequentialExecutor, compiled_unsupported_reason
-from fl_lightning.core.local_loss import client_loss
+from fl_lightning.core.local_loss import client_loss, defines_local_loss
 from fl_lightning.core.objective import StepRecord
 from fl_lightning.core.participation import UniformSampling
 from fl_lightning.core.params import TensorDict
@@ -53,6 +55,39 @@ class Unbatchable(Exception):
 
 class BatchedExecutionError(FLError, RuntimeError):
     """The batched path raised where the same clients train sequentially without error."""
+
+
+@dataclass(frozen=True)
+class _RoundSteps:
+    """A stacked group's local steps: each client's K_i, the step mask of a padded round (bool ``[S, K]``,
+    None where every client runs every step) and whether real batches hold padded rows."""
+
+    steps: list[int]
+    mask: Tensor | None
+    padded_rows: bool
+
+    @property
+    def equal(self) -> bool:
+        return len(set(self.steps)) == 1
+
+
+def _row_bucket(batch_size: int | None, rows: int) -> int:
+    """Compiled execution's rows bucket: the next power of two, but never beyond ``local.batch_size`` (a full batch)."""
+    power = M.power_of_two(rows)
+    return power if batch_size is None or rows > batch_size else min(power, batch_size)
+
+
+class _UnequalStepsContext(ClientContext):
+    """The context of stacked clients that run different numbers of steps: ``ctx.num_steps`` is not one
+    number, so a rule reading it in its local steps runs sequentially (a declared reason)."""
+
+    @property
+    def num_steps(self) -> int:
+        raise Unbatchable("the rule reads ctx.num_steps in its local steps, and the round's clients run different numbers of steps")
+
+    @num_steps.setter
+    def num_steps(self, value: int) -> None:
+        pass
 
 
 def _stack(states: list[Any]) -> Any:
@@ -199,9 +234,18 @@ class BatchedExecutor(Executor):
     def __init__(
         self, max_stacked_clients: int | None = None, verify_first_round: bool = False, compile: bool = False,
         max_variants: int = DEFAULT_MAX_VARIANTS, backend: str = "inductor", compile_unit: str = "round",
+        max_padding_waste: float = 0.5, max_buckets: int = 4,
     ) -> None:
         if max_stacked_clients is not None and (type(max_stacked_clients) is not int or max_stacked_clients < 1):
             raise ValueError(f"execution.max_stacked_clients must be an integer >= 1 or null, got {max_stacked_clients!r}")
+        if isinstance(max_padding_waste, bool) or not isinstance(max_padding_waste, int | float) or not 0.0 <= max_padding_waste < 1.0:
+            raise ValueError(f"execution.max_padding_waste must be a number in [0, 1), got {max_padding_waste!r}")
+        if type(max_buckets) is not int or max_buckets < 1:
+            raise ValueError(f"execution.max_buckets must be an integer >= 1, got {max_buckets!r}")
+        self.max_padding_waste, self.max_buckets = float(max_padding_waste), max_buckets
+        self._work = [0, 0]
+        #: rounds run, rounds run stacked, and the stacked work (rows x steps x clients) that was real and that was padding
+        self.stats: dict[str, int] = {"rounds": 0, "stacked_rounds": 0, "real_work": 0, "padded_work": 0}
         self.max_stacked_clients = max_stacked_clients
         self.verify_first_round = verify_first_round
         self._verified: set[type] = set()
@@ -217,10 +261,15 @@ class BatchedExecutor(Executor):
             return []
         if any(task.warmup for task in tasks):  # a pass over every client, once: not worth stacking
             return self.sequential.run(tasks, info, runtime)
+        self.stats["rounds"] += 1
         reason = self.unsupported_reason(tasks, runtime)
         if reason is None:
+            self._work = [0, 0]  # the round's real and padded work, counted once it has run stacked
             try:
                 results = self._run_groups(tasks, info, runtime)
+                self.stats["stacked_rounds"] += 1
+                self.stats["real_work"] += self._work[0]
+                self.stats["padded_work"] += self._work[1]
                 algorithm = runtime.algorithm
                 if self.verify_first_round and type(algorithm) not in self._verified and _user_declared_elementwise(algorithm):
                     self._verified.add(type(algorithm))
@@ -250,11 +299,7 @@ class BatchedExecutor(Executor):
     @staticmethod
     def unsupported_reason(tasks: Sequence[ClientTask], runtime: ClientRuntime) -> str | None:
         """Why these tasks cannot run stacked (known before running), or None."""
-        local, algorithm = runtime.local, runtime.algorithm
-        if local.steps is None:
-            return "local.epochs gives clients different numbers of steps; use local.steps"
-        if any(task.num_steps != local.steps for task in tasks):
-            return "stragglers run fewer local steps than the others"
+        algorithm = runtime.algorithm
         model = runtime.objective.model
         if any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats for m in model.modules()):
             return "BatchNorm running statistics are module state that vmap cannot update per client"
@@ -264,9 +309,69 @@ class BatchedExecutor(Executor):
 
     # ---- the round ---------------------------------------------------------------------------
     def _run_groups(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> list[ClientResult]:
-        """The tasks stacked in consecutive groups of at most ``max_stacked_clients``."""
+        """The tasks stacked in groups: clients of similar work together where one stack would waste more
+        than ``max_padding_waste`` on padding (``masking.buckets``), each in consecutive groups of at most
+        ``max_stacked_clients``; the results in task order."""
         size = self.max_stacked_clients or len(tasks)
-        return [result for start in range(0, len(tasks), size) for result in self._run_stacked(tasks[start : start + size], info, runtime)]
+        results: dict[int, ClientResult] = {}
+        for bucket in self._buckets(tasks, runtime):
+            chosen = [tasks[i] for i in bucket]
+            for start in range(0, len(chosen), size):
+                group = chosen[start : start + size]
+                for i, result in zip(bucket[start : start + size], self._run_stacked(group, info, runtime)):
+                    results[i] = result
+        return [results[i] for i in range(len(tasks))]
+
+    def _buckets(self, tasks: Sequence[ClientTask], runtime: ClientRuntime) -> list[list[int]]:
+        if self._idealised(tasks, runtime) or self.max_buckets == 1:
+            return [list(range(len(tasks)))]
+        return M.buckets(self._works(tasks, runtime), self.max_padding_waste, self.max_buckets, self._bucket)
+
+    @staticmethod
+    def _works(tasks: Sequence[ClientTask], runtime: ClientRuntime) -> list[M.Work]:
+        local, sizes = runtime.local, runtime.data.client_sizes
+        return [M.client_work(int(sizes[t.client_id]), local.batch_size, local.steps, local.epochs, t.num_steps) for t in tasks]
+
+    @property
+    def _bucket(self):
+        """Compiled execution pads K and B up to powers of two (a bounded number of programs); eager execution pads to the largest."""
+        return M.power_of_two if self.programs is not None else None
+
+    @staticmethod
+    def _idealised(tasks: Sequence[ClientTask], runtime: ClientRuntime) -> bool:
+        """Whether every client runs ``local.steps`` steps of ``local.batch_size`` rows (stacked without padding)."""
+        local = runtime.local
+        if local.steps is None or local.batch_size is None or any(t.num_steps != local.steps for t in tasks):
+            return False
+        ids = torch.as_tensor([t.client_id for t in tasks], dtype=torch.int64)
+        return not bool((runtime.data.client_sizes[ids] < local.batch_size).any())
+
+    def _padded(self, tasks: Sequence[ClientTask], runtime: ClientRuntime) -> Any:
+        """The round's batches padded to its largest K and B (``ClientData.padded_client_batches``), checked to be maskable."""
+        local, algorithm, objective = runtime.local, runtime.algorithm, runtime.objective
+        padded_batches = getattr(runtime.data, "padded_client_batches", None)
+        if padded_batches is None:
+            raise Unbatchable(f"the data ({type(runtime.data).__name__}) has no padded_client_batches for clients with unequal local work")
+        works = self._works(tasks, runtime)
+        steps, rows = max(w.steps for w in works), max(w.rows for w in works)
+        if self.programs is not None:  # buckets: a bounded number of compiled programs
+            steps, rows = M.power_of_two(steps), _row_bucket(local.batch_size, rows)
+        padded = padded_batches(
+            [t.client_id for t in tasks], [t.seed for t in tasks], local.batch_size, local.steps, local.epochs,
+            [t.num_steps for t in tasks], min_steps=steps, min_rows=rows,
+        )  # fmt: skip
+        real = padded.real_rows
+        if bool(((real > 0) & (real < padded.rows)).any()):  # some real batch holds padded rows
+            if defines_local_loss(algorithm):
+                raise Unbatchable(
+                    f"{type(algorithm).__name__}'s local_loss reduces over the batch's rows, which padded rows (clients with "
+                    "batches of unequal size) would enter"
+                )
+            if objective.custom_loss is not None:
+                raise Unbatchable("the model's own loss reduces over the batch's rows, which padded rows (clients with batches of unequal size) would enter")
+            if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in objective.model.modules()):
+                raise Unbatchable("BatchNorm's batch statistics would include padded rows (clients with batches of unequal size)")
+        return padded
 
     def _run_stacked(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> list[ClientResult]:
         local, broadcast, per_client = runtime.local, tasks[0].broadcast, any(t.broadcast is not tasks[0].broadcast for t in tasks)
@@ -275,14 +380,26 @@ class BatchedExecutor(Executor):
                 raise Unbatchable(f"the clients receive different x and {type(runtime.algorithm).__name__}'s rule is not elementwise")
             broadcast = {**broadcast, "x": {k: torch.stack([t.broadcast["x"][k] for t in tasks]) for k in broadcast["x"]}}
         clients, seeds = [t.client_id for t in tasks], [t.seed for t in tasks]
+        steps = [t.num_steps for t in tasks]
         dp = runtime.record_privacy
+        masks, rows_padded = None, False  # (step mask [S, K], real rows [S, K]) of a padded round; whether real batches hold padded rows
         if dp is not None:  # record-level DP-SGD: each client's own draws, padded to the step's largest (fl_lightning.executors.dpsgd)
             if not declares_capability(runtime.algorithm, "elementwise"):
                 raise Unbatchable(f"record-level DP-SGD runs {type(runtime.algorithm).__name__}'s rule (not elementwise) client by client")
+            if local.steps is None or any(k != local.steps for k in steps):
+                raise Unbatchable("record-level DP-SGD stacks only clients that run local.steps steps each (no local.epochs, no stragglers)")
             samplers = [dp_sampler(dp, c, s) for c, s in zip(clients, seeds)]
             batches = private_steps(runtime.data, clients, samplers, local.steps, stacked=True)
-        else:
+            self._count(len(tasks) * local.steps, 0)
+        elif self._idealised(tasks, runtime):
             batches = runtime.data.stacked_client_batches(clients, seeds, local.batch_size, local.steps)
+            self._count(len(tasks) * local.steps * local.batch_size, 0)
+        else:
+            padded = self._padded(tasks, runtime)
+            batches, masks = padded.batches, (padded.step_mask, padded.real_rows)
+            rows_padded = bool(((padded.real_rows > 0) & (padded.real_rows < padded.rows)).any())
+            real = int(padded.real_rows.sum())
+            self._count(real, len(tasks) * padded.steps * padded.rows - real)
         loaded = [task.load_state() for task in tasks]
         states = [state.algorithm for state in loaded]
         personal = _stack([state.personal for state in loaded]) if runtime.personal_names else {}  # each client's own, stacked
@@ -294,6 +411,8 @@ class BatchedExecutor(Executor):
         record = StepRecord()
         self._seeds = seeds  # the clients' round seeds (record-level DP-SGD's noise)
         self._per_client_x = per_client  # broadcast["x"] is stacked: each client's own (per-client finish takes its row)
+        step_mask = None if masks is None or bool(masks[0].all()) else masks[0].to(runtime.device)
+        self._round = _RoundSteps(steps, step_mask, rows_padded)
         rule = self._elementwise_rule if declares_capability(runtime.algorithm, "elementwise") else self._vmapped_rule
         if self.programs is not None:
             rule = functools.partial(self._compiled_rule, rule)
@@ -304,21 +423,44 @@ class BatchedExecutor(Executor):
         loss = client_loss(runtime.algorithm, ids, broadcast, stacked_states, info, runtime.data, runtime.device)
         params, local_state = rule(runtime, params, stacked_states, ids, broadcast, info, step_batches, record, loss, personal)
         uploads, new_states = self._finish(runtime, params, local_state, (states, stacked_states), ids, broadcast, info, personal)
-        losses = record.losses
-        mean_losses = torch.stack(losses).mean(0).tolist() if losses else [float("nan")] * len(tasks)
-        for client, loss in zip(clients, mean_losses if losses else []):
+        mean_losses, accuracies, terms = self._means(record, masks, len(tasks))
+        for client, loss in zip(clients, mean_losses if record.losses else []):
             check_loss(info.round, client, loss)
-        correct = record.correct()
-        accuracies = (correct / record.samples()).tolist() if correct is not None else [float("nan")] * len(tasks)
-        terms = record.term_means() or [{}] * len(tasks)
         return [
-            ClientResult(c, uploads[i], new_states[i], local.steps, mean_losses[i], accuracies[i], terms[i])
+            ClientResult(c, uploads[i], new_states[i], steps[i], mean_losses[i], accuracies[i], terms[i])
             for i, c in enumerate(clients)
         ]
 
+    def _count(self, real: int, padding: int) -> None:
+        self._work[0] += real
+        self._work[1] += padding
+
     @staticmethod
-    def _context(ids: Tensor, broadcast: Payload, state: Any, info: RoundInfo, runtime: ClientRuntime, **kw) -> ClientContext:
-        return ClientContext(ids, broadcast, state, info, runtime.local.steps, full_grad=_no_full_grad, data_pass=_no_data_pass, **kw)
+    def _means(record: StepRecord, masks: tuple[Tensor, Tensor] | None, size: int) -> tuple[list[float], list[float], list[dict]]:
+        """Each client's mean loss, accuracy and loss terms over its real steps and rows."""
+        nan = [float("nan")] * size
+        if masks is None:
+            losses = record.losses
+            mean_losses = torch.stack(losses).mean(0).tolist() if losses else nan
+            correct = record.correct()
+            accuracies = (correct / record.samples()).tolist() if correct is not None else nan
+            return mean_losses, accuracies, record.term_means() or [{}] * size
+        step_mask, real = masks
+        if record.losses and len(record.losses) != step_mask.shape[1]:
+            raise Unbatchable("the rule records a loss at only some of its steps, which a padded round cannot mask")
+        mean_losses = M.masked_round_means(record.losses, step_mask).tolist() if record.losses else nan
+        accuracies = nan
+        if record.outputs:
+            accuracies = (M.masked_correct(record.outputs, record.targets, step_mask).cpu() / real.sum(1)).tolist()
+        return mean_losses, accuracies, M.masked_term_means(record.terms, step_mask) or [{}] * size
+
+    def _context(self, ids: Tensor, broadcast: Payload, state: Any, info: RoundInfo, runtime: ClientRuntime, num_steps: int | None = None, **kw) -> ClientContext:
+        """The stacked clients' context (``num_steps``: one client's K, where the context is that client's)."""
+        steps = self._round.steps
+        if num_steps is None and not self._round.equal:
+            return _UnequalStepsContext(ids, broadcast, state, info, 0, full_grad=_no_full_grad, data_pass=_no_data_pass, **kw)
+        num_steps = steps[0] if num_steps is None else num_steps
+        return ClientContext(ids, broadcast, state, info, num_steps, full_grad=_no_full_grad, data_pass=_no_data_pass, **kw)
 
     def _elementwise_rule(self, runtime, params, client_state, ids, broadcast, info, batches, record, loss=None, personal=None):
         """The rule applied once to all clients' stacked tensors (no vmap around it)."""
@@ -328,9 +470,10 @@ class BatchedExecutor(Executor):
         dp = runtime.record_privacy
         if dp is not None:  # the clients' noise sources and B_i, as sequential execution's
             noise, denominators = client_noise(dp, ids.tolist(), self._seeds)
+        mask, padded_rows = self._round.mask, self._round.padded_rows
         for step, batch in enumerate(batches):
             if runtime.should_stop():
-                raise interrupted(info.round, int(ids[0]), step, runtime.local.steps)
+                raise interrupted(info.round, int(ids[0]), step, max(self._round.steps))
             ctx.step = step
             if dp is not None:
                 ctx.grad = private_grad_fn(
@@ -338,8 +481,12 @@ class BatchedExecutor(Executor):
                 )
                 params, local_state = algorithm.client_step(params, local_state, ctx)
                 continue
-            ctx.grad = objective.grad_fn(batch, weight_decay, record, stacked=True, loss=loss)
-            params, local_state = algorithm.client_step(params, local_state, ctx)
+            ctx.grad = objective.grad_fn(batch, weight_decay, record, stacked=True, loss=loss, padded_rows=padded_rows)
+            new_params, new_state = algorithm.client_step(params, local_state, ctx)
+            if mask is None:
+                params, local_state = new_params, new_state
+            else:  # a client's padded step changes nothing
+                params, local_state = M.keep_where(mask[:, step], (new_params, new_state), (params, local_state))
         return params, local_state
 
     @property
@@ -353,18 +500,20 @@ class BatchedExecutor(Executor):
         are copied out of their stride-0 views, so padded and unpadded rounds share a program); ``eager_rule``
         for a declared reason (logged once)."""
         batches = list(batches)
-        reason = compiled_unsupported_reason(runtime)
+        reason = compiled_unsupported_reason(runtime, padded=True)
         if reason is None:
             if runtime.should_stop():
-                raise interrupted(info.round, int(ids[0]), 0, runtime.local.steps)
+                raise interrupted(info.round, int(ids[0]), 0, max(self._round.steps))
             size = len(ids)
             padded = padded_clients(size, self._cohort(runtime))
             pad, unpad = functools.partial(_pad_clients, padded - size), functools.partial(_unpad_clients, padded - size)
+            mask = self._round.mask  # masked stacking: K and B are padded to powers of two (``_padded``), the mask an input
+            masked = () if mask is None else (pad(mask),)
             try:
                 new_params, local_state, evaluations = self.programs(
-                    (len(batches), padded, False), False, runtime.algorithm, runtime.objective, runtime.local.weight_decay,
+                    (len(batches), padded, False, mask is not None), False, runtime.algorithm, runtime.objective, runtime.local.weight_decay,
                     pad({k: v.contiguous() for k, v in params.items()}), pad(client_state), pad(ids), tensor_lr(info), broadcast,
-                    pad(personal or {}), pad(batches), pad(None if loss is None else loss.label_counts),
+                    pad(personal or {}), pad(batches), pad(None if loss is None else loss.label_counts), *masked,
                 )  # fmt: skip
             except Uncompilable as error:
                 reason = str(error)
@@ -420,10 +569,15 @@ class BatchedExecutor(Executor):
 
         personal = personal or {}
         local_state = vmap(init, randomness="different")(params, client_state, ids, personal)
+        mask = self._round.mask
         for step, batch in enumerate(batches):
             if runtime.should_stop():
-                raise interrupted(info.round, int(ids[0]), step, runtime.local.steps)
-            params, local_state, (value, out, target, terms) = step_fn(step)(params, local_state, client_state, ids, batch, counts, personal)
+                raise interrupted(info.round, int(ids[0]), step, max(self._round.steps))
+            new_params, new_state, (value, out, target, terms) = step_fn(step)(params, local_state, client_state, ids, batch, counts, personal)
+            if mask is None:
+                params, local_state = new_params, new_state
+            else:  # a client's padded step changes nothing
+                params, local_state = M.keep_where(mask[:, step], (new_params, new_state), (params, local_state))
             record.add(value, out, target, terms if loss is not None else None)
         return params, local_state
 
@@ -435,9 +589,10 @@ class BatchedExecutor(Executor):
         With personal tensors (``personal``, stacked), ``client_finish`` sees the shared tensors only and each
         client keeps ``personal_finish``'s values under ``PERSONAL``, as in sequential execution.
         """
-        algorithm, (states, stacked_state), last = runtime.algorithm, states, runtime.local.steps - 1
-        personal = personal or {}
-        if declares_capability(algorithm, "elementwise") and type(algorithm) not in self._finish_per_client:
+        algorithm, (states, stacked_state), steps = runtime.algorithm, states, self._round.steps
+        personal, last = personal or {}, steps[0] - 1
+        # clients that ran different numbers of steps finish client by client (ctx.num_steps and ctx.step are each one's own)
+        if self._round.equal and declares_capability(algorithm, "elementwise") and type(algorithm) not in self._finish_per_client:
             try:
                 ctx = self._context(ids, broadcast, stacked_state, info, runtime, step=last, personal=personal)
                 upload, new_state = finish_client(algorithm, params, local_state, ctx)
@@ -450,6 +605,7 @@ class BatchedExecutor(Executor):
         for i, c in enumerate(ids.tolist()):
             own = {**broadcast, "x": {k: v[i] for k, v in broadcast["x"].items()}} if self._per_client_x else broadcast
             ctx = self._context(int(c), own, states[i], info, runtime, step=last, personal=personal_views[i])
+            ctx = self._context(int(c), broadcast, states[i], info, runtime, steps[i], step=steps[i] - 1, personal=personal_views[i])
             ctx.data_pass = data_pass_fn(runtime, int(c))  # client by client here: its whole set, as sequential execution reads it
             outputs.append(finish_client(algorithm, views[i], local_views[i], ctx))
         return [u for u, _ in outputs], [s for _, s in outputs]

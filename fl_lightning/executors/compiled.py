@@ -60,6 +60,7 @@ from fl_lightning.core.errors import FLError, one_line
 from fl_lightning.core.local_loss import ClientLoss, defines_local_loss
 from fl_lightning.core.objective import Objective
 from fl_lightning.core.params import TensorDict
+from fl_lightning.executors.masking import keep_where
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +116,23 @@ class _Recorder:
         self.items.append((loss, out, target, terms or {}))  # terms: an algorithm's local_loss terms ({}: none; vmap returns no None)
 
 
+class _MaskedStepsContext(ClientContext):
+    """The context of stacked clients padded to one K (masked stacking): ``num_steps`` is not each client's."""
+
+    @property
+    def num_steps(self) -> int:
+        raise Uncompilable("client_step reads ctx.num_steps, which differs between the stacked clients of a padded round")
+
+    @num_steps.setter
+    def num_steps(self, value: int) -> None:
+        pass
+
+
+def _advance(step_mask: Tensor | None, new: tuple, old: tuple) -> tuple:
+    """``new`` (parameters, local state), or ``old`` where the client's step is padding (``step_mask`` False)."""
+    return new if step_mask is None else keep_where(step_mask, new, old)
+
+
 def _no_full_grad(params: TensorDict) -> TensorDict:
     raise Uncompilable("full local gradients read the client's whole training set, whose size differs by client")
 
@@ -122,55 +140,60 @@ def _no_full_grad(params: TensorDict) -> TensorDict:
 def local_steps(
     algorithm: Algorithm, objective: Objective, weight_decay: float, params: TensorDict, client_state: Any, client: Any,
     info: RoundInfo, broadcast: Any, personal: TensorDict, batches: Sequence[Any], label_counts: Tensor | None = None,
+    step_mask: Tensor | None = None,
 ) -> tuple[TensorDict, Any, list]:
     """One client's ``client_init`` and K local steps (K = ``len(batches)``): the traced program.
+    ``step_mask`` (bool ``[K]``, masked stacking): a False step leaves parameters and local state as they were.
 
     An algorithm's ``local_loss`` (``fl_lightning.core.local_loss``) is traced with the rest, bound to the
     client as eager execution binds it (``label_counts``: the client's, where the algorithm reads them).
     Returns the parameters, the local state and each step's first evaluation (loss, outputs, targets,
     the local loss's terms: {} for the model's own loss).
     """
-    ctx = ClientContext(client, broadcast, client_state, info, len(batches), full_grad=_no_full_grad, personal=personal)
+    context = ClientContext if step_mask is None else _MaskedStepsContext
+    ctx = context(client, broadcast, client_state, info, len(batches), full_grad=_no_full_grad, personal=personal)
     loss = ClientLoss(algorithm, client, broadcast, client_state, info, label_counts) if defines_local_loss(algorithm) else None
     local = algorithm.client_init(params, ctx)
     records: list = []
     for step, batch in enumerate(batches):
         ctx.step = step
         ctx.grad = objective.grad_fn(batch, weight_decay, _Recorder(records), functional=True, loss=loss)
-        params, local = algorithm.client_step(params, local, ctx)
+        new = algorithm.client_step(params, local, ctx)
+        params, local = _advance(None if step_mask is None else step_mask[step], new, (params, local))
     return params, local, records
 
 
 def stacked_local_steps(algorithm, objective, weight_decay, params, client_state, clients, info, broadcast, personal, batches,
-                        label_counts=None):  # fmt: skip
-    """``local_steps`` of stacked clients (a leading client dimension on params, state, ids, batches and label counts)."""
+                        label_counts=None, step_mask=None):  # fmt: skip
+    """``local_steps`` of stacked clients (a leading client dimension on params, state, ids, batches, label counts, step mask)."""
 
-    def one(p, state, cid, b, counts, own):
-        return local_steps(algorithm, objective, weight_decay, p, state, cid, info, broadcast, own, b, counts)
+    def one(p, state, cid, b, counts, own, mask):
+        return local_steps(algorithm, objective, weight_decay, p, state, cid, info, broadcast, own, b, counts, mask)
 
-    in_dims = (0, 0, 0, 0, None if label_counts is None else 0, 0)  # personal tensors: each client's own, stacked
-    return torch.func.vmap(one, in_dims=in_dims, randomness="different")(params, client_state, clients, batches, label_counts, personal)
+    in_dims = (0, 0, 0, 0, None if label_counts is None else 0, 0, None if step_mask is None else 0)  # personal tensors: each client's own
+    return torch.func.vmap(one, in_dims=in_dims, randomness="different")(params, client_state, clients, batches, label_counts, personal, step_mask)
 
 
 def init_state(algorithm: Algorithm, params: TensorDict, client_state: Any, client: Any, info: RoundInfo, broadcast: Any,
-               personal: TensorDict, num_steps: int) -> Any:  # fmt: skip
+               personal: TensorDict, num_steps: int, masked: bool = False) -> Any:  # fmt: skip
     """One client's ``client_init`` as the round program runs it (the client's id a tensor), eagerly: the step unit's first part."""
-    ctx = ClientContext(client, broadcast, client_state, info, num_steps, full_grad=_no_full_grad, personal=personal)
+    context = _MaskedStepsContext if masked else ClientContext
+    ctx = context(client, broadcast, client_state, info, num_steps, full_grad=_no_full_grad, personal=personal)
     return algorithm.client_init(params, ctx)
 
 
-def stacked_init_state(algorithm, params, client_state, clients, info, broadcast, personal, num_steps):  # fmt: skip
+def stacked_init_state(algorithm, params, client_state, clients, info, broadcast, personal, num_steps, masked=False):  # fmt: skip
     """``init_state`` of stacked clients, under ``vmap`` as the stacked round program runs it."""
 
     def one(p, state, cid, own):
-        return init_state(algorithm, p, state, cid, info, broadcast, own, num_steps)
+        return init_state(algorithm, p, state, cid, info, broadcast, own, num_steps, masked)
 
     return torch.func.vmap(one, randomness="different")(params, client_state, clients, personal)
 
 
 def one_step(
     algorithm: Algorithm, objective: Objective, weight_decay: float, params: TensorDict, local: Any, client_state: Any, client: Any,
-    info: RoundInfo, broadcast: Any, personal: TensorDict, batch: Any, label_counts: Tensor | None = None,
+    info: RoundInfo, broadcast: Any, personal: TensorDict, batch: Any, label_counts: Tensor | None = None, step_mask: Tensor | None = None,
 ) -> tuple[TensorDict, Any, list]:
     """One local step (``ctx.grad`` on ``batch`` and ``client_step``): the per-step program (``compile_unit: step``).
 
@@ -181,19 +204,22 @@ def one_step(
     loss = ClientLoss(algorithm, client, broadcast, client_state, info, label_counts) if defines_local_loss(algorithm) else None
     records: list = []
     ctx.grad = objective.grad_fn(batch, weight_decay, _Recorder(records), functional=True, loss=loss)
-    params, local = algorithm.client_step(params, local, ctx)
+    new = algorithm.client_step(params, local, ctx)
+    params, local = _advance(step_mask, new, (params, local))
     return params, local, records
 
 
 def stacked_one_step(algorithm, objective, weight_decay, params, local, client_state, clients, info, broadcast, personal, batch,
-                     label_counts=None):  # fmt: skip
-    """``one_step`` of stacked clients (a leading client dimension on params, local and client state, ids, the batch, label counts)."""
+                     label_counts=None, step_mask=None):  # fmt: skip
+    """``one_step`` of stacked clients (a leading client dimension on params, local and client state, ids, the batch, label counts, step mask)."""
 
-    def one(p, loc, state, cid, b, counts, own):
-        return one_step(algorithm, objective, weight_decay, p, loc, state, cid, info, broadcast, own, b, counts)
+    def one(p, loc, state, cid, b, counts, own, mask):
+        return one_step(algorithm, objective, weight_decay, p, loc, state, cid, info, broadcast, own, b, counts, mask)
 
-    in_dims = (0, 0, 0, 0, 0, None if label_counts is None else 0, 0)
-    return torch.func.vmap(one, in_dims=in_dims, randomness="different")(params, local, client_state, clients, batch, label_counts, personal)
+    in_dims = (0, 0, 0, 0, 0, None if label_counts is None else 0, 0, None if step_mask is None else 0)
+    return torch.func.vmap(one, in_dims=in_dims, randomness="different")(
+        params, local, client_state, clients, batch, label_counts, personal, step_mask
+    )
 
 
 def _fresh(fn: Callable) -> Callable:
@@ -291,12 +317,14 @@ class CompiledPrograms:
 
     def _steps(self, dynamic: bool, new: bool, args: tuple) -> tuple[TensorDict, Any, list]:
         """The step unit: ``client_init`` eagerly, then the per-step program once per batch."""
-        algorithm, objective, weight_decay, params, client_state, client, info, broadcast, personal, batches, counts = args
+        algorithm, objective, weight_decay, params, client_state, client, info, broadcast, personal, batches, counts, *rest = args
+        step_mask = rest[0] if rest else None  # masked stacking: bool [S, K]
         init = stacked_init_state if self.stacked else init_state
-        local = init(algorithm, params, client_state, client, info, broadcast, personal, len(batches))
+        local = init(algorithm, params, client_state, client, info, broadcast, personal, len(batches), step_mask is not None)
         records: list = []
-        for batch in batches:
-            step_args = (algorithm, objective, weight_decay, params, local, client_state, client, info, broadcast, personal, batch, counts)
+        for k, batch in enumerate(batches):
+            mask = None if step_mask is None else step_mask[:, k]
+            step_args = (algorithm, objective, weight_decay, params, local, client_state, client, info, broadcast, personal, batch, counts, mask)
             params, local, evaluations = self._guarded(self._step_fn, dynamic, new, step_args)
             records += evaluations
         return params, local, records

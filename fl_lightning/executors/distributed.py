@@ -161,6 +161,14 @@ class DistributedExecutor(Executor):
             executor = executor.inner
         return getattr(executor, "fallbacks", Counter())
 
+    @property
+    def stats(self) -> dict[str, int]:
+        """The wrapped executor's stacking counters (``BatchedExecutor.stats``), found as ``fallbacks`` is; empty for one without."""
+        executor = self.inner
+        while not hasattr(executor, "stats") and hasattr(executor, "inner"):
+            executor = executor.inner
+        return getattr(executor, "stats", {})
+
     def run(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> list[ClientResult]:
         if not _distributed():
             return self.inner.run(tasks, info, runtime)

@@ -214,11 +214,12 @@ def _check_compile_settings(compile: bool, max_variants: int, backend: str, comp
     return compile
 
 
-def compiled_unsupported_reason(runtime: ClientRuntime) -> str | None:
-    """Why client training cannot run compiled (known before running), or None."""
+def compiled_unsupported_reason(runtime: ClientRuntime, padded: bool = False) -> str | None:
+    """Why client training cannot run compiled (known before running), or None. ``padded``: stacked clients
+    padded to one K and B (masked stacking), which compiles ``local.epochs`` rounds too."""
     if runtime.record_privacy is not None:
         return "record-level DP-SGD (record_privacy) draws variable batches and per-example gradients, not compiled yet"
-    if runtime.local.steps is None:
+    if runtime.local.steps is None and not padded:
         return "local.epochs gives clients different numbers of steps and a short last batch; use local.steps"
     if torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled(runtime.device.type):
         return "mixed precision (autocast) is not compiled"

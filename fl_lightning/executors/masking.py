@@ -1,0 +1,126 @@
+"""Masked stacking: clients with unequal local work stacked by padding (docs/performance.md, "Masked stacking").
+
+Each client's steps are padded to the round's largest K and its batches to the largest B. A padded row
+has target ``IGNORE_TARGET`` (no loss, no gradient, not counted); a padded step is masked: ``keep_where``
+keeps the client's parameters and local state as they were, by ``torch.where`` (never a product with 0,
+which turns an infinite or NaN value of the discarded step into NaN). Padding costs arithmetic; where a
+round would waste more than a cap, ``buckets`` splits its clients into a few groups of similar work,
+stacked separately.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+
+def keep_where(mask: Tensor, new: Any, old: Any) -> Any:
+    """``new`` where ``mask`` is True, else ``old``, leaf by leaf of nested dicts, lists and tuples.
+
+    ``mask`` is bool ``[S]`` over the leading client dimension (or 0-dim for one client under vmap);
+    a leaf that is not a tensor is ``new``'s (rules keep counters and flags equal across clients)."""
+    if isinstance(new, dict):
+        return {k: keep_where(mask, v, old[k]) if k in old else v for k, v in new.items()}
+    if isinstance(new, list | tuple):
+        return type(new)(keep_where(mask, a, b) for a, b in zip(new, old))
+    if isinstance(new, Tensor) and isinstance(old, Tensor):
+        return torch.where(mask.view(*mask.shape, *[1] * (new.dim() - mask.dim())), new, old)
+    return new
+
+
+def power_of_two(n: int) -> int:
+    """The bucket of a padded size under compiled execution: the next power of two (>= n)."""
+    return 1 << max(0, n - 1).bit_length()
+
+
+@dataclass(frozen=True)
+class Work:
+    """A client's local work this round: ``steps`` (K_i), ``rows`` (its largest batch) and ``real`` (the rows of all its steps)."""
+
+    steps: int
+    rows: int
+    real: int
+
+
+def client_work(size: int, batch_size: int | None, steps: int | None, epochs: int | None, num_steps: int) -> Work:
+    """The work of a client of ``size`` samples running ``num_steps`` steps (a straggler's budget cut short):
+    batches of ``batch_size`` (the whole set where ``batch_size`` is None, or where it exceeds ``size`` with
+    ``local.steps``), and with ``local.epochs`` passes whose last batch holds the remainder."""
+    if batch_size is None or (steps is not None and batch_size >= size):
+        return Work(num_steps, size, num_steps * size)
+    if steps is not None:
+        return Work(num_steps, batch_size, num_steps * batch_size)
+    per_pass = math.ceil(size / batch_size)
+    full, part = divmod(num_steps, per_pass)
+    real = full * size + min(part * batch_size, size)
+    return Work(num_steps, min(batch_size, size), real)
+
+
+def padded_area(works: Sequence[Work], bucket=None) -> int:
+    """Rows x steps x clients of ``works`` stacked: each padded to the largest K and B (``bucket``ed where given)."""
+    steps, rows = max(w.steps for w in works), max(w.rows for w in works)
+    if bucket is not None:
+        steps, rows = bucket(steps), bucket(rows)
+    return len(works) * steps * rows
+
+
+def waste(works: Sequence[Work], bucket=None) -> float:
+    """The share of the stacked area that is padding."""
+    area = padded_area(works, bucket)
+    return 1.0 - sum(w.real for w in works) / area if area else 0.0
+
+
+def buckets(works: Sequence[Work], cap: float, most: int, bucket=None) -> list[list[int]]:
+    """The clients (indices into ``works``) in groups stacked separately: one group unless it would waste more
+    than ``cap`` of its area on padding; then at most ``most`` groups of clients adjacent in (K, B) order,
+    chosen to minimise the total padded area (an exact dynamic program over the sorted clients)."""
+    everyone = list(range(len(works)))
+    if most <= 1 or len(works) <= 1 or waste(works, bucket) <= cap:
+        return [everyone]
+    order = sorted(everyone, key=lambda i: (works[i].steps, works[i].rows))
+    n = len(order)
+
+    def area(i: int, j: int) -> int:  # the sorted clients i .. j-1 in one group
+        return padded_area([works[order[t]] for t in range(i, j)], bucket)
+
+    best = [[math.inf] * (n + 1) for _ in range(most + 1)]
+    cut = [[0] * (n + 1) for _ in range(most + 1)]
+    best[0][0] = 0
+    for g in range(1, most + 1):
+        for j in range(1, n + 1):
+            for i in range(g - 1, j):
+                cost = best[g - 1][i] + area(i, j)
+                if cost < best[g][j]:
+                    best[g][j], cut[g][j] = cost, i
+    groups = min(range(1, most + 1), key=lambda g: (best[g][n], g))
+    bounds, j = [], n
+    for g in range(groups, 0, -1):
+        i = cut[g][j]
+        bounds.append((i, j))
+        j = i
+    return [sorted(order[i:j]) for i, j in reversed(bounds)]
+
+
+def masked_round_means(losses: list[Tensor], step_mask: Tensor) -> Tensor:
+    """Each client's mean recorded loss over its real steps (``losses``: one ``[S]`` per step; ``step_mask`` ``[S, K]``)."""
+    values, mask = torch.stack(losses), step_mask.t().to(losses[0].device)
+    return torch.where(mask, values, torch.zeros_like(values)).sum(0) / mask.sum(0)
+
+
+def masked_correct(outputs: list[Tensor], targets: list[Tensor], step_mask: Tensor) -> Tensor:
+    """Each client's correct predictions over its real steps' real rows (padded rows' targets never match)."""
+    correct = torch.stack([(out.argmax(-1) == target).sum(-1) for out, target in zip(outputs, targets)])  # [K, S]
+    return torch.where(step_mask.t().to(correct.device), correct, torch.zeros_like(correct)).sum(0)
+
+
+def masked_term_means(terms: list[dict[str, Tensor]], step_mask: Tensor) -> list[dict[str, float]]:
+    """``StepRecord.term_means`` over each client's real steps."""
+    if not terms:
+        return []
+    means = {k: masked_round_means([t[k] for t in terms], step_mask).tolist() for k in terms[0]}
+    return [{k: column[i] for k, column in means.items()} for i in range(step_mask.shape[0])]
