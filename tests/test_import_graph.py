@@ -115,9 +115,8 @@ LAYERS: dict[str, set[str]] = {
     "pipeline": {"core", "optim", "algorithms", "executors"},
     "compression": {"core", "pipeline"},
     "robust": {"core", "algorithms", "pipeline"},
-    "engine": {"core", "reliability", "optim", "algorithms", "executors", "pipeline", "compression", "robust"},
     "adversary": {"core", "algorithms", "executors", "pipeline"},
-    "engine": {"core", "reliability", "optim", "algorithms", "executors", "pipeline", "compression", "adversary"},
+    "engine": {"core", "reliability", "optim", "algorithms", "executors", "pipeline", "compression", "robust", "adversary"},
 }
 LAYERS["run"] = {*LAYERS["engine"], "engine", "models", "datamodules"}
 LAYERS["experiments"] = {*LAYERS["run"], "run"}
