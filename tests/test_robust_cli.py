@@ -1,6 +1,5 @@
 """Robust aggregation from the command line: configs/robust_multi_krum_digits.yaml logs the kept fraction and
-writes the kept clients of every round; Multi-Krum with client-level DP is refused in one line (exit 2), and a
-bad robust setting is refused before Lightning is imported."""
+writes the kept clients of every round; a bad robust setting is refused before Lightning is imported (exit 2)."""
 
 from __future__ import annotations
 
@@ -8,7 +7,7 @@ import csv
 
 from fl_lightning.robust.aggregation import RULES
 from fl_lightning.run.setting_ranges import ROBUST_RULES
-from tests.test_cli import ROOT, assert_refused_in_one_line, run_fl_lightning
+from tests.test_cli import ROOT, run_fl_lightning
 
 CONFIG = str(ROOT / "configs" / "robust_multi_krum_digits.yaml")
 SMALL = ["--trainer.max_steps", "3", "--trainer.val_check_interval", "3", "--trainer.enable_progress_bar", "false",
@@ -28,15 +27,6 @@ def test_multi_krum_config_keeps_n_minus_f_clients_each_round(tmp_path):
         kept = [(int(r["round"]), [int(c) for c in r["kept"].split()]) for r in csv.DictReader(f)]
     assert [r for r, _ in kept] == [0, 1, 2]
     assert all(len(set(ids)) == 8 and all(0 <= c < 20 for c in ids) for _, ids in kept)
-
-
-def test_multi_krum_with_privacy_and_compression_is_refused_in_one_line(tmp_path):
-    """The combined run (Multi-Krum + top-k with error feedback + client-level DP): robust's reason comes first."""
-    args = ["--model.privacy", "fl_lightning.pipeline.privacy.ClientPrivacy", "--model.privacy.clip_norm", "1.0",
-            "--model.privacy.noise_multiplier", "1.0", "--model.compression.up", "TopK", "--model.compression.up.ratio", "0.1",
-            "--model.compression.error_feedback_up", "true"]  # fmt: skip
-    proc = run_fl_lightning("fit", "--config", CONFIG, *SMALL, *args, cwd=tmp_path)
-    assert_refused_in_one_line(proc, "robust.rule=multi_krum with privacy: client-level DP's noise covers one client", tmp_path.joinpath(*RUN))
 
 
 def test_bad_robust_settings_are_refused_before_lightning(tmp_path):

@@ -99,3 +99,23 @@ def test_too_few_reporting_clients_skip_the_round_with_a_warning(tmp_path, caplo
 def test_a_cohort_too_small_for_the_rule_is_refused_before_training(tmp_path):
     with pytest.raises(ValueError, match=r"^robust.rule=bulyan needs n >= 4f \+ 3: got n=5 reporting clients and f=1 \(clients per round\)$"):
         _fit(tmp_path, _module(FedAvg(), Robust("bulyan", f=1)), 1)
+
+
+def test_multi_krum_with_privacy_and_error_feedback_compression_is_refused_first_for_robustness():
+    """The combined run (Multi-Krum + top-k with error feedback + client-level DP): robust's reason comes first."""
+    with pytest.raises(ValueError, match=r"^robust.rule=multi_krum with privacy: client-level DP's noise covers one client moving the sum"):
+        _module(FedAvg(), Robust("multi_krum", f=1), privacy=ClientPrivacy(clip_norm=1.0, noise_multiplier=1.0), compression=_topk(True))
+
+
+def test_the_kept_record_drops_rounds_past_a_resumed_checkpoint(tmp_path):
+    from fl_lightning.robust.record import KeptRecord
+
+    record = KeptRecord(str(tmp_path))
+    record.start(0)
+    for r in range(4):
+        record.add(r, [r, r + 5])
+    KeptRecord(str(tmp_path)).start(2)  # resumed from round 2's checkpoint: rounds 2 and 3 are rerun
+    record.add(2, [7])
+    assert record.rows() == [(0, [0, 5]), (1, [1, 6]), (2, [7])]
+    KeptRecord(str(tmp_path)).start(0)  # a new run in the same folder starts empty
+    assert record.rows() == []

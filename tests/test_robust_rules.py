@@ -196,10 +196,12 @@ def test_violating_settings_are_one_line(kw, cohort, line):
 
 
 def test_refusals_of_algorithm_and_privacy():
-    from fl_lightning.algorithms import SCAFFOLD, FedNova, FedAvg
+    from fl_lightning.algorithms import SCAFFOLD, FedNova, FedProto
 
     with pytest.raises(ValueError, match="not a weighted combination of the uploads"):
         Robust(rule="median").check(FedNova(), 10)
+    with pytest.raises(ValueError, match="FedProto's uploads: they are not shaped like the model"):
+        Robust(rule="median").check(FedProto(), 10)
     with pytest.raises(ValueError, match="client-level DP's noise covers"):
         Robust(rule="multi_krum").check_with_privacy()
     Robust(rule="norm_bound").check_with_privacy()

@@ -58,6 +58,11 @@ LABELS = {
     "faults/dropped": "clients dropped per round",
     "faults/failed": "clients failed per round",
     "faults/stragglers": "stragglers per round",
+    "robust/kept_fraction": "share of reporting clients the robust rule kept",
+    "robust/upload_norm_mean": "upload norm ‖u_i‖, mean over reporting clients",
+    "robust/norm_benign": "upload norm ‖u_i‖, mean over benign clients",
+    "robust/norm_malicious": "upload norm ‖u_i‖, mean over malicious clients",
+    "robust/skipped": "round skipped: too few clients for the robust rule",
 }
 SHORT_LABELS = {  # the overview's panels are small
     "train/consistency": "local consistency",
@@ -112,6 +117,8 @@ def value_range(metric: str) -> tuple[float, float]:
     """The range a metric's values (and so its band) lie in."""
     leaf = metric.split("/")[-1]
     if re.search(r"(^|_)acc(uracy)?(_|$)", leaf) and not leaf.endswith("_std"):
+        return 0.0, 1.0
+    if leaf in ("kept_fraction", "skipped"):
         return 0.0, 1.0
     if re.search(r"loss|consistency|norm|lr|bytes|time|std|dropped|failed|stragglers|clients", leaf):
         return 0.0, math.inf
