@@ -77,6 +77,38 @@ def _row_bucket(batch_size: int | None, rows: int) -> int:
     return power if batch_size is None or rows > batch_size else min(power, batch_size)
 
 
+class _FinishContext(ClientContext):
+    """The stacked finish's context for one K: records whether the rule read ``ctx.num_steps`` or ``ctx.step``."""
+
+    read = False
+
+    @property
+    def num_steps(self) -> int:
+        self.read = True
+        return self._num_steps
+
+    @num_steps.setter
+    def num_steps(self, value: int) -> None:
+        self._num_steps = value
+
+    @property
+    def step(self) -> int:
+        self.read = True
+        return self._step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self._step = value
+
+
+def _tensor_leaves(tree: Any) -> list[Any]:
+    if isinstance(tree, dict):
+        return [leaf for v in tree.values() for leaf in _tensor_leaves(v)]
+    if isinstance(tree, list | tuple):
+        return [leaf for v in tree for leaf in _tensor_leaves(v)]
+    return [tree]
+
+
 class _UnequalStepsContext(ClientContext):
     """The context of stacked clients that run different numbers of steps: ``ctx.num_steps`` is not one
     number, so a rule reading it in its local steps runs sequentially (a declared reason)."""
@@ -277,7 +309,7 @@ class BatchedExecutor(Executor):
                 return results
             except FLError:  # divergence, SIGTERM: known errors, not bugs of the batched path
                 raise
-            except (Unbatchable, Unstackable) as error:
+            except (Unbatchable, Unstackable, M.Unmaskable) as error:
                 reason = str(error)
             except ClientIdUnavailable:
                 reason = f"{type(runtime.algorithm).__name__} reads ctx.client_id in its local steps (ctx.client holds the ids)"
@@ -576,6 +608,24 @@ class BatchedExecutor(Executor):
             record.add(value, out, target, terms if loss is not None else None)
         return params, local_state
 
+    def _finish_stacked(self, runtime, params, local_state, stacked_state, ids, broadcast, info, personal) -> tuple[list[Payload], list[Any]]:
+        """An elementwise rule's finish once on the stacked tensors. Where the clients ran different numbers of steps
+        and the finish reads ``ctx.num_steps`` or ``ctx.step`` (e.g. SCAFFOLD's control variate), it runs once per
+        distinct K, each client taking its own K's rows (the same values as client by client)."""
+        steps, size = self._round.steps, len(ids)
+        uploads: list[Any] = [None] * size
+        new_states: list[Any] = [None] * size
+        for k in sorted(set(steps)):
+            context = _FinishContext(ids, broadcast, stacked_state, info, k, full_grad=_no_full_grad, data_pass=_no_data_pass, personal=personal)
+            context.step = k - 1
+            upload, new_state = finish_client(runtime.algorithm, params, local_state, context)
+            ups, sts = _unstack(upload, size, rows=True), _unstack(new_state, size)
+            if not context.read:  # the same finish for every K
+                return ups, sts
+            for i in (i for i, own in enumerate(steps) if own == k):
+                uploads[i], new_states[i] = ups[i], sts[i]
+        return uploads, new_states
+
     def _finish(self, runtime, params, local_state, states, ids, broadcast, info, personal=None) -> tuple[list[Payload], list[Any]]:
         """Every client's (upload, new state): once on the stacked tensors for an elementwise rule that
         does not read ``ctx.client_id``, else client by client on the final tensors (once a round: cheap).
@@ -586,14 +636,13 @@ class BatchedExecutor(Executor):
         """
         algorithm, (states, stacked_state), steps = runtime.algorithm, states, self._round.steps
         personal, last = personal or {}, steps[0] - 1
-        # clients that ran different numbers of steps finish client by client (ctx.num_steps and ctx.step are each one's own)
-        if self._round.equal and declares_capability(algorithm, "elementwise") and type(algorithm) not in self._finish_per_client:
+        if declares_capability(algorithm, "elementwise") and type(algorithm) not in self._finish_per_client:
             try:
-                ctx = self._context(ids, broadcast, stacked_state, info, runtime, step=last, personal=personal)
-                upload, new_state = finish_client(algorithm, params, local_state, ctx)
-                return _unstack(upload, len(states), rows=True), _unstack(new_state, len(states))
+                return self._finish_stacked(runtime, params, local_state, stacked_state, ids, broadcast, info, personal)
             except ClientIdUnavailable:
                 self._finish_per_client.add(type(algorithm))
+        if not self._round.equal and any(isinstance(v, Tensor) and (v.dim() == 0 or v.shape[0] != len(states)) for v in _tensor_leaves(local_state)):
+            raise Unbatchable("the rule's client_finish runs client by client, and its stacked local state holds a tensor shared by the clients")
         views, local_views = _unstack(params, len(states)), _unstack(local_state, len(states))
         personal_views = _unstack(personal, len(states)) if personal else [{}] * len(states)
         outputs = []

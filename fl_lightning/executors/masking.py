@@ -29,8 +29,18 @@ def keep_where(mask: Tensor, new: Any, old: Any) -> Any:
     if isinstance(new, list | tuple):
         return type(new)(keep_where(mask, a, b) for a, b in zip(new, old))
     if isinstance(new, Tensor) and isinstance(old, Tensor):
+        if new is old:
+            return new
+        if mask.dim() and (new.dim() == 0 or new.shape[0] != mask.shape[0]):  # a tensor shared by the clients (no client dimension)
+            if new.shape == old.shape and torch.equal(new, old):
+                return new
+            raise Unmaskable("the rule's local state holds a tensor without the client dimension that changes in its local steps")
         return torch.where(mask.view(*mask.shape, *[1] * (new.dim() - mask.dim())), new, old)
     return new
+
+
+class Unmaskable(Exception):
+    """A padded step cannot be masked per client (the message says why): the round runs sequentially."""
 
 
 def power_of_two(n: int) -> int:
