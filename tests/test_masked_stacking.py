@@ -184,3 +184,18 @@ def test_losses_accuracies_and_steps_count_only_real_steps_and_rows(tmp_path, mo
     assert len({r[3] for r in reported["batched"]}) > 1  # unequal K_i
     for (_, loss_b, acc_b, k_b), (_, loss_s, acc_s, k_s) in zip(reported["batched"], reported["sequential"]):
         assert k_b == k_s and acc_b == pytest.approx(acc_s, abs=1e-6) and loss_b == pytest.approx(loss_s, rel=1e-5)
+
+
+@pytest.mark.parametrize("name, unit, scenario", [("FedAvg", "round", "stragglers"), ("SCAFFOLD", "step", "epochs")])
+def test_compiled_masked_stacking_pads_steps_and_rows_to_powers_of_two(tmp_path, name, unit, scenario):
+    """Compiled batched execution pads K and B to powers of two (B at most local.batch_size): a bounded number of
+    programs, with sequential eager execution's results."""
+    local, straggler = SCENARIOS[scenario]
+    executor = BatchedExecutor(compile=True, backend="eager", compile_unit=unit)
+    bat = _fit(tmp_path, name, executor, local, straggler)
+    _assert_same(_fit(tmp_path, name, "sequential", local, straggler), bat)
+    assert not executor.fallbacks and not executor.compile_fallbacks and executor.stats["stacked_rounds"] == 2
+    variants = executor.programs.variants
+    assert any(masked for *_, masked, _ in variants)
+    for steps, _, _, masked, rows in variants:  # a round without padding (every client K steps of B rows) runs as it is
+        assert not masked or (rows in (1, 2, 4, 8, 16) and (unit == "step" or steps in (1, 2, 4, 8, 16)))

@@ -101,6 +101,12 @@ class _FinishContext(ClientContext):
         self._step = value
 
 
+def _stacked_rows(batch: Any) -> int:
+    """The rows B of a stacked ``[S, B, ...]`` batch (its target's second dimension)."""
+    target = batch["labels"] if isinstance(batch, dict) else batch[-1]
+    return target.shape[1]
+
+
 def _tensor_leaves(tree: Any) -> list[Any]:
     if isinstance(tree, dict):
         return [leaf for v in tree.values() for leaf in _tensor_leaves(v)]
@@ -538,7 +544,7 @@ class BatchedExecutor(Executor):
             masked = () if mask is None else (pad(mask),)
             try:
                 new_params, local_state, evaluations = self.programs(
-                    (len(batches), padded, False, mask is not None), False, runtime.algorithm, runtime.objective, runtime.local.weight_decay,
+                    (len(batches), padded, False, mask is not None, _stacked_rows(batches[0])), False, runtime.algorithm, runtime.objective, runtime.local.weight_decay,
                     pad({k: v.contiguous() for k, v in params.items()}), pad(client_state), pad(ids), tensor_lr(info), broadcast,
                     pad(personal or {}), pad(batches), pad(None if loss is None else loss.label_counts), *masked,
                 )  # fmt: skip
