@@ -199,3 +199,20 @@ def test_compiled_masked_stacking_pads_steps_and_rows_to_powers_of_two(tmp_path,
     assert any(masked for *_, masked, _ in variants)
     for steps, _, _, masked, rows in variants:  # a round without padding (every client K steps of B rows) runs as it is
         assert not masked or (rows in (1, 2, 4, 8, 16) and (unit == "step" or steps in (1, 2, 4, 8, 16)))
+
+
+def test_the_masked_stacking_config_stacks_every_round_through_the_cli(tmp_path, monkeypatch, capsys):
+    """``fl-lightning fit --config configs/masked_stacking_digits.yaml``: Dirichlet(0.1) clients, 2 local epochs of
+    batch 32, 20% stragglers; every round runs stacked, and the result line reports the stacking."""
+    from pathlib import Path
+
+    from fl_lightning.commands.cli import build_cli
+
+    monkeypatch.chdir(tmp_path)
+    config = Path(__file__).resolve().parents[1] / "configs" / "masked_stacking_digits.yaml"
+    cli = build_cli(["fit", "--config", str(config), "--trainer.max_steps", "3", "--trainer.val_check_interval", "3",
+                     "--trainer.enable_progress_bar", "false"])  # fmt: skip
+    stats = cli.model.executor.stats
+    assert stats["rounds"] == stats["stacked_rounds"] == 3 and 0 < stats["padded_work"] < stats["real_work"]
+    assert not cli.model.executor.fallbacks
+    assert "3 of 3 rounds stacked" in capsys.readouterr().out
