@@ -156,7 +156,18 @@ def test_a_round_wasting_more_than_the_cap_runs_in_buckets_with_the_same_results
     _assert_same(one, capped)
 
 
-@pytest.mark.parametrize("value, setting", [(1.0, "max_padding_waste"), (-0.1, "max_padding_waste"), (True, "max_padding_waste"), (0, "max_buckets")])
+def test_masked_stacking_off_runs_unequal_rounds_sequentially_bitwise(tmp_path):
+    local, straggler = SCENARIOS["epochs"]
+    off = _fit(tmp_path, "SCAFFOLD", BatchedExecutor(masked_stacking=False), local, straggler)
+    assert off.executor.stats["stacked_rounds"] == 0 and "masked_stacking is false" in next(iter(off.executor.fallbacks))
+    seq = _fit(tmp_path, "SCAFFOLD", "sequential", local, straggler)
+    assert all(torch.equal(a, b) for a, b in zip(seq.model.parameters(), off.model.parameters()))
+
+
+@pytest.mark.parametrize(
+    "value, setting",
+    [(1.0, "max_padding_waste"), (-0.1, "max_padding_waste"), (True, "max_padding_waste"), (0, "max_buckets"), (1, "masked_stacking")],
+)
 def test_padding_settings_are_checked(value, setting):
     with pytest.raises(ValueError, match=f"execution.{setting} must be"):
         BatchedExecutor(**{setting: value})

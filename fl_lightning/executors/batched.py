@@ -267,12 +267,18 @@ class BatchedExecutor(Executor):
         compile_unit: with ``compile``, the stacked clients' program: ``"round"`` (the K steps unrolled, the
             default: faster than one step a program at S = 50, docs/performance.md) or ``"step"`` (one step,
             called K times); see ``SequentialExecutor``. Rounds run sequentially use the same unit.
+        max_padding_waste: masked stacking (clients with unequal local work padded to the round's largest K and B,
+            docs/performance.md): where one stack would waste more than this share of its work on padding, in [0, 1),
+            its clients are stacked in groups of similar work.
+        max_buckets: the most such groups a round is split into (1: one stack, whatever the waste).
+        masked_stacking: stack clients with unequal local work by padding and masking (true, the default); false
+            runs such rounds sequentially, as before masked stacking (a declared reason).
     """
 
     def __init__(
         self, max_stacked_clients: int | None = None, verify_first_round: bool = False, compile: bool = False,
         max_variants: int = DEFAULT_MAX_VARIANTS, backend: str = "inductor", compile_unit: str = "round",
-        max_padding_waste: float = 0.5, max_buckets: int = 4,
+        max_padding_waste: float = 0.5, max_buckets: int = 4, masked_stacking: bool = True,
     ) -> None:
         if max_stacked_clients is not None and (type(max_stacked_clients) is not int or max_stacked_clients < 1):
             raise ValueError(f"execution.max_stacked_clients must be an integer >= 1 or null, got {max_stacked_clients!r}")
@@ -280,7 +286,9 @@ class BatchedExecutor(Executor):
             raise ValueError(f"execution.max_padding_waste must be a number in [0, 1), got {max_padding_waste!r}")
         if type(max_buckets) is not int or max_buckets < 1:
             raise ValueError(f"execution.max_buckets must be an integer >= 1, got {max_buckets!r}")
-        self.max_padding_waste, self.max_buckets = float(max_padding_waste), max_buckets
+        if type(masked_stacking) is not bool:
+            raise ValueError(f"execution.masked_stacking must be true or false, got {masked_stacking!r}")
+        self.max_padding_waste, self.max_buckets, self.masked_stacking = float(max_padding_waste), max_buckets, masked_stacking
         self._work = [0, 0]
         #: rounds run, rounds run stacked, and the stacked work (rows x steps x clients) that was real and that was padding
         self.stats: dict[str, int] = {"rounds": 0, "stacked_rounds": 0, "real_work": 0, "padded_work": 0}
@@ -361,7 +369,7 @@ class BatchedExecutor(Executor):
         return [results[i] for i in range(len(tasks))]
 
     def _buckets(self, tasks: Sequence[ClientTask], runtime: ClientRuntime) -> list[list[int]]:
-        if self._idealised(tasks, runtime) or self.max_buckets == 1:
+        if self._idealised(tasks, runtime) or self.max_buckets == 1 or not self.masked_stacking:
             return [list(range(len(tasks)))]
         return M.buckets(self._works(tasks, runtime), self.max_padding_waste, self.max_buckets, self._bucket)
 
@@ -428,6 +436,8 @@ class BatchedExecutor(Executor):
         elif self._idealised(tasks, runtime):
             batches = runtime.data.stacked_client_batches(clients, seeds, local.batch_size, local.steps)
             self._count(len(tasks) * local.steps * local.batch_size, 0)
+        elif not self.masked_stacking:
+            raise Unbatchable("the round's clients run unequal local work (steps or batch sizes), and execution.masked_stacking is false")
         else:
             padded = self._padded(tasks, runtime)
             batches, masks = padded.batches, (padded.step_mask, padded.real_rows)
