@@ -227,3 +227,30 @@ def test_the_masked_stacking_config_stacks_every_round_through_the_cli(tmp_path,
     assert stats["rounds"] == stats["stacked_rounds"] == 3 and 0 < stats["padded_work"] < stats["real_work"]
     assert not cli.model.executor.fallbacks
     assert "3 of 3 rounds stacked" in capsys.readouterr().out
+
+
+class _NoisyData(type(_data())):
+    """Per-client, per-round input noise drawn from the augment generator (augmented batches)."""
+
+    def augment(self, batch, client_id, generator):
+        x, y = batch
+        return x + 0.1 * torch.randn(x.shape, generator=generator) + client_id, y
+
+
+def test_augmented_padded_batches_are_drawn_as_sequential_execution_draws_them(tmp_path):
+    local, straggler = SCENARIOS["epochs"]
+    data = lambda: _NoisyData(  # noqa: E731
+        dataset="synthetic", dataset_args={"num_samples": 300, "num_features": 8, "num_classes": 3, "seed": 1}, num_clients=8,
+        partition=Dirichlet(0.3, min_size=5), participation=tiny_datamodule().participation,
+    )  # fmt: skip
+    runs = {}
+    for execution in ("batched", "sequential"):
+        torch.manual_seed(0)
+        module = FederatedModule(MLP(8, 3, hidden=[16]), algorithms.FedAvg(), local, execution=execution,
+                                 faults=ClientFaults(straggler=straggler, straggler_min_fraction=0.3))  # fmt: skip
+        tiny_trainer(tmp_path, 2).fit(module, datamodule=data())
+        runs[execution] = module
+    assert runs["batched"].executor.stats["stacked_rounds"] == 2
+    _assert_same(runs["sequential"], runs["batched"])
+    plain = _fit(tmp_path, "FedAvg", "sequential", local, straggler)
+    assert not torch.allclose(next(plain.model.parameters()), next(runs["batched"].model.parameters()))
