@@ -450,11 +450,13 @@ class FederatedDataModule(L.LightningDataModule):
         index = torch.empty(len(rows), depth, width, dtype=torch.int64)
         real = torch.zeros(len(rows), depth, dtype=torch.int64)  # real rows of each client's step (0: a padded step)
         for i, client in enumerate(rows):
-            for k, r in enumerate(client):
-                index[i, k, : len(r)] = r
-                index[i, k, len(r) :] = r[0]
-                real[i, k] = len(r)
+            sizes = torch.tensor([len(r) for r in client], dtype=torch.int64)
+            own = torch.nn.utils.rnn.pad_sequence(client, batch_first=True, padding_value=-1)  # [K_i, its largest batch]
+            own = torch.where(own < 0, own[:, :1], own)  # a padded row repeats the step's first sample
+            index[i, : len(client), : own.shape[1]] = own
+            index[i, : len(client), own.shape[1] :] = own[:, :1]
             index[i, len(client) :] = index[i, 0]
+            real[i, : len(client)] = sizes
         target = self.source.train.tensors[-1]
         if bool(((real > 0) & (real < width)).any()) and (target.is_floating_point() or target.dim() != 1):
             raise Unstackable(

@@ -77,6 +77,44 @@ def _row_bucket(batch_size: int | None, rows: int) -> int:
     return power if batch_size is None or rows > batch_size else min(power, batch_size)
 
 
+class _FinishContext(ClientContext):
+    """The stacked finish's context for one K: records whether the rule read ``ctx.num_steps`` or ``ctx.step``."""
+
+    read = False
+
+    @property
+    def num_steps(self) -> int:
+        self.read = True
+        return self._num_steps
+
+    @num_steps.setter
+    def num_steps(self, value: int) -> None:
+        self._num_steps = value
+
+    @property
+    def step(self) -> int:
+        self.read = True
+        return self._step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self._step = value
+
+
+def _stacked_rows(batch: Any) -> int:
+    """The rows B of a stacked ``[S, B, ...]`` batch (its target's second dimension)."""
+    target = batch["labels"] if isinstance(batch, dict) else batch[-1]
+    return target.shape[1]
+
+
+def _tensor_leaves(tree: Any) -> list[Any]:
+    if isinstance(tree, dict):
+        return [leaf for v in tree.values() for leaf in _tensor_leaves(v)]
+    if isinstance(tree, list | tuple):
+        return [leaf for v in tree for leaf in _tensor_leaves(v)]
+    return [tree]
+
+
 class _UnequalStepsContext(ClientContext):
     """The context of stacked clients that run different numbers of steps: ``ctx.num_steps`` is not one
     number, so a rule reading it in its local steps runs sequentially (a declared reason)."""
@@ -229,12 +267,18 @@ class BatchedExecutor(Executor):
         compile_unit: with ``compile``, the stacked clients' program: ``"round"`` (the K steps unrolled, the
             default: faster than one step a program at S = 50, docs/performance.md) or ``"step"`` (one step,
             called K times); see ``SequentialExecutor``. Rounds run sequentially use the same unit.
+        max_padding_waste: masked stacking (clients with unequal local work padded to the round's largest K and B,
+            docs/performance.md): where one stack would waste more than this share of its work on padding, in [0, 1),
+            its clients are stacked in groups of similar work.
+        max_buckets: the most such groups a round is split into (1: one stack, whatever the waste).
+        masked_stacking: stack clients with unequal local work by padding and masking (true, the default); false
+            runs such rounds sequentially, as before masked stacking (a declared reason).
     """
 
     def __init__(
         self, max_stacked_clients: int | None = None, verify_first_round: bool = False, compile: bool = False,
         max_variants: int = DEFAULT_MAX_VARIANTS, backend: str = "inductor", compile_unit: str = "round",
-        max_padding_waste: float = 0.5, max_buckets: int = 4,
+        max_padding_waste: float = 0.5, max_buckets: int = 4, masked_stacking: bool = True,
     ) -> None:
         if max_stacked_clients is not None and (type(max_stacked_clients) is not int or max_stacked_clients < 1):
             raise ValueError(f"execution.max_stacked_clients must be an integer >= 1 or null, got {max_stacked_clients!r}")
@@ -242,7 +286,9 @@ class BatchedExecutor(Executor):
             raise ValueError(f"execution.max_padding_waste must be a number in [0, 1), got {max_padding_waste!r}")
         if type(max_buckets) is not int or max_buckets < 1:
             raise ValueError(f"execution.max_buckets must be an integer >= 1, got {max_buckets!r}")
-        self.max_padding_waste, self.max_buckets = float(max_padding_waste), max_buckets
+        if type(masked_stacking) is not bool:
+            raise ValueError(f"execution.masked_stacking must be true or false, got {masked_stacking!r}")
+        self.max_padding_waste, self.max_buckets, self.masked_stacking = float(max_padding_waste), max_buckets, masked_stacking
         self._work = [0, 0]
         #: rounds run, rounds run stacked, and the stacked work (rows x steps x clients) that was real and that was padding
         self.stats: dict[str, int] = {"rounds": 0, "stacked_rounds": 0, "real_work": 0, "padded_work": 0}
@@ -277,7 +323,7 @@ class BatchedExecutor(Executor):
                 return results
             except FLError:  # divergence, SIGTERM: known errors, not bugs of the batched path
                 raise
-            except (Unbatchable, Unstackable) as error:
+            except (Unbatchable, Unstackable, M.Unmaskable) as error:
                 reason = str(error)
             except ClientIdUnavailable:
                 reason = f"{type(runtime.algorithm).__name__} reads ctx.client_id in its local steps (ctx.client holds the ids)"
@@ -323,7 +369,7 @@ class BatchedExecutor(Executor):
         return [results[i] for i in range(len(tasks))]
 
     def _buckets(self, tasks: Sequence[ClientTask], runtime: ClientRuntime) -> list[list[int]]:
-        if self._idealised(tasks, runtime) or self.max_buckets == 1:
+        if self._idealised(tasks, runtime) or self.max_buckets == 1 or not self.masked_stacking:
             return [list(range(len(tasks)))]
         return M.buckets(self._works(tasks, runtime), self.max_padding_waste, self.max_buckets, self._bucket)
 
@@ -394,6 +440,8 @@ class BatchedExecutor(Executor):
         elif self._idealised(tasks, runtime):
             batches = runtime.data.stacked_client_batches(clients, seeds, local.batch_size, local.steps)
             self._count(len(tasks) * local.steps * local.batch_size, 0)
+        elif not self.masked_stacking:
+            raise Unbatchable("the round's clients run unequal local work (steps or batch sizes), and execution.masked_stacking is false")
         else:
             padded = self._padded(tasks, runtime)
             batches, masks = padded.batches, (padded.step_mask, padded.real_rows)
@@ -511,7 +559,7 @@ class BatchedExecutor(Executor):
             masked = () if mask is None else (pad(mask),)
             try:
                 new_params, local_state, evaluations = self.programs(
-                    (len(batches), padded, False, mask is not None), False, runtime.algorithm, runtime.objective, runtime.local.weight_decay,
+                    (len(batches), padded, False, mask is not None, _stacked_rows(batches[0])), False, runtime.algorithm, runtime.objective, runtime.local.weight_decay,
                     pad({k: v.contiguous() for k, v in params.items()}), pad(client_state), pad(ids), tensor_lr(info), broadcast,
                     pad(personal or {}), pad(batches), pad(None if loss is None else loss.label_counts), *masked,
                 )  # fmt: skip
@@ -581,6 +629,24 @@ class BatchedExecutor(Executor):
             record.add(value, out, target, terms if loss is not None else None)
         return params, local_state
 
+    def _finish_stacked(self, runtime, params, local_state, stacked_state, ids, broadcast, info, personal) -> tuple[list[Payload], list[Any]]:
+        """An elementwise rule's finish once on the stacked tensors. Where the clients ran different numbers of steps
+        and the finish reads ``ctx.num_steps`` or ``ctx.step`` (e.g. SCAFFOLD's control variate), it runs once per
+        distinct K, each client taking its own K's rows (the same values as client by client)."""
+        steps, size = self._round.steps, len(ids)
+        uploads: list[Any] = [None] * size
+        new_states: list[Any] = [None] * size
+        for k in sorted(set(steps)):
+            context = _FinishContext(ids, broadcast, stacked_state, info, k, full_grad=_no_full_grad, data_pass=_no_data_pass, personal=personal)
+            context.step = k - 1
+            upload, new_state = finish_client(runtime.algorithm, params, local_state, context)
+            ups, sts = _unstack(upload, size, rows=True), _unstack(new_state, size)
+            if not context.read:  # the same finish for every K
+                return ups, sts
+            for i in (i for i, own in enumerate(steps) if own == k):
+                uploads[i], new_states[i] = ups[i], sts[i]
+        return uploads, new_states
+
     def _finish(self, runtime, params, local_state, states, ids, broadcast, info, personal=None) -> tuple[list[Payload], list[Any]]:
         """Every client's (upload, new state): once on the stacked tensors for an elementwise rule that
         does not read ``ctx.client_id``, else client by client on the final tensors (once a round: cheap).
@@ -591,14 +657,13 @@ class BatchedExecutor(Executor):
         """
         algorithm, (states, stacked_state), steps = runtime.algorithm, states, self._round.steps
         personal, last = personal or {}, steps[0] - 1
-        # clients that ran different numbers of steps finish client by client (ctx.num_steps and ctx.step are each one's own)
-        if self._round.equal and declares_capability(algorithm, "elementwise") and type(algorithm) not in self._finish_per_client:
+        if declares_capability(algorithm, "elementwise") and type(algorithm) not in self._finish_per_client:
             try:
-                ctx = self._context(ids, broadcast, stacked_state, info, runtime, step=last, personal=personal)
-                upload, new_state = finish_client(algorithm, params, local_state, ctx)
-                return _unstack(upload, len(states), rows=True), _unstack(new_state, len(states))
+                return self._finish_stacked(runtime, params, local_state, stacked_state, ids, broadcast, info, personal)
             except ClientIdUnavailable:
                 self._finish_per_client.add(type(algorithm))
+        if not self._round.equal and any(isinstance(v, Tensor) and (v.dim() == 0 or v.shape[0] != len(states)) for v in _tensor_leaves(local_state)):
+            raise Unbatchable("the rule's client_finish runs client by client, and its stacked local state holds a tensor shared by the clients")
         views, local_views = _unstack(params, len(states)), _unstack(local_state, len(states))
         personal_views = _unstack(personal, len(states)) if personal else [{}] * len(states)
         outputs = []

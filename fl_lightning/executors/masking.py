@@ -29,8 +29,18 @@ def keep_where(mask: Tensor, new: Any, old: Any) -> Any:
     if isinstance(new, list | tuple):
         return type(new)(keep_where(mask, a, b) for a, b in zip(new, old))
     if isinstance(new, Tensor) and isinstance(old, Tensor):
+        if new is old:
+            return new
+        if mask.dim() and (new.dim() == 0 or new.shape[0] != mask.shape[0]):  # a tensor shared by the clients (no client dimension)
+            if new.shape == old.shape and torch.equal(new, old):
+                return new
+            raise Unmaskable("the rule's local state holds a tensor without the client dimension that changes in its local steps")
         return torch.where(mask.view(*mask.shape, *[1] * (new.dim() - mask.dim())), new, old)
     return new
+
+
+class Unmaskable(Exception):
+    """A padded step cannot be masked per client (the message says why): the round runs sequentially."""
 
 
 def power_of_two(n: int) -> int:
@@ -84,17 +94,20 @@ def buckets(works: Sequence[Work], cap: float, most: int, bucket=None) -> list[l
         return [everyone]
     order = sorted(everyone, key=lambda i: (works[i].steps, works[i].rows))
     n = len(order)
-
-    def area(i: int, j: int) -> int:  # the sorted clients i .. j-1 in one group
-        return padded_area([works[order[t]] for t in range(i, j)], bucket)
-
+    area = [[0] * (n + 1) for _ in range(n + 1)]  # area[i][j]: the sorted clients i .. j-1 in one group
+    for i in range(n):
+        steps = rows = 0
+        for j in range(i + 1, n + 1):
+            steps, rows = max(steps, works[order[j - 1]].steps), max(rows, works[order[j - 1]].rows)
+            padded = (steps, rows) if bucket is None else (bucket(steps), bucket(rows))
+            area[i][j] = (j - i) * padded[0] * padded[1]
     best = [[math.inf] * (n + 1) for _ in range(most + 1)]
     cut = [[0] * (n + 1) for _ in range(most + 1)]
     best[0][0] = 0
     for g in range(1, most + 1):
         for j in range(1, n + 1):
             for i in range(g - 1, j):
-                cost = best[g - 1][i] + area(i, j)
+                cost = best[g - 1][i] + area[i][j]
                 if cost < best[g][j]:
                     best[g][j], cut[g][j] = cost, i
     groups = min(range(1, most + 1), key=lambda g: (best[g][n], g))

@@ -79,6 +79,7 @@ class RunSummary(Callback):
         self.accuracies: list[tuple[int, float]] = []  # (round, val/acc)
         self.bytes_total: float | None = None
         self.compile_s: float | None = None  # compiled execution: seconds compiling (time/compile_s)
+        self.stacking: str | None = None  # batched execution: rounds stacked and padding (BatchedExecutor.stats)
         self.name = ""
         self.start_round = 0
         self.test_acc: float | None = None  # the final model on the test set, once (with a validation split)
@@ -138,6 +139,7 @@ class RunSummary(Callback):
         self.rounds = trainer.global_step
         self.bytes_total = _value(trainer.callback_metrics, BYTES)
         self.compile_s = _value(trainer.callback_metrics, "time/compile_s")
+        self.stacking = stacking_summary(getattr(getattr(pl_module, "executor", None), "stats", None))
         self.privacy = []
         for key, _, label, attribute in PRIVACY:
             value, settings = _value(trainer.callback_metrics, key), getattr(pl_module, attribute, None)
@@ -156,7 +158,8 @@ class RunSummary(Callback):
         resumed = f" (resumed at round {self.start_round})" if self.start_round else ""
         threads = "" if self.threads is None else f" on {self.threads} thread{'s' if self.threads != 1 else ''}"
         compiled = f" ({self.compile_s:.1f} s compiling)" if self.compile_s is not None else ""
-        parts = [f"{self.name}: {self.rounds} rounds{resumed} in {self.seconds:.1f} s{threads}{compiled}"]
+        stacking = f" ({self.stacking})" if self.stacking else ""
+        parts = [f"{self.name}: {self.rounds} rounds{resumed} in {self.seconds:.1f} s{threads}{compiled}{stacking}"]
         if self.token_level:
             parts += self._language_parts()
         elif self.final_acc is not None:
@@ -322,3 +325,13 @@ class RoundProgressBar(ProgressBar):
             self._bar.write(message, file=sys.stderr)
         else:
             print(message, **kwargs)
+
+
+def stacking_summary(stats: dict | None) -> str | None:
+    """Batched execution's stacking counters in words (``BatchedExecutor.stats``): the share of rounds run stacked
+    and the share of their work that was padding (docs/performance.md, "Masked stacking"); None without them."""
+    if not stats or not stats.get("rounds"):
+        return None
+    work = stats["real_work"] + stats["padded_work"]
+    waste = stats["padded_work"] / work if work else 0.0
+    return f"{stats['stacked_rounds']} of {stats['rounds']} rounds stacked, {100 * waste:.0f}% of their work padding"

@@ -1,0 +1,256 @@
+"""Masked stacking: clients with unequal local work run stacked with sequential execution's results
+(docs/performance.md, "Masked stacking"; docs/algorithms.md, E13)."""
+
+import itertools
+import math
+
+import pytest
+import torch
+
+import fl_lightning.algorithms as algorithms
+from datamodules import Dirichlet
+from fl_lightning import FederatedModule, LocalTraining
+from fl_lightning.core.client_data import IGNORE_TARGET
+from fl_lightning.executors import BatchedExecutor
+from fl_lightning.executors import masking as M
+from fl_lightning.reliability.faults import ClientFaults
+from fl_lightning.run.setting_ranges import PROJECT_ALGORITHMS
+from models import MLP
+from tests.conftest import tiny_datamodule, tiny_trainer
+
+HEAD = ["net.3.weight", "net.3.bias"]  # MLP(8, 3, hidden=[16])'s head: the personal tensors of the methods that keep some
+SIZES = [16, 7, 40, 54, 52, 34, 12, 25]  # _data()'s clients: some smaller than a batch of 16, all of 4 rows or more
+
+
+def _data():
+    return tiny_datamodule(num_clients=8, clients_per_round=4, partition=Dirichlet(0.3, min_size=5))
+
+
+SCENARIOS = {  # local training, stragglers: every one gives clients of a round unequal steps, some unequal batch sizes
+    "epochs": (LocalTraining(lr=0.1, steps=None, epochs=2, batch_size=16), 0.3),  # short last batches, short clients
+    "stragglers": (LocalTraining(lr=0.1, steps=3, batch_size=4), 0.5),  # equal batches: only steps are masked
+    "full_batch": (LocalTraining(lr=0.1, steps=2, batch_size=None), 0.5),  # every client's whole set each step
+}
+# Rules that may run sequentially, for their declared reason: a full gradient in the local steps (FedALA), a schedule
+# on ctx.num_steps in the local steps where a stack's clients run different numbers of steps (FedAlt; a round split
+# into buckets of equal K stacks), and, with padded rows, a local loss that reduces over the batch's rows.
+# FedAvgSVRG needs every client to run snapshots * inner_steps steps (no stragglers, no epochs): not swept.
+REASONS = {"FedALA": "full local gradients", "FedAlt": "ctx.num_steps"}
+REASONS.update({n: "local_loss reduces over the batch's rows" for n in ("FedDecorr", "FedLC", "FedNTD", "FedRS", "MOON", "FedRoD", "FedProto")})
+
+def _fit(tmp_path, name, execution, local, straggler, rounds=2):
+    torch.manual_seed(0)
+    algorithm = getattr(algorithms, name)()
+    personal = HEAD if getattr(algorithm, "supports_personal", False) else []
+    module = FederatedModule(
+        MLP(8, 3, hidden=[16]), algorithm, local, execution=execution, personal=personal,
+        faults=ClientFaults(straggler=straggler, straggler_min_fraction=0.3),
+    )  # fmt: skip
+    tiny_trainer(tmp_path, rounds).fit(module, datamodule=_data())
+    return module
+
+
+def _assert_same(seq, bat):
+    for a, b in zip(seq.model.parameters(), bat.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    sa, sb = seq.store.state_dict(), bat.store.state_dict()
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        torch.testing.assert_close(sa[k], sb[k], rtol=1e-5, atol=1e-5)
+
+
+# docs/algorithms.md, E13: every built-in algorithm, unequal local work
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+@pytest.mark.parametrize("name", [n for n in PROJECT_ALGORITHMS if n != "FedAvgSVRG"])
+def test_unequal_local_work_stacked_equals_sequential(tmp_path, name, scenario):
+    local, straggler = SCENARIOS[scenario]
+    bat = _fit(tmp_path, name, "batched", local, straggler)
+    seq = _fit(tmp_path, name, "sequential", local, straggler)
+    _assert_same(seq, bat)
+    stats, fallbacks = bat.executor.stats, bat.executor.fallbacks
+    if fallbacks:
+        assert name in REASONS and all(REASONS[name] in reason for reason in fallbacks), fallbacks
+        return
+    assert name != "FedALA" and not (scenario != "stragglers" and REASONS.get(name, "").startswith("local_loss"))
+    assert stats["rounds"] == stats["stacked_rounds"] == 2 and stats["padded_work"] > 0
+
+def test_padded_batches_are_the_sequential_batches_with_masked_padding():
+    """Client i's real rows of step k are sequential execution's batch k; padded rows repeat a sample with
+    target IGNORE_TARGET; padded steps are False in the step mask."""
+    data = _data()
+    data.setup()
+    clients, seeds, steps = [1, 2, 6], [11, 12, 13], [2, 5, 1]  # sizes 7, 40, 12: 2, 6 and 2 steps in 2 epochs of 16
+    padded = data.padded_client_batches(clients, seeds, 16, None, 2, steps)
+    batches = list(padded.batches)
+    assert (padded.steps, padded.rows) == (5, 16) and len(batches) == 5
+    assert padded.step_mask.tolist() == [[k < n for k in range(5)] for n in steps]
+    for i, (c, s, n) in enumerate(zip(clients, seeds, steps)):
+        sequential = list(itertools.islice(data.client_batches(c, s, 16, None, 2), n))
+        for k, (x, y) in enumerate(sequential):
+            rows = len(y)
+            assert int(padded.real_rows[i, k]) == rows
+            assert torch.equal(batches[k][0][i, :rows], x) and torch.equal(batches[k][1][i, :rows], y)
+            assert bool((batches[k][1][i, rows:] == IGNORE_TARGET).all())
+        assert int(padded.real_rows[i, n:].sum()) == 0
+    bucketed = data.padded_client_batches(clients, seeds, 16, None, 2, steps, min_steps=16, min_rows=16)
+    assert (bucketed.steps, bucketed.rows) == (16, 16) and len(list(bucketed.batches)) == 16
+
+
+def test_a_masked_step_keeps_values_even_where_the_discarded_step_is_not_finite():
+    old = {"w": torch.ones(3, 2), "state": [torch.zeros(3)]}
+    new = {"w": torch.tensor([[float("nan"), 1.0], [2.0, 2.0], [float("inf"), 0.0]]), "state": [torch.full((3,), float("nan"))]}
+    kept = M.keep_where(torch.tensor([False, True, False]), new, old)
+    assert torch.equal(kept["w"], torch.tensor([[1.0, 1.0], [2.0, 2.0], [1.0, 1.0]]))
+    assert torch.equal(kept["state"][0][[0, 2]], torch.zeros(2)) and kept["state"][0][1].isnan()
+
+
+def test_client_work_counts_the_rows_sequential_execution_draws():
+    data = _data()
+    data.setup()
+    for c, (batch_size, steps, epochs) in itertools.product(range(8), [(16, None, 2), (16, 3, None), (None, 2, None), (5, None, 1)]):
+        num_steps = data.num_local_steps(c, batch_size, steps, epochs)
+        for k in {1, max(1, num_steps // 2), num_steps}:
+            rows = [len(b[-1]) for b in itertools.islice(data.client_batches(c, 3, batch_size, steps, epochs), k)]
+            work = M.client_work(SIZES[c], batch_size, steps, epochs, k)
+            assert (work.steps, work.rows, work.real) == (k, max(rows), sum(rows))
+
+
+def _brute_force_area(works, most):
+    """The least total padded area over every split of the (K, B)-sorted clients into at most ``most`` runs."""
+    order = sorted(works, key=lambda w: (w.steps, w.rows))
+    best = math.inf
+    for cuts in itertools.chain.from_iterable(itertools.combinations(range(1, len(order)), r) for r in range(most)):
+        bounds = [0, *cuts, len(order)]
+        best = min(best, sum(M.padded_area(order[a:b]) for a, b in zip(bounds, bounds[1:])))
+    return best
+
+
+def test_buckets_minimise_the_padded_area_and_keep_one_stack_under_the_cap():
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        works = [M.Work(int(k), int(b), int(k) * int(b)) for k, b in torch.randint(1, 30, (7, 2), generator=gen)]
+        groups = M.buckets(works, cap=0.0, most=3)
+        assert sorted(i for g in groups for i in g) == list(range(7)) and len(groups) <= 3
+        assert sum(M.padded_area([works[i] for i in g]) for g in groups) == _brute_force_area(works, 3)
+    even = [M.Work(10, 16, 160)] * 3 + [M.Work(8, 16, 128)]
+    assert M.buckets(even, cap=0.5, most=4) == [[0, 1, 2, 3]]  # 8% waste: one stack
+
+
+def test_a_round_wasting_more_than_the_cap_runs_in_buckets_with_the_same_results(tmp_path, monkeypatch):
+    local = LocalTraining(lr=0.1, steps=None, epochs=2, batch_size=8)
+    sizes = []
+    original = BatchedExecutor._run_stacked
+
+    def spy(self, tasks, *args):
+        sizes.append(len(tasks))
+        return original(self, tasks, *args)
+
+    monkeypatch.setattr(BatchedExecutor, "_run_stacked", spy)
+    one = _fit(tmp_path, "FedAvg", BatchedExecutor(max_buckets=1), local, 0.0)
+    assert sizes == [4, 4]
+    capped = _fit(tmp_path, "FedAvg", BatchedExecutor(max_padding_waste=0.1, max_buckets=3), local, 0.0)
+    assert len(sizes) > 4 and sum(sizes[2:]) == 8
+    s1, s2 = one.executor.stats, capped.executor.stats
+    assert s1["real_work"] == s2["real_work"] and s2["padded_work"] < s1["padded_work"]
+    assert s2["stacked_rounds"] == 2
+    _assert_same(one, capped)
+
+
+def test_masked_stacking_off_runs_unequal_rounds_sequentially_bitwise(tmp_path):
+    local, straggler = SCENARIOS["epochs"]
+    off = _fit(tmp_path, "SCAFFOLD", BatchedExecutor(masked_stacking=False), local, straggler)
+    assert off.executor.stats["stacked_rounds"] == 0 and "masked_stacking is false" in next(iter(off.executor.fallbacks))
+    seq = _fit(tmp_path, "SCAFFOLD", "sequential", local, straggler)
+    assert all(torch.equal(a, b) for a, b in zip(seq.model.parameters(), off.model.parameters()))
+
+
+@pytest.mark.parametrize(
+    "value, setting",
+    [(1.0, "max_padding_waste"), (-0.1, "max_padding_waste"), (True, "max_padding_waste"), (0, "max_buckets"), (1, "masked_stacking")],
+)
+def test_padding_settings_are_checked(value, setting):
+    with pytest.raises(ValueError, match=f"execution.{setting} must be"):
+        BatchedExecutor(**{setting: value})
+
+
+def test_losses_accuracies_and_steps_count_only_real_steps_and_rows(tmp_path, monkeypatch):
+    """Each client's reported mean loss, accuracy and K_i equal sequential execution's (padded steps and rows not counted)."""
+    from fl_lightning.executors import SequentialExecutor
+
+    reported = {"batched": [], "sequential": []}
+    for cls, key in ((BatchedExecutor, "batched"), (SequentialExecutor, "sequential")):
+        original = cls.run
+
+        def spy(self, tasks, info, runtime, _original=original, _key=key):
+            results = _original(self, tasks, info, runtime)
+            reported[_key] += [(r.client_id, r.mean_loss, r.accuracy, r.num_steps) for r in results]
+            return results
+
+        monkeypatch.setattr(cls, "run", spy)
+    local, straggler = SCENARIOS["epochs"]
+    bat = _fit(tmp_path, "FedAvg", "batched", local, straggler)
+    assert not bat.executor.fallbacks
+    _fit(tmp_path, "FedAvg", "sequential", local, straggler)
+    assert [r[0] for r in reported["batched"]] == [r[0] for r in reported["sequential"]]
+    assert len({r[3] for r in reported["batched"]}) > 1  # unequal K_i
+    for (_, loss_b, acc_b, k_b), (_, loss_s, acc_s, k_s) in zip(reported["batched"], reported["sequential"]):
+        assert k_b == k_s and acc_b == pytest.approx(acc_s, abs=1e-6) and loss_b == pytest.approx(loss_s, rel=1e-5)
+
+
+@pytest.mark.parametrize("name, unit, scenario", [("FedAvg", "round", "stragglers"), ("SCAFFOLD", "step", "epochs")])
+def test_compiled_masked_stacking_pads_steps_and_rows_to_powers_of_two(tmp_path, name, unit, scenario):
+    """Compiled batched execution pads K and B to powers of two (B at most local.batch_size): a bounded number of
+    programs, with sequential eager execution's results."""
+    local, straggler = SCENARIOS[scenario]
+    executor = BatchedExecutor(compile=True, backend="eager", compile_unit=unit)
+    bat = _fit(tmp_path, name, executor, local, straggler)
+    _assert_same(_fit(tmp_path, name, "sequential", local, straggler), bat)
+    assert not executor.fallbacks and not executor.compile_fallbacks and executor.stats["stacked_rounds"] == 2
+    variants = executor.programs.variants
+    assert any(masked for *_, masked, _ in variants)
+    for steps, _, _, masked, rows in variants:  # a round without padding (every client K steps of B rows) runs as it is
+        assert not masked or (rows in (1, 2, 4, 8, 16) and (unit == "step" or steps in (1, 2, 4, 8, 16)))
+
+
+def test_the_masked_stacking_config_stacks_every_round_through_the_cli(tmp_path, monkeypatch, capsys):
+    """``fl-lightning fit --config configs/masked_stacking_digits.yaml``: Dirichlet(0.1) clients, 2 local epochs of
+    batch 32, 20% stragglers; every round runs stacked, and the result line reports the stacking."""
+    from pathlib import Path
+
+    from fl_lightning.commands.cli import build_cli
+
+    monkeypatch.chdir(tmp_path)
+    config = Path(__file__).resolve().parents[1] / "configs" / "masked_stacking_digits.yaml"
+    cli = build_cli(["fit", "--config", str(config), "--trainer.max_steps", "3", "--trainer.val_check_interval", "3",
+                     "--trainer.enable_progress_bar", "false"])  # fmt: skip
+    stats = cli.model.executor.stats
+    assert stats["rounds"] == stats["stacked_rounds"] == 3 and 0 < stats["padded_work"] < stats["real_work"]
+    assert not cli.model.executor.fallbacks
+    assert "3 of 3 rounds stacked" in capsys.readouterr().out
+
+
+class _NoisyData(type(_data())):
+    """Per-client, per-round input noise drawn from the augment generator (augmented batches)."""
+
+    def augment(self, batch, client_id, generator):
+        x, y = batch
+        return x + 0.1 * torch.randn(x.shape, generator=generator) + client_id, y
+
+
+def test_augmented_padded_batches_are_drawn_as_sequential_execution_draws_them(tmp_path):
+    local, straggler = SCENARIOS["epochs"]
+    data = lambda: _NoisyData(  # noqa: E731
+        dataset="synthetic", dataset_args={"num_samples": 300, "num_features": 8, "num_classes": 3, "seed": 1}, num_clients=8,
+        partition=Dirichlet(0.3, min_size=5), participation=tiny_datamodule().participation,
+    )  # fmt: skip
+    runs = {}
+    for execution in ("batched", "sequential"):
+        torch.manual_seed(0)
+        module = FederatedModule(MLP(8, 3, hidden=[16]), algorithms.FedAvg(), local, execution=execution,
+                                 faults=ClientFaults(straggler=straggler, straggler_min_fraction=0.3))  # fmt: skip
+        tiny_trainer(tmp_path, 2).fit(module, datamodule=data())
+        runs[execution] = module
+    assert runs["batched"].executor.stats["stacked_rounds"] == 2
+    _assert_same(runs["sequential"], runs["batched"])
+    plain = _fit(tmp_path, "FedAvg", "sequential", local, straggler)
+    assert not torch.allclose(next(plain.model.parameters()), next(runs["batched"].model.parameters()))
