@@ -65,7 +65,7 @@ def test_stacking_reads_stats_else_the_fallbacks():
     from fl_lightning.executors import BatchedExecutor, SequentialExecutor, resolve_executor
 
     class Stats:
-        stats = {"rounds": 10, "stacked_rounds": 10, "real_work": 300.0, "padded_work": 400.0}
+        stats = {"rounds": 10, "stacked_rounds": 10, "real_work": 300, "padded_work": 100}
 
         def __init__(self, inner):
             self.inner = inner
