@@ -129,7 +129,7 @@ def stacking(executor, rounds: int) -> tuple[float | None, float | None]:
     An executor with neither (sequential execution) stacks nothing: (0.0, None).
     """
     chain = list(_executors(executor))
-    stats = next((e.stats for e in chain if getattr(e, "stats", None) is not None), None)
+    stats = next((e.stats for e in chain if "stacked_rounds" in (getattr(e, "stats", None) or {})), None)  # a wrapper's may be {}
     if stats is not None:
         total, stacked = int(stats["rounds"]), int(stats["stacked_rounds"])
         work = float(stats["real_work"]) + float(stats["padded_work"])
