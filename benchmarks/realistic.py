@@ -122,18 +122,18 @@ def stacking(executor, rounds: int) -> tuple[float | None, float | None]:
     """``(stacked_fraction, padding_waste)`` of a fit of ``rounds`` rounds.
 
     From the batched executor's ``stats`` where it keeps them (``rounds``, ``stacked_rounds``, and the
-    client-steps x rows of real work, ``real_work``, against the work run stacked including padding,
-    ``padded_work``): stacked_fraction = stacked_rounds / rounds, padding_waste = 1 - real_work / padded_work.
+    stacked work, rows x steps x clients, that was real, ``real_work``, and that was padding, ``padded_work``):
+    stacked_fraction = stacked_rounds / rounds, padding_waste = padded_work / (real_work + padded_work).
     Otherwise from its ``fallbacks`` (the rounds it ran sequentially, by reason): an executor without
     ``stats`` stacks only equal work, so its padding waste is 0 where it stacked and null where it never did.
     An executor with neither (sequential execution) stacks nothing: (0.0, None).
     """
     chain = list(_executors(executor))
-    stats = next((e.stats for e in chain if getattr(e, "stats", None) is not None), None)
+    stats = next((e.stats for e in chain if "stacked_rounds" in (getattr(e, "stats", None) or {})), None)  # a wrapper's may be {}
     if stats is not None:
         total, stacked = int(stats["rounds"]), int(stats["stacked_rounds"])
-        padded, real = float(stats["padded_work"]), float(stats["real_work"])
-        return (stacked / total if total else None), (1.0 - real / padded if padded else None)
+        work = float(stats["real_work"]) + float(stats["padded_work"])
+        return (stacked / total if total else None), (float(stats["padded_work"]) / work if work else None)
     from fl_lightning.executors import BatchedExecutor
 
     batched = next((e for e in chain if isinstance(e, BatchedExecutor)), None)

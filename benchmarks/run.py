@@ -548,7 +548,8 @@ def main(argv: list[str] | None = None) -> None:
         row["client_steps_per_s"] = round(row["client_steps_per_s"], 1)
         extra = f"  (x{row['ratio_vs_sequential']} of sequential)" if "ratio_vs_sequential" in row else ""
         if row.get("stacked_fraction") is not None:
-            extra += f"  stacked {row['stacked_fraction']:.0%}, padding waste {row['padding_waste']}"
+            waste = "-" if row["padding_waste"] is None else f"{row['padding_waste']:.0%}"
+            extra += f"  stacked {row['stacked_fraction']:.0%}, padding waste {waste}"
         print(f"{row['workload']:13s} {row['execution']:10s} S={row['clients_per_round']:3d} "
               f"{row['client_steps_per_s']:10.1f} steps/s {row['peak_rss_mb']:8.1f} MB  x{row['ratio_vs_bare']}{extra}")  # fmt: skip
     info = machine()
