@@ -155,3 +155,20 @@ def test_cli_fit_logs_simulated_time_and_compare_reports_time_to_target(tmp_path
     row = next(r for r in tables[1].rows if r[0] == "Simulated time (s)")
     assert float(row[2].split()[0]) == pytest.approx(times[1], abs=0.05)  # reached at the first evaluation (round 2)
     assert "acc_vs_sim_time" in [f.name for f in figures_for({"sync": [history]})]
+
+
+def test_synchronous_resume_keeps_the_clock(tmp_path):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    def fit(path, rounds, ckpt=None):
+        module = tiny_module()
+        module.clock = SimClock(speed_sigma=1.0, availability="on_off", period=2.0, duty=0.5)
+        checkpoint = ModelCheckpoint(dirpath=path / "ckpt", save_last=True, every_n_train_steps=1, save_top_k=0)
+        tiny_trainer(path, rounds, enable_checkpointing=True, callbacks=[checkpoint]).fit(module, datamodule=tiny_datamodule(), ckpt_path=ckpt)
+        return module
+
+    straight = fit(tmp_path / "a", 4)
+    fit(tmp_path / "b", 2)
+    resumed = fit(tmp_path / "c", 4, str(tmp_path / "b" / "ckpt" / "last.ckpt"))
+    assert straight.sim_time == resumed.sim_time > 0
+    assert all(torch.equal(a, b) for a, b in zip(straight.parameters(), resumed.parameters()))
