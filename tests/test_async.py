@@ -157,3 +157,12 @@ def test_uplink_compression_composes_and_shortens_time(tmp_path):
     assert sparse.sim_time < 0.8 * dense.sim_time
     assert sparse.comm_totals["bytes_up"] < dense.comm_totals["bytes_up"] / 3
     assert not all(torch.equal(a, b) for a, b in zip(dense.parameters(), sparse.parameters()))
+
+
+def test_resuming_an_asynchronous_checkpoint_synchronously_is_one_line(tmp_path):
+    from fl_lightning.core.errors import CheckpointError
+
+    _resumable(tmp_path / "b", 2)
+    module = tiny_module(FedAdam(global_lr=0.05), LocalTraining(lr=0.1, steps=3, batch_size=8))
+    with pytest.raises(CheckpointError, match="written with model.asynchronous"):
+        tiny_trainer(tmp_path / "c", 4).fit(module, datamodule=tiny_datamodule(num_clients=10), ckpt_path=str(tmp_path / "b" / "ckpt" / "last.ckpt"))
