@@ -34,12 +34,15 @@ def test_lognormal_devices_follow_the_stated_distribution():
 
 def test_trace_file_and_its_windows(tmp_path):
     trace = tmp_path / "trace.csv"
-    trace.write_text("client,speed,bandwidth,windows\n1,0.5,2000,10-20;30-40\n0,2,1000,\n")
+    trace.write_text("client,speed,bandwidth,windows\n1,0.5,2000,10-20;30-40\n0,2,1000,0-100\n")
     clock = SimClock(trace=str(trace), availability="trace", period=100.0)
     devices = clock.devices(2)
     assert devices.speed.tolist() == [2.0, 0.5] and devices.bandwidth.tolist() == [1000.0, 2000.0]
     assert [devices.next_online(1, t) for t in (0.0, 15.0, 25.0, 45.0, 135.0)] == [10.0, 15.0, 30.0, 110.0, 135.0]
     assert clock.task_seconds(devices, 1, 4, 1000, 3000) == 4 * 0.1 / 0.5 + 4000 / 2000
+    trace.write_text("client,speed,bandwidth,windows\n1,0.5,2000,10-20\n0,2,1000,\n")
+    with pytest.raises(ValueError, match="client 0 has no online window"):
+        SimClock(trace=str(trace), availability="trace").devices(2)
     trace.write_text("client,speed,bandwidth\n0,-1,1000\n")
     with pytest.raises(ValueError, match="line 2: speed and bandwidth must be finite and > 0"):
         SimClock(trace=str(trace)).devices(1)
