@@ -6,7 +6,7 @@ synchronous FedAvg rounds of the same work (the same number of client tasks of t
 Digits (20 clients, Dirichlet 0.3), the quickstart's SmallCNN, 5 local steps of batch 20, the clock of
 configs/compare_time_digits.yaml; no evaluation. Sync: tasks/5 rounds of 5 clients; FedBuff B=5, C=10:
 tasks/5 server updates; FedAsync C=10: tasks updates. Prints one JSON line per run: tasks per second,
-server updates per second, and the machine.
+server updates per second, simulated seconds, and the machine (one torch thread, as the CLI for this model).
 """
 
 from __future__ import annotations
@@ -57,6 +57,9 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=200)
     parser.add_argument("--execution", nargs="+", default=["sequential", "batched"])
     args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(1)  # as the CLI's --threads auto for this small model (fl_lightning/run/threads.py)
     warnings.filterwarnings("ignore")
     logging.getLogger("lightning").setLevel(logging.ERROR)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)

@@ -66,6 +66,14 @@ def _privacy(args) -> ClientPrivacy | None:
     return ClientPrivacy(*args.privacy, **adaptive)
 
 
+def _asynchronous(args) -> dict:
+    if args.fedbuff is None:
+        return {}
+    from fl_lightning.clock import AsyncAggregation, SimClock
+
+    return {"clock": SimClock(speed_sigma=1.0), "asynchronous": AsyncAggregation(concurrency=args.fedbuff[0], buffer_size=args.fedbuff[1])}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--devices", type=int, default=2)
@@ -81,6 +89,7 @@ def main() -> None:
     parser.add_argument("--adaptive-clipping", action="store_true", help="with --privacy: adaptive clipping (count noise 1.0, quantile 0.5)")
     parser.add_argument("--record-privacy", type=float, nargs=2, default=None, metavar=("C", "SIGMA"), help="record-level DP-SGD")
     parser.add_argument("--robust", nargs=2, default=None, metavar=("RULE", "F"), help="robust aggregation: rule name, f")
+    parser.add_argument("--fedbuff", type=int, nargs=2, default=None, metavar=("C", "B"), help="FedBuff under a simulated clock: concurrency, buffer size")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -97,7 +106,8 @@ def main() -> None:
                              faults=ClientFaults(dropout=args.dropout), compression=compression,
                              privacy=_privacy(args),
                              record_privacy=RecordPrivacy(*args.record_privacy) if args.record_privacy else None,
-                             robust=Robust(args.robust[0], f=int(args.robust[1])) if args.robust else None)  # fmt: skip
+                             robust=Robust(args.robust[0], f=int(args.robust[1])) if args.robust else None,
+                             **_asynchronous(args))  # fmt: skip
     participation = BernoulliParticipation(args.bernoulli) if args.bernoulli else UniformSampling(args.clients_per_round)
     data = FederatedDataModule(
         "synthetic", dict(num_samples=8000, num_features=32, num_classes=10, seed=0), num_clients=100,

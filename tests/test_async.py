@@ -136,3 +136,33 @@ def test_versions_are_shared_by_the_clients_in_flight():
         events.pop()
     events.release()
     assert sorted(events.versions) == [9]
+
+
+def test_uplink_compression_composes_and_shortens_time(tmp_path):
+    from fl_lightning.compression import TopK
+    from fl_lightning.compression.stages import Compression
+
+    def fit(compression):
+        torch.manual_seed(0)
+        from models import MLP
+
+        module = FederatedModule(
+            MLP(in_features=8, num_classes=3, hidden=[16]), local=LocalTraining(lr=0.1, steps=3, batch_size=8), compression=compression,
+            clock=SimClock(bandwidth=2e3), asynchronous=AsyncAggregation(concurrency=4, buffer_size=2),
+        )  # fmt: skip
+        tiny_trainer(tmp_path, 4).fit(module, datamodule=tiny_datamodule(num_clients=6))
+        return module
+
+    dense, sparse = fit(None), fit(Compression(up=TopK(ratio=0.1)))
+    assert sparse.sim_time < 0.8 * dense.sim_time
+    assert sparse.comm_totals["bytes_up"] < dense.comm_totals["bytes_up"] / 3
+    assert not all(torch.equal(a, b) for a, b in zip(dense.parameters(), sparse.parameters()))
+
+
+def test_resuming_an_asynchronous_checkpoint_synchronously_is_one_line(tmp_path):
+    from fl_lightning.core.errors import CheckpointError
+
+    _resumable(tmp_path / "b", 2)
+    module = tiny_module(FedAdam(global_lr=0.05), LocalTraining(lr=0.1, steps=3, batch_size=8))
+    with pytest.raises(CheckpointError, match="written with model.asynchronous"):
+        tiny_trainer(tmp_path / "c", 4).fit(module, datamodule=tiny_datamodule(num_clients=10), ckpt_path=str(tmp_path / "b" / "ckpt" / "last.ckpt"))

@@ -34,12 +34,15 @@ def test_lognormal_devices_follow_the_stated_distribution():
 
 def test_trace_file_and_its_windows(tmp_path):
     trace = tmp_path / "trace.csv"
-    trace.write_text("client,speed,bandwidth,windows\n1,0.5,2000,10-20;30-40\n0,2,1000,\n")
+    trace.write_text("client,speed,bandwidth,windows\n1,0.5,2000,10-20;30-40\n0,2,1000,0-100\n")
     clock = SimClock(trace=str(trace), availability="trace", period=100.0)
     devices = clock.devices(2)
     assert devices.speed.tolist() == [2.0, 0.5] and devices.bandwidth.tolist() == [1000.0, 2000.0]
     assert [devices.next_online(1, t) for t in (0.0, 15.0, 25.0, 45.0, 135.0)] == [10.0, 15.0, 30.0, 110.0, 135.0]
     assert clock.task_seconds(devices, 1, 4, 1000, 3000) == 4 * 0.1 / 0.5 + 4000 / 2000
+    trace.write_text("client,speed,bandwidth,windows\n1,0.5,2000,10-20\n0,2,1000,\n")
+    with pytest.raises(ValueError, match="client 0 has no online window"):
+        SimClock(trace=str(trace), availability="trace").devices(2)
     trace.write_text("client,speed,bandwidth\n0,-1,1000\n")
     with pytest.raises(ValueError, match="line 2: speed and bandwidth must be finite and > 0"):
         SimClock(trace=str(trace)).devices(1)
@@ -155,3 +158,20 @@ def test_cli_fit_logs_simulated_time_and_compare_reports_time_to_target(tmp_path
     row = next(r for r in tables[1].rows if r[0] == "Simulated time (s)")
     assert float(row[2].split()[0]) == pytest.approx(times[1], abs=0.05)  # reached at the first evaluation (round 2)
     assert "acc_vs_sim_time" in [f.name for f in figures_for({"sync": [history]})]
+
+
+def test_synchronous_resume_keeps_the_clock(tmp_path):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    def fit(path, rounds, ckpt=None):
+        module = tiny_module()
+        module.clock = SimClock(speed_sigma=1.0, availability="on_off", period=2.0, duty=0.5)
+        checkpoint = ModelCheckpoint(dirpath=path / "ckpt", save_last=True, every_n_train_steps=1, save_top_k=0)
+        tiny_trainer(path, rounds, enable_checkpointing=True, callbacks=[checkpoint]).fit(module, datamodule=tiny_datamodule(), ckpt_path=ckpt)
+        return module
+
+    straight = fit(tmp_path / "a", 4)
+    fit(tmp_path / "b", 2)
+    resumed = fit(tmp_path / "c", 4, str(tmp_path / "b" / "ckpt" / "last.ckpt"))
+    assert straight.sim_time == resumed.sim_time > 0
+    assert all(torch.equal(a, b) for a, b in zip(straight.parameters(), resumed.parameters()))

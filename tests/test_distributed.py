@@ -324,3 +324,11 @@ def test_compare_and_montecarlo_refuse_a_multi_process_fit_in_one_line(tmp_path,
     with pytest.raises(SeveralProcesses):
         compare(sweep, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_fedbuff_events_split_over_two_processes_equal_one_process(tmp_path):
+    """FedBuff under the clock (docs/algorithms.md, 27): each version's buffered clients split over the ranks."""
+    single, ddp = _train(tmp_path, 1, "fedavg", False, "--fedbuff", "6", "4"), _train(tmp_path, 2, "fedavg", False, "--fedbuff", "6", "4")
+    _assert_close(single, ddp, rtol=0, atol=0)
+    assert single["metrics"]["time/sim_s"] == ddp["metrics"]["time/sim_s"] > 0
+    assert ddp["exchanges"]["gathered"] >= 3  # one exchange per version of each update

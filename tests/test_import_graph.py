@@ -116,7 +116,8 @@ LAYERS: dict[str, set[str]] = {
     "compression": {"core", "pipeline"},
     "robust": {"core", "algorithms", "pipeline"},
     "adversary": {"core", "algorithms", "executors", "pipeline"},
-    "engine": {"core", "reliability", "optim", "algorithms", "executors", "pipeline", "compression", "robust", "adversary"},
+    "clock": {"core", "pipeline", "compression"},
+    "engine": {"core", "reliability", "optim", "algorithms", "executors", "pipeline", "compression", "robust", "adversary", "clock"},
 }
 LAYERS["run"] = {*LAYERS["engine"], "engine", "models", "datamodules"}
 LAYERS["experiments"] = {*LAYERS["run"], "run"}

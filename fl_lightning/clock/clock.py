@@ -73,6 +73,9 @@ class SimClock:
                 speed, bandwidth, windows = read_trace(self.trace, num_clients)
                 if self.availability == "trace" and windows is None:
                     raise ValueError(f"clock.availability 'trace' needs a windows column in clock.trace {self.trace}")
+                never = [c for c, w in enumerate(windows or []) if not w]
+                if self.availability == "trace" and never:
+                    raise ValueError(f"clock.trace {self.trace}: client {never[0]} has no online window (its task would never end)")
             else:
                 drawn = lognormal_devices(num_clients, self.seed, self.speed_sigma, self.bandwidth, self.bandwidth_sigma)
                 speed, bandwidth = drawn.speed, drawn.bandwidth

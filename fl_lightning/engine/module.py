@@ -905,6 +905,12 @@ class FederatedModule(AsyncServer, L.LightningModule):
         if self.robust is not None:
             self.robust.load_state_dict(state.get("robust", {}))
         self._first_loss = state.get("first_loss")
+        saved_async = "events" in state.get("clock", {})
+        if saved_async != (self.asynchronous is not None) and int(checkpoint.get("global_step", 0)) > 0:
+            raise CheckpointError(
+                f"checkpoint {getattr(self._trainer, 'ckpt_path', None) or ''} was written {'with' if saved_async else 'without'} "
+                f"model.asynchronous and this run is {'without' if saved_async else 'with'} it; resume with the settings it was written with"
+            )
         if self.clock is not None and "clock" in state:
             self.sim_time = float(state["clock"]["sim_time"])
             if self.asynchronous is not None:
