@@ -75,6 +75,12 @@ privacy (docs/privacy.md):
   --model.privacy.target_epsilon E     > 0, or null (no budget)
   --model.record_privacy.*             record-level DP-SGD: clip_norm, noise_multiplier, delta alike
 
+attacks (docs/robustness.md):
+  --model.attack.fraction F        [0, 1): the malicious clients, drawn from the seed
+  --model.attack.data NAME         LabelFlip or Backdoor (target, fraction, patch); null: none
+  --model.attack.upload NAME       ModelReplacement, SignFlip, GaussianUpload, ALIE, IPM, MinMax,
+                                   MinSum; null: none
+
 execution:
   --model.execution NAME           sequential (default) or batched (docs/performance.md)
 
