@@ -77,7 +77,7 @@ def sweep(partition: str, defences: list[tuple[str, dict | None]], setting: str,
     return {
         "base": str(ROOT / "configs" / "attack_study_digits.yaml"),
         "seeds": seeds,
-        "overrides": {"trainer.max_steps": rounds, "trainer.enable_progress_bar": False, "data.init_args.partition": PARTITIONS[partition]},
+        "overrides": {"trainer.max_steps": rounds, "trainer.val_check_interval": min(rounds, 20), "trainer.enable_progress_bar": False, "data.init_args.partition": PARTITIONS[partition]},
         "runs": runs,
     }
 
@@ -125,7 +125,7 @@ def heatmap(path: Path, means: dict, defences: list[str]) -> None:
     import numpy as np
 
     panels = [(p, m) for p in PARTITIONS for m in ("test/acc", "attack/backdoor_asr")]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4 + 1.1 * len(defences) * len(panels), 5), squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 + (2.5 + 0.6 * len(defences)) * len(panels), 5), squeeze=False)
     for ax, (partition, metric) in zip(axes[0], panels):
         grid = np.array([[100 * means[partition, metric, a, d] for d in defences] for a in ATTACKS])
         image = ax.imshow(grid, cmap="viridis" if metric == "test/acc" else "magma", vmin=0, vmax=100, aspect="auto")
