@@ -133,7 +133,7 @@ def heatmap(path: Path, means: dict, defences: list[str]) -> None:
         ax.set_yticks(range(len(ATTACKS)), list(ATTACKS))
         for (i, j), v in np.ndenumerate(grid):
             if not math.isnan(v):
-                ax.text(j, i, f"{v:.0f}", ha="center", va="center", color="w", fontsize=7)
+                ax.text(j, i, f"{v:.0f}", ha="center", va="center", color="k" if v > 60 else "w", fontsize=7)
         ax.set_title(f"{partition}: {'test accuracy' if metric == 'test/acc' else 'backdoor success'} (%)")
         fig.colorbar(image, ax=ax, fraction=0.046)
     fig.tight_layout()
