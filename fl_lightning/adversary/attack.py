@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from fl_lightning.adversary.base import DataPoisoning, RoundView, UploadAttack
+from fl_lightning.adversary.base import DataPoisoning, RoundView, UploadAttack, split_batch
 from fl_lightning.adversary.flat import flatten, unflatten
 from fl_lightning.adversary.malicious import MaliciousClients, check_fraction, choose_malicious
 from fl_lightning.adversary.poisoned_data import PoisonedData
@@ -78,6 +78,14 @@ class Attack:
             self.data.check(num_classes)
         self.malicious = choose_malicious(num_clients, seed, self.fraction, self.clients)
         self.num_classes = num_classes
+
+    def check_data(self, data: Any) -> None:
+        """Poison one sample of the first malicious client once, before training: a batch that is not
+        (inputs, labels), or a trigger larger than the images, is one line then rather than a client error later."""
+        if self.data is None or self.malicious is None or not len(self.malicious):
+            return
+        inputs, labels = split_batch(data.client_full_batch(self.malicious.ids[0]))
+        self.data.poison(inputs[:1], labels[:1], self.num_classes, torch.Generator().manual_seed(0))
 
     def data_view(self, data: Any) -> Any:
         """``data`` as the clients train on it: the malicious clients' batches poisoned (``data`` itself without ``attack.data``)."""

@@ -252,6 +252,7 @@ class FederatedModule(L.LightningModule):
             data = self.datamodule
             self.attack.prepare(data.num_clients, data.seed, getattr(data, "num_classes", None), self.algorithm,
                                 self.trainer.world_size, self.record_privacy is not None)  # fmt: skip
+            self.attack.check_data(data)
         if self.privacy is not None:  # the sampling scheme, sigma (calibrated if asked), the accountant
             participation = getattr(self.datamodule, "participation", None)
             self.privacy.prepare(participation, self.datamodule.num_clients, self.trainer.max_steps, self.datamodule.seed)
