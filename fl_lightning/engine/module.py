@@ -633,7 +633,7 @@ class FederatedModule(L.LightningModule):
 
     # ---- evaluation of the global model ---------------------------------------------------------
     def _evaluate(self, batch: Any, loss_metric: MeanMetric, acc_metric: MeanMetric, prefix: str) -> None:
-        if prefix == "test" or not getattr(self.datamodule, "val_fraction", 0):  # test inputs (val is the test set without a split)
+        if self.attack is not None and (prefix == "test" or not getattr(self.datamodule, "val_fraction", 0)):  # test inputs only
             self._backdoor_success(batch, getattr(self, f"{prefix}_asr", None))
         loss, logits, target = self.objective(batch)
         if self.objective.token_level:  # a language model: loss and accuracy over the scored tokens
@@ -649,7 +649,7 @@ class FederatedModule(L.LightningModule):
 
     def _backdoor_success(self, batch: Any, metric: MeanMetric | None) -> None:
         """``attack/backdoor_asr``: the share of triggered test inputs of non-target classes predicted as the target."""
-        if metric is None or self.attack is None or self.attack.backdoor is None:
+        if metric is None or self.attack.backdoor is None:
             return
         inputs, targets = self.attack.backdoor.triggered(*split_batch(batch))
         if len(targets):
