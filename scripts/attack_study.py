@@ -77,7 +77,7 @@ def sweep(partition: str, defences: list[tuple[str, dict | None]], setting: str,
     return {
         "base": str(ROOT / "configs" / "attack_study_digits.yaml"),
         "seeds": seeds,
-        "overrides": {"trainer.max_steps": rounds, "trainer.enable_progress_bar": False, "data.init_args.partition": PARTITIONS[partition]},
+        "overrides": {"trainer.max_steps": rounds, "trainer.val_check_interval": min(rounds, 20), "trainer.enable_progress_bar": False, "data.init_args.partition": PARTITIONS[partition]},
         "runs": runs,
     }
 
@@ -125,7 +125,7 @@ def heatmap(path: Path, means: dict, defences: list[str]) -> None:
     import numpy as np
 
     panels = [(p, m) for p in PARTITIONS for m in ("test/acc", "attack/backdoor_asr")]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4 + 1.1 * len(defences) * len(panels), 5), squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 + (2.5 + 0.6 * len(defences)) * len(panels), 5), squeeze=False)
     for ax, (partition, metric) in zip(axes[0], panels):
         grid = np.array([[100 * means[partition, metric, a, d] for d in defences] for a in ATTACKS])
         image = ax.imshow(grid, cmap="viridis" if metric == "test/acc" else "magma", vmin=0, vmax=100, aspect="auto")
@@ -133,7 +133,7 @@ def heatmap(path: Path, means: dict, defences: list[str]) -> None:
         ax.set_yticks(range(len(ATTACKS)), list(ATTACKS))
         for (i, j), v in np.ndenumerate(grid):
             if not math.isnan(v):
-                ax.text(j, i, f"{v:.0f}", ha="center", va="center", color="w", fontsize=7)
+                ax.text(j, i, f"{v:.0f}", ha="center", va="center", color="k" if v > 60 else "w", fontsize=7)
         ax.set_title(f"{partition}: {'test accuracy' if metric == 'test/acc' else 'backdoor success'} (%)")
         fig.colorbar(image, ax=ax, fraction=0.046)
     fig.tight_layout()

@@ -10,12 +10,13 @@ import torch
 
 from datamodules import IID, FederatedDataModule
 from fl_lightning import FedAvg, FederatedModule, LocalTraining, UniformSampling
-from fl_lightning.adversary import Attack, GaussianUpload, ModelReplacement
+from fl_lightning.adversary import Attack, GaussianUpload, ModelReplacement, SignFlip
 from fl_lightning.adversary.gaussian import GAUSSIAN_STREAM
 from fl_lightning.compression import TopK
 from fl_lightning.compression.stages import Compression
 from fl_lightning.core.participation import derive_seed
 from fl_lightning.pipeline.privacy import ClientPrivacy, upload_norm
+from fl_lightning.reliability.faults import ClientFaults
 from models import MLP
 from tests.conftest import tiny_trainer
 
@@ -26,9 +27,9 @@ def _fit(tmp_path, attack, rounds=1, **kw):
     torch.manual_seed(0)
     module = FederatedModule(MLP(64, 10, hidden=[8]), FedAvg(), LocalTraining(lr=0.1, steps=2, batch_size=8), attack=attack, **kw)
     seen = []
-    sum_uploads, aggregate = module.algorithm.upload_sum, module.algorithm.aggregate
-    module.algorithm.upload_sum = lambda x, uploads, *a: (seen.append(list(uploads)), sum_uploads(x, uploads, *a))[1]
-    module.algorithm.aggregate = lambda x, uploads, *a: (seen.append(list(uploads)), aggregate(x, uploads, *a))[1]
+    name = "upload_sum" if "privacy" in kw else "aggregate"  # where the server receives the uploads
+    receive = getattr(module.algorithm, name)
+    setattr(module.algorithm, name, lambda x, uploads, *a: (seen.append(list(uploads)), receive(x, uploads, *a))[1])
     data = FederatedDataModule("digits", num_clients=4, partition=IID(), participation=UniformSampling(4), seed=1)
     tiny_trainer(tmp_path, rounds).fit(module, datamodule=data)
     return module, seen
@@ -56,3 +57,21 @@ def test_client_level_dp_clips_the_boosted_upload(tmp_path):
     module, seen = _fit(tmp_path, Attack(clients=[MALICIOUS], upload=ModelReplacement(gamma=50.0)), privacy=privacy)
     assert float(module.trainer.callback_metrics["attack/norm_malicious"]) > 1.0  # what the attacker crafted, before the clip
     assert upload_norm(seen[0][MALICIOUS]) <= 0.05 * (1 + 1e-6)  # what the server sums
+
+
+class RecordingSignFlip(SignFlip):
+    def __init__(self):
+        super().__init__()
+        self.views = []
+
+    def craft(self, own, benign, view):
+        self.views.append((view, own.shape[0], benign.shape[0]))
+        return super().craft(own, benign, view)
+
+
+def test_with_dropouts_n_and_f_count_the_clients_that_reported(tmp_path):
+    upload = RecordingSignFlip()
+    module, seen = _fit(tmp_path, Attack(clients=[0, 1, 2], upload=upload), rounds=4, faults=ClientFaults(dropout=0.4))
+    assert len(upload.views) == len(seen) and any(len(s) < 4 for s in seen)  # some rounds lost clients
+    for (view, f, b), uploads in zip(upload.views, seen):
+        assert view.reporting == len(uploads) == f + b and view.malicious == f

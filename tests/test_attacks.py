@@ -164,3 +164,26 @@ def test_settings_without_a_meaning_are_refused_before_training(attack, algorith
     with pytest.raises(ValueError) as refused:
         attack.prepare(20, 0, 10, algorithm, processes, record_privacy)
     assert message in str(refused.value) and "\n" not in str(refused.value)
+
+
+class _TextLike:
+    def client_full_batch(self, client_id):
+        return {"input_ids": torch.zeros(2, 3, dtype=torch.long), "labels": torch.zeros(2, dtype=torch.long)}
+
+
+def test_data_poisoning_is_checked_on_a_malicious_clients_batch_before_training():
+    from fl_lightning.adversary import Backdoor
+
+    attack = Attack(0.2, data=LabelFlip())
+    attack.prepare(20, 0, 10, FedAvg(), 1, False)
+    with pytest.raises(ValueError, match=r"attack.data poisons \(inputs, labels\) batches of tensors"):
+        attack.check_data(_TextLike())
+    attack = Attack(0.2, data=Backdoor(patch=9))
+    attack.prepare(20, 0, 10, FedAvg(), 1, False)
+
+    class Digits:
+        def client_full_batch(self, client_id):
+            return torch.zeros(4, 1, 8, 8), torch.zeros(4, dtype=torch.long)
+
+    with pytest.raises(ValueError, match=r"attack.data Backdoor.patch=9 is larger than the images \(\(8, 8\)\)"):
+        attack.check_data(Digits())

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from fl_lightning.adversary.base import DataPoisoning, RoundView, UploadAttack
+from fl_lightning.adversary.base import DataPoisoning, RoundView, UploadAttack, split_batch
 from fl_lightning.adversary.flat import flatten, unflatten
 from fl_lightning.adversary.malicious import MaliciousClients, check_fraction, choose_malicious
 from fl_lightning.adversary.poisoned_data import PoisonedData
@@ -79,6 +79,14 @@ class Attack:
         self.malicious = choose_malicious(num_clients, seed, self.fraction, self.clients)
         self.num_classes = num_classes
 
+    def check_data(self, data: Any) -> None:
+        """Poison one sample of the first malicious client once, before training: a batch that is not
+        (inputs, labels), or a trigger larger than the images, is one line then rather than a client error later."""
+        if self.data is None or self.malicious is None or not len(self.malicious):
+            return
+        inputs, labels = split_batch(data.client_full_batch(self.malicious.ids[0]))
+        self.data.poison(inputs[:1], labels[:1], self.num_classes, torch.Generator().manual_seed(0))
+
     def data_view(self, data: Any) -> Any:
         """``data`` as the clients train on it: the malicious clients' batches poisoned (``data`` itself without ``attack.data``)."""
         if self.data is None or self.malicious is None or not len(self.malicious):
@@ -95,29 +103,34 @@ class Attack:
             return results
         bad = [i for i in trained if results[i].client_id in self.malicious]
         good = [i for i in trained if results[i].client_id not in self.malicious]
-        out = list(results)
         shaped = not sends_no_model_shaped_upload(algorithm)
+        out = list(results)
         if self.upload is not None and bad and shaped:
             if self.upload.needs_benign and len(good) < 2:
                 log.warning(
-                    "round %d: attack.upload %s needs at least 2 benign uploads, the round has %d: its %d malicious clients send their trained updates",
+                    "round %d: attack.upload %s needs at least 2 benign uploads, the round has %d: "
+                    "its %d malicious clients send their trained updates",
                     info.round, type(self.upload).__name__, len(good), len(bad),
                 )  # fmt: skip
             else:
-                own = torch.stack([flatten(results[i].upload) for i in bad])
-                benign = torch.stack([flatten(results[i].upload) for i in good]) if good else own[:0]
                 seeds = {t.client_id: t.seed for t in tasks}
                 view = RoundView(info.round, len(trained), len(bad), float(getattr(algorithm, "global_lr", 1.0)),
                                  tuple(seeds[results[i].client_id] for i in bad))  # fmt: skip
-                crafted = self.upload.craft(own, benign, view)
+                crafted = self.upload.craft(self._rows(results, bad), self._rows(results, good), view)
                 for row, i in enumerate(bad):
                     out[i] = dataclasses.replace(results[i], upload=unflatten(crafted[row], results[i].upload))
         self._metrics = {"attack/malicious_clients": float(len(bad))}
-        if shaped:
-            for key, rows in (("attack/norm_benign", good), ("attack/norm_malicious", bad)):
-                if rows:
-                    self._metrics[key] = float(torch.stack([torch.linalg.vector_norm(flatten(out[i].upload)) for i in rows]).mean())
+        for key, rows in (("attack/norm_benign", good), ("attack/norm_malicious", bad)):
+            if rows and shaped:
+                self._metrics[key] = float(torch.linalg.vector_norm(self._rows(out, rows), dim=1).mean())
         return out
+
+    @staticmethod
+    def _rows(results: list[ClientResult], indices: list[int]) -> torch.Tensor:
+        """The uploads of ``results[i]``, i in ``indices``, as the rows of a float64 matrix (``[0, 0]`` for none)."""
+        if not indices:
+            return torch.zeros(0, 0, dtype=torch.float64)
+        return torch.stack([flatten(results[i].upload) for i in indices])
 
     def round_metrics(self) -> dict[str, float]:
         """The last round's ``attack/*`` metrics (then cleared)."""

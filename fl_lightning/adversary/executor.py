@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from fl_lightning.adversary.attack import Attack
 from fl_lightning.algorithms.base import RoundInfo
@@ -17,6 +18,12 @@ class AttackExecutor(Executor):
 
     def __init__(self, inner: Executor, attack: Attack) -> None:
         self.inner, self.attack = inner, attack
+
+    def __getattr__(self, name: str) -> Any:
+        """The wrapped executor's attributes (``fallbacks``, ``compile_seconds``) read through the wrapper."""
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
 
     def run(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> list[ClientResult]:
         return self.attack.tamper(self.inner.run(tasks, info, runtime), tasks, info, runtime.algorithm)

@@ -30,5 +30,9 @@ class MinMax(UploadAttack):
     def craft(self, own: Tensor, benign: Tensor, view: RoundView) -> Tensor:
         mu, p = benign.mean(0), perturbation_of(benign, self.perturbation)
         threshold = torch.cdist(benign, benign, compute_mode=EXACT).max()
-        gamma = largest_gamma(lambda m: bool(torch.cdist(m[None], benign, compute_mode=EXACT).max() <= threshold), mu, p, self.gamma_init, self.tau)
+
+        def within(m: Tensor) -> bool:
+            return bool(torch.cdist(m[None], benign, compute_mode=EXACT).max() <= threshold)
+
+        gamma = largest_gamma(within, mu, p, self.gamma_init, self.tau)
         return (mu + gamma * p).expand_as(own).clone()

@@ -17,5 +17,9 @@ class MinSum(MinMax):
     def craft(self, own: Tensor, benign: Tensor, view: RoundView) -> Tensor:
         mu, p = benign.mean(0), perturbation_of(benign, self.perturbation)
         threshold = (torch.cdist(benign, benign, compute_mode=EXACT) ** 2).sum(1).min()
-        gamma = largest_gamma(lambda m: bool((torch.cdist(m[None], benign, compute_mode=EXACT) ** 2).sum() <= threshold), mu, p, self.gamma_init, self.tau)
+
+        def within(m: Tensor) -> bool:
+            return bool((torch.cdist(m[None], benign, compute_mode=EXACT) ** 2).sum() <= threshold)
+
+        gamma = largest_gamma(within, mu, p, self.gamma_init, self.tau)
         return (mu + gamma * p).expand_as(own).clone()

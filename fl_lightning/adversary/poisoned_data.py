@@ -29,6 +29,8 @@ class PoisonedData:
         self._data, self.malicious, self.poisoning, self.num_classes = data, malicious, poisoning, num_classes
 
     def __getattr__(self, name: str) -> Any:
+        if name == "_data":  # not set yet (copy, unpickling): no recursion
+            raise AttributeError(name)
         return getattr(self._data, name)
 
     def _poison(self, batch: Any, seed: int, step: int) -> tuple[Tensor, Tensor]:

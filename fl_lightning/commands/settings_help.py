@@ -80,6 +80,12 @@ robust aggregation (docs/robustness.md):
                                    centered_clipping, norm_bound or fltrust; default none (the mean)
   --model.robust.f F               attackers per round, >= 0 (or --model.robust.fraction in [0, 1))
 
+attacks (docs/robustness.md):
+  --model.attack.fraction F        [0, 1): the malicious clients, drawn from the seed
+  --model.attack.data NAME         LabelFlip or Backdoor (target, fraction, patch); null: none
+  --model.attack.upload NAME       ModelReplacement, SignFlip, GaussianUpload, ALIE, IPM, MinMax,
+                                   MinSum; null: none
+
 execution:
   --model.execution NAME           sequential (default) or batched (docs/performance.md)
 

@@ -295,6 +295,7 @@ class FederatedModule(AsyncServer, L.LightningModule):
             data = self.datamodule
             self.attack.prepare(data.num_clients, data.seed, getattr(data, "num_classes", None), self.algorithm,
                                 self.trainer.world_size, self.record_privacy is not None)  # fmt: skip
+            self.attack.check_data(data)
         if self.privacy is not None:  # the sampling scheme, sigma (calibrated if asked), the accountant
             participation = getattr(self.datamodule, "participation", None)
             self.privacy.prepare(participation, self.datamodule.num_clients, self.trainer.max_steps, self.datamodule.seed)
@@ -799,7 +800,7 @@ class FederatedModule(AsyncServer, L.LightningModule):
 
     # ---- evaluation of the global model ---------------------------------------------------------
     def _evaluate(self, batch: Any, loss_metric: MeanMetric, acc_metric: MeanMetric, prefix: str) -> None:
-        if prefix == "test" or not getattr(self.datamodule, "val_fraction", 0):  # test inputs (val is the test set without a split)
+        if self.attack is not None and (prefix == "test" or not getattr(self.datamodule, "val_fraction", 0)):  # test inputs only
             self._backdoor_success(batch, getattr(self, f"{prefix}_asr", None))
         loss, logits, target = self.objective(batch)
         if self.objective.token_level:  # a language model: loss and accuracy over the scored tokens
@@ -815,7 +816,7 @@ class FederatedModule(AsyncServer, L.LightningModule):
 
     def _backdoor_success(self, batch: Any, metric: MeanMetric | None) -> None:
         """``attack/backdoor_asr``: the share of triggered test inputs of non-target classes predicted as the target."""
-        if metric is None or self.attack is None or self.attack.backdoor is None:
+        if metric is None or self.attack.backdoor is None:
             return
         inputs, targets = self.attack.backdoor.triggered(*split_batch(batch))
         if len(targets):
