@@ -295,7 +295,9 @@ class BatchedExecutor(Executor):
         self._seeds = seeds  # the clients' round seeds (record-level DP-SGD's noise)
         self._per_client_x = per_client  # broadcast["x"] is stacked: each client's own (per-client finish takes its row)
         rule = self._elementwise_rule if declares_capability(runtime.algorithm, "elementwise") else self._vmapped_rule
-        if self.programs is not None:
+        if self.programs is not None and per_client:  # the compiled programs capture one broadcast for all clients
+            log_fallback(self.compile_fallbacks, "the clients receive different x (heterogeneous LoRA ranks)", log)
+        elif self.programs is not None:
             rule = functools.partial(self._compiled_rule, rule)
         if dp is not None:
             step_batches = (b.to(runtime.device) for b in batches)
