@@ -159,6 +159,12 @@ def test_resume_of_a_folding_method_is_bitwise(assets, tmp_path, name):
     resumed = run(tmp_path / "c", rounds=3, ckpt_path=str(tmp_path / "b" / "ckpt" / "last.ckpt"))
     for (key, a), b in zip(straight.model.named_parameters(), resumed.model.parameters()):
         assert torch.equal(a, b), key
+    if name == "stacked":  # a resume with another method is refused, naming both
+        from fl_lightning.core.errors import CheckpointError
+
+        m = module(assets, "svd")
+        with pytest.raises(CheckpointError, match="model.lora_aggregation: stacked in the checkpoint, svd in this run"):
+            tiny_trainer(tmp_path / "d", rounds=3).fit(m, datamodule=sst2(assets, per_round=2), ckpt_path=str(tmp_path / "b" / "ckpt" / "last.ckpt"))
 
 
 def test_share_a_keeps_b_with_each_client_and_needs_it_personal(assets, tmp_path):

@@ -64,6 +64,12 @@ class LoRAServer:
         self.federated = set(federated)
         self._masks: dict[int, TensorDict] = {}
 
+    def describe(self) -> str:
+        """The method and its rank rule, for the checkpoint's fingerprint (a resume must use the same)."""
+        m = self.method
+        rule = f" ranks {m.ranks}" if m.ranks is not None else f" tiers {m.tiers} seed {m.seed}" if m.tiers is not None else ""
+        return m.name + rule
+
     # ---- heterogeneous ranks ------------------------------------------------------------------
     @property
     def heterogeneous(self) -> bool:
