@@ -181,3 +181,24 @@ def test_share_a_keeps_b_with_each_client_and_needs_it_personal(assets, tmp_path
     kept = [m.client_personal(c) for c in range(4) if m.store.get(c, dict)]
     assert len(kept) >= 2 and any(not torch.equal(kept[0][l.b], start[l.b]) for l in m.model.lora_layers())
     assert any(not torch.equal(kept[0][l.b], kept[1][l.b]) for l in m.model.lora_layers())  # each client its own B
+
+
+@pytest.mark.parametrize("rule", ["FAdamGT", "SCAFFOLD"])
+def test_tracking_and_control_variates_stay_zero_beyond_a_clients_rank(assets, tmp_path, rule):
+    """Every x-shaped broadcast entry (FAdamGT's y, SCAFFOLD's c) is zero-padded too, so a rank-1 client's state
+    beyond rank 1 stays exactly zero (docs/algorithms.md 28.7), and batched equals sequential."""
+    from fl_lightning.algorithms import SCAFFOLD, FAdamGT
+
+    runs = {}
+    for execution in ("sequential", "batched"):
+        algorithm = FAdamGT(global_lr=1.0, tracking=1.0) if rule == "FAdamGT" else SCAFFOLD()
+        m = module(assets, Factors(ranks=[1, 2, 4]), algorithm=algorithm, execution=execution)
+        tiny_trainer(tmp_path / execution, rounds=3).fit(m, datamodule=sst2(assets, num_clients=3, per_round=3))
+        runs[execution] = m
+    for (key, a), b in zip(runs["sequential"].model.named_parameters(), runs["batched"].model.parameters()):
+        assert torch.allclose(a, b, atol=1e-5), key
+    m = runs["batched"]
+    state = m.store.get(0, dict)["y" if rule == "FAdamGT" else "c"]
+    for layer in m.model.lora_layers():
+        assert float(state[layer.a][1:].abs().max()) == 0.0 and float(state[layer.b][:, 1:].abs().max()) == 0.0
+        assert float(state[layer.a][:1].abs().max()) > 0.0

@@ -273,7 +273,7 @@ class BatchedExecutor(Executor):
         if per_client:  # clients of different LoRA ranks receive their own x (fl_lightning/lora/server.py)
             if not declares_capability(runtime.algorithm, "elementwise"):
                 raise Unbatchable(f"the clients receive different x and {type(runtime.algorithm).__name__}'s rule is not elementwise")
-            broadcast = {**broadcast, "x": {k: torch.stack([t.broadcast["x"][k] for t in tasks]) for k in broadcast["x"]}}
+            broadcast = {k: _stack([t.broadcast[k] for t in tasks]) if isinstance(v, dict) else v for k, v in broadcast.items()}
         clients, seeds = [t.client_id for t in tasks], [t.seed for t in tasks]
         dp = runtime.record_privacy
         if dp is not None:  # record-level DP-SGD: each client's own draws, padded to the step's largest (fl_lightning.executors.dpsgd)
@@ -293,7 +293,7 @@ class BatchedExecutor(Executor):
         ids, stacked_states = torch.tensor(clients), _stack(states)
         record = StepRecord()
         self._seeds = seeds  # the clients' round seeds (record-level DP-SGD's noise)
-        self._per_client_x = per_client  # broadcast["x"] is stacked: each client's own (per-client finish takes its row)
+        self._per_client_x = per_client  # the broadcast's entries are stacked: each client's own (per-client finish takes its row)
         rule = self._elementwise_rule if declares_capability(runtime.algorithm, "elementwise") else self._vmapped_rule
         if self.programs is not None and per_client:  # the compiled programs capture one broadcast for all clients
             log_fallback(self.compile_fallbacks, "the clients receive different x (heterogeneous LoRA ranks)", log)
@@ -450,8 +450,13 @@ class BatchedExecutor(Executor):
         personal_views = _unstack(personal, len(states)) if personal else [{}] * len(states)
         outputs = []
         for i, c in enumerate(ids.tolist()):
-            own = {**broadcast, "x": {k: v[i] for k, v in broadcast["x"].items()}} if self._per_client_x else broadcast
+            own = _unstack_broadcast(broadcast, i) if self._per_client_x else broadcast
             ctx = self._context(int(c), own, states[i], info, runtime, step=last, personal=personal_views[i])
             ctx.data_pass = data_pass_fn(runtime, int(c))  # client by client here: its whole set, as sequential execution reads it
             outputs.append(finish_client(algorithm, views[i], local_views[i], ctx))
         return [u for u, _ in outputs], [s for _, s in outputs]
+
+
+def _unstack_broadcast(broadcast: Payload, i: int) -> Payload:
+    """Client ``i``'s own broadcast from one whose tensor-dict entries are stacked over clients."""
+    return {k: {n: t[i] for n, t in v.items()} if isinstance(v, dict) else v for k, v in broadcast.items()}
