@@ -64,9 +64,12 @@ class LoRAServer:
         self.federated = set(federated)
         self._masks: dict[int, TensorDict] = {}
 
-    def describe(self) -> str:
-        """The method and its rank rule, for the checkpoint's fingerprint (a resume must use the same)."""
+    def describe(self) -> str | None:
+        """The method and its rank rule, for the checkpoint's fingerprint (a resume must use the same);
+        None for FedIT's ``factors`` at one rank, the same run as no setting."""
         m = self.method
+        if m.name == "factors" and not self.heterogeneous:
+            return None
         rule = f" ranks {m.ranks}" if m.ranks is not None else f" tiers {m.tiers} seed {m.seed}" if m.tiers is not None else ""
         return m.name + rule
 
