@@ -114,7 +114,8 @@ LAYERS: dict[str, set[str]] = {
     "executors": {"core", "optim", "algorithms", "reliability"},
     "pipeline": {"core", "optim", "algorithms", "executors"},
     "compression": {"core", "pipeline"},
-    "engine": {"core", "reliability", "optim", "algorithms", "executors", "pipeline", "compression"},
+    "lora": {"core"},
+    "engine": {"core", "reliability", "optim", "algorithms", "executors", "pipeline", "compression", "lora"},
 }
 LAYERS["run"] = {*LAYERS["engine"], "engine", "models", "datamodules"}
 LAYERS["experiments"] = {*LAYERS["run"], "run"}

@@ -44,9 +44,9 @@ def effective(m):
     return {l.base: named[l.base].detach() + l.scaling * (named[l.b] @ named[l.a]).detach().T for l in m.model.lora_layers()}
 
 
-def client_mean(m, x, deltas, weights, ranks=None):
+def client_mean(m, x, deltas, weights):
     """W0 + s sum_i w_i (B_i A_i)^T from the recorded round (the clients' own factors, each at its rank)."""
-    named, w = dict(m.model.named_parameters()), weights.double() / weights.double().sum()
+    w = weights.double() / weights.double().sum()
     return {
         l.b: sum(float(wi) * l.scaling * ((x[l.b] + d[l.b]) @ (x[l.a] + d[l.a])).T for d, wi in zip(deltas, w))
         for l in m.model.lora_layers()
