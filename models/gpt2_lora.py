@@ -109,10 +109,10 @@ def save_adapter(net: nn.Module, path: str | Path, with_base: bool = False) -> N
 
 def adapter_layers(net: nn.Module, prefix: str = "net") -> list:
     """Every LoRA-adapted layer of the peft model ``net`` (names under ``prefix``): its A and B, its frozen
-    weight, its scaling alpha/r and layout (``fl_lightning.lora.AdapterLayer``, for the aggregation methods)."""
+    weight, its scaling alpha/r and layout (``fl_lightning.core.adapters.AdapterLayer``, for ``fl_lightning.lora``)."""
     from peft.tuners.lora import LoraLayer
 
-    from fl_lightning.lora import AdapterLayer
+    from fl_lightning.core.adapters import AdapterLayer
 
     return [
         AdapterLayer(

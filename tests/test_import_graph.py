@@ -114,10 +114,11 @@ LAYERS: dict[str, set[str]] = {
     "executors": {"core", "optim", "algorithms", "reliability"},
     "pipeline": {"core", "optim", "algorithms", "executors"},
     "compression": {"core", "pipeline"},
+    "lora": {"core"},
     "robust": {"core", "algorithms", "pipeline"},
     "adversary": {"core", "algorithms", "executors", "pipeline"},
     "clock": {"core", "pipeline", "compression"},
-    "engine": {"core", "reliability", "optim", "algorithms", "executors", "pipeline", "compression", "robust", "adversary", "clock"},
+    "engine": {"core", "reliability", "optim", "algorithms", "executors", "pipeline", "compression", "robust", "adversary", "clock", "lora"},
 }
 LAYERS["run"] = {*LAYERS["engine"], "engine", "models", "datamodules"}
 LAYERS["experiments"] = {*LAYERS["run"], "run"}

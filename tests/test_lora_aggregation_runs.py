@@ -44,9 +44,9 @@ def effective(m):
     return {l.base: named[l.base].detach() + l.scaling * (named[l.b] @ named[l.a]).detach().T for l in m.model.lora_layers()}
 
 
-def client_mean(m, x, deltas, weights, ranks=None):
+def client_mean(m, x, deltas, weights):
     """W0 + s sum_i w_i (B_i A_i)^T from the recorded round (the clients' own factors, each at its rank)."""
-    named, w = dict(m.model.named_parameters()), weights.double() / weights.double().sum()
+    w = weights.double() / weights.double().sum()
     return {
         l.b: sum(float(wi) * l.scaling * ((x[l.b] + d[l.b]) @ (x[l.a] + d[l.a])).T for d, wi in zip(deltas, w))
         for l in m.model.lora_layers()
@@ -159,6 +159,12 @@ def test_resume_of_a_folding_method_is_bitwise(assets, tmp_path, name):
     resumed = run(tmp_path / "c", rounds=3, ckpt_path=str(tmp_path / "b" / "ckpt" / "last.ckpt"))
     for (key, a), b in zip(straight.model.named_parameters(), resumed.model.parameters()):
         assert torch.equal(a, b), key
+    if name == "stacked":  # a resume with another method is refused, naming both
+        from fl_lightning.core.errors import CheckpointError
+
+        m = module(assets, "svd")
+        with pytest.raises(CheckpointError, match="model.lora_aggregation: stacked in the checkpoint, svd in this run"):
+            tiny_trainer(tmp_path / "d", rounds=3).fit(m, datamodule=sst2(assets, per_round=2), ckpt_path=str(tmp_path / "b" / "ckpt" / "last.ckpt"))
 
 
 def test_share_a_keeps_b_with_each_client_and_needs_it_personal(assets, tmp_path):
@@ -175,3 +181,24 @@ def test_share_a_keeps_b_with_each_client_and_needs_it_personal(assets, tmp_path
     kept = [m.client_personal(c) for c in range(4) if m.store.get(c, dict)]
     assert len(kept) >= 2 and any(not torch.equal(kept[0][l.b], start[l.b]) for l in m.model.lora_layers())
     assert any(not torch.equal(kept[0][l.b], kept[1][l.b]) for l in m.model.lora_layers())  # each client its own B
+
+
+@pytest.mark.parametrize("rule", ["FAdamGT", "SCAFFOLD"])
+def test_tracking_and_control_variates_stay_zero_beyond_a_clients_rank(assets, tmp_path, rule):
+    """Every x-shaped broadcast entry (FAdamGT's y, SCAFFOLD's c) is zero-padded too, so a rank-1 client's state
+    beyond rank 1 stays exactly zero (docs/algorithms.md 28.7), and batched equals sequential."""
+    from fl_lightning.algorithms import SCAFFOLD, FAdamGT
+
+    runs = {}
+    for execution in ("sequential", "batched"):
+        algorithm = FAdamGT(global_lr=1.0, tracking=1.0) if rule == "FAdamGT" else SCAFFOLD()
+        m = module(assets, Factors(ranks=[1, 2, 4]), algorithm=algorithm, execution=execution)
+        tiny_trainer(tmp_path / execution, rounds=3).fit(m, datamodule=sst2(assets, num_clients=3, per_round=3))
+        runs[execution] = m
+    for (key, a), b in zip(runs["sequential"].model.named_parameters(), runs["batched"].model.parameters()):
+        assert torch.allclose(a, b, atol=1e-5), key
+    m = runs["batched"]
+    state = m.store.get(0, dict)["y" if rule == "FAdamGT" else "c"]
+    for layer in m.model.lora_layers():
+        assert float(state[layer.a][1:].abs().max()) == 0.0 and float(state[layer.b][:, 1:].abs().max()) == 0.0
+        assert float(state[layer.a][:1].abs().max()) > 0.0

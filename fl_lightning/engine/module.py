@@ -846,6 +846,8 @@ class FederatedModule(AsyncServer, L.LightningModule):
         """What a resume must match (``fl_lightning/reliability/fingerprint.py``)."""
         if self._schema is None:
             self._schema = fingerprint.schema(self.algorithm, self.model, self.global_params())
+            if self.lora is not None and self.lora.describe() is not None:
+                self._schema["lora_aggregation"] = self.lora.describe()
         data = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
         if data is None or not hasattr(data, "client_sizes"):
             return dict(self._schema)

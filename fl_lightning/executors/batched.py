@@ -424,7 +424,7 @@ class BatchedExecutor(Executor):
         if per_client:  # clients of different LoRA ranks receive their own x (fl_lightning/lora/server.py)
             if not declares_capability(runtime.algorithm, "elementwise"):
                 raise Unbatchable(f"the clients receive different x and {type(runtime.algorithm).__name__}'s rule is not elementwise")
-            broadcast = {**broadcast, "x": {k: torch.stack([t.broadcast["x"][k] for t in tasks]) for k in broadcast["x"]}}
+            broadcast = {k: _stack([t.broadcast[k] for t in tasks]) if isinstance(v, dict) else v for k, v in broadcast.items()}
         clients, seeds = [t.client_id for t in tasks], [t.seed for t in tasks]
         steps = [t.num_steps for t in tasks]
         dp = runtime.record_privacy
@@ -458,11 +458,13 @@ class BatchedExecutor(Executor):
         ids, stacked_states = torch.tensor(clients), _stack(states)
         record = StepRecord()
         self._seeds = seeds  # the clients' round seeds (record-level DP-SGD's noise)
-        self._per_client_x = per_client  # broadcast["x"] is stacked: each client's own (per-client finish takes its row)
+        self._per_client_x = per_client  # the broadcast's entries are stacked: each client's own (per-client finish takes its row)
         step_mask = None if masks is None or bool(masks[0].all()) else masks[0].to(runtime.device)
         self._round = _RoundSteps(steps, step_mask, rows_padded)
         rule = self._elementwise_rule if declares_capability(runtime.algorithm, "elementwise") else self._vmapped_rule
-        if self.programs is not None:
+        if self.programs is not None and per_client:  # the compiled programs capture one broadcast for all clients
+            log_fallback(self.compile_fallbacks, "the clients receive different x (heterogeneous LoRA ranks)", log)
+        elif self.programs is not None:
             rule = functools.partial(self._compiled_rule, rule)
         if dp is not None:
             step_batches = (b.to(runtime.device) for b in batches)
@@ -668,9 +670,13 @@ class BatchedExecutor(Executor):
         personal_views = _unstack(personal, len(states)) if personal else [{}] * len(states)
         outputs = []
         for i, c in enumerate(ids.tolist()):
-            own = {**broadcast, "x": {k: v[i] for k, v in broadcast["x"].items()}} if self._per_client_x else broadcast
-            ctx = self._context(int(c), own, states[i], info, runtime, step=last, personal=personal_views[i])
-            ctx = self._context(int(c), broadcast, states[i], info, runtime, steps[i], step=steps[i] - 1, personal=personal_views[i])
+            own = _unstack_broadcast(broadcast, i) if self._per_client_x else broadcast
+            ctx = self._context(int(c), own, states[i], info, runtime, steps[i], step=steps[i] - 1, personal=personal_views[i])
             ctx.data_pass = data_pass_fn(runtime, int(c))  # client by client here: its whole set, as sequential execution reads it
             outputs.append(finish_client(algorithm, views[i], local_views[i], ctx))
         return [u for u, _ in outputs], [s for _, s in outputs]
+
+
+def _unstack_broadcast(broadcast: Payload, i: int) -> Payload:
+    """Client ``i``'s own broadcast from one whose tensor-dict entries are stacked over clients."""
+    return {k: {n: t[i] for n, t in v.items()} if isinstance(v, dict) else v for k, v in broadcast.items()}

@@ -5,9 +5,7 @@ hold only their rules.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -16,21 +14,9 @@ from fl_lightning.core.participation import derive_seed
 from fl_lightning.core.params import TensorDict
 
 from .base import LayerRound, LoRAAggregation, pad_a, pad_b
-
-log = logging.getLogger(__name__)
+from .methods import resolve
 
 _SEED_STREAM = 0x10A  # the fresh A of FLoRA's re-initialisation: derive_seed(data seed, round, this)
-
-
-@dataclass(frozen=True)
-class AdapterLayer:
-    """One adapted layer of a model (names relative to it): its factors, its frozen weight, its scaling."""
-
-    a: str
-    b: str
-    base: str
-    scaling: float
-    fan_in_fan_out: bool
 
 
 class LoRAServer:
@@ -63,6 +49,15 @@ class LoRAServer:
             raise ValueError(f"{setting} needs B among the federated tensors")
         self.federated = set(federated)
         self._masks: dict[int, TensorDict] = {}
+
+    def describe(self) -> str | None:
+        """The method and its rank rule, for the checkpoint's fingerprint (a resume must use the same);
+        None for FedIT's ``factors`` at one rank, the same run as no setting."""
+        m = self.method
+        if m.name == "factors" and not self.heterogeneous:
+            return None
+        rule = f" ranks {m.ranks}" if m.ranks is not None else f" tiers {m.tiers} seed {m.seed}" if m.tiers is not None else ""
+        return m.name + rule
 
     # ---- heterogeneous ranks ------------------------------------------------------------------
     @property
@@ -138,8 +133,6 @@ class LoRAServer:
 
 def lora_server(setting, model: nn.Module, federated: Sequence[str], personal: Sequence[str], algorithm, privacy) -> LoRAServer | None:
     """The module's LoRA server for ``model.lora_aggregation`` (``None``: none), its settings checked in one line."""
-    from . import resolve
-
     method = resolve(setting)
     if method is None:
         return None

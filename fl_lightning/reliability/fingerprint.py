@@ -59,6 +59,8 @@ def differences(saved: dict[str, Any] | None, now: dict[str, Any], saved_server_
         diffs.append(f"num_clients: {saved['num_clients']} in the checkpoint, {now['num_clients']} in this run")
     elif saved.get("partition", now.get("partition")) != now.get("partition", saved.get("partition")):
         diffs.append("partition: the checkpoint's clients hold other samples (the data seed, partition, dataset or holdout changed)")
+    if saved.get("lora_aggregation") != now.get("lora_aggregation"):  # absent in runs without one (fl_lightning/lora)
+        diffs.append(f"model.lora_aggregation: {saved.get('lora_aggregation')} in the checkpoint, {now.get('lora_aggregation')} in this run")
     old_model, new_model = saved.get("model", {}), now["model"]
     for name in [*old_model, *(n for n in new_model if n not in old_model)]:
         if old_model.get(name) != new_model.get(name):
