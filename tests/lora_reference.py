@@ -34,7 +34,7 @@ def flora(a, b, w, rank):
 
 def fedex(a, b, w, rank):
     a_bar, b_bar, _ = fedit(a, b, w, rank)
-    return None, None, target(a, b, w) - b_bar @ a_bar
+    return a_bar, b_bar, target(a, b, w) - b_bar @ a_bar
 
 
 def flexlora(a, b, w, rank):

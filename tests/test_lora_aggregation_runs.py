@@ -26,6 +26,7 @@ class Recording(FedAvg):
         named = dict(self.watch.named_parameters()) if self.watch is not None else {}
         w0 = {l.base: named[l.base].detach().clone() for l in self.watch.lora_layers()} if named else {}
         self.last = (P.detach_clone(x), [P.detach_clone(u["delta"]) for u in uploads], weights.clone(), w0)
+        self.clients = info.plan.clients.tolist()  # every selected client reports here (no faults)
         return super().aggregate(x, uploads, weights, server_state, info, local_steps)
 
 
@@ -44,27 +45,35 @@ def effective(m):
     return {l.base: named[l.base].detach() + l.scaling * (named[l.b] @ named[l.a]).detach().T for l in m.model.lora_layers()}
 
 
-def client_mean(m, x, deltas, weights):
-    """W0 + s sum_i w_i (B_i A_i)^T from the recorded round (the clients' own factors, each at its rank)."""
+def client_mean(m, x, deltas, weights, clients=None):
+    """s sum_i w_i (B_i A_i)^T from the recorded round: the clients' own factors, each at its rank
+    (``clients``: their ids, where the method has ranks)."""
     w = weights.double() / weights.double().sum()
+    ranks = [m.lora.client_rank(c) for c in clients] if clients is not None else [None] * len(deltas)
     return {
-        l.b: sum(float(wi) * l.scaling * ((x[l.b] + d[l.b]) @ (x[l.a] + d[l.a])).T for d, wi in zip(deltas, w))
+        l.b: sum(float(wi) * l.scaling * ((x[l.b] + d[l.b])[:, :r] @ (x[l.a] + d[l.a])[:r]).T for d, wi, r in zip(deltas, w, ranks))
         for l in m.model.lora_layers()
     }
 
 
-@pytest.mark.parametrize("name,compressed", [("stacked", False), ("exact_residual", False), ("exact_residual", True)])
-def test_flora_and_fedex_make_the_round_the_mean_of_the_clients_updates(assets, tmp_path, name, compressed):
-    """With uplink compression (Int8 + error feedback) the mean is of the factors the server reconstructs."""
+@pytest.mark.parametrize("name,compressed,ranks", [
+    ("stacked", False, None), ("exact_residual", False, None), ("exact_residual", True, None),
+    ("stacked", False, [1, 2, 4]), ("exact_residual", False, [1, 2, 4]),
+])  # fmt: skip
+def test_flora_and_fedex_make_the_round_the_mean_of_the_clients_updates(assets, tmp_path, name, compressed, ranks):
+    """Also with uplink compression (Int8 + error feedback: the mean of the factors the server reconstructs) and
+    with clients of ranks 1, 2, 4 (each client's product at its own rank)."""
     from fl_lightning.compression import Int8
     from fl_lightning.compression.stages import Compression
+    from fl_lightning.lora import METHODS
 
-    m = module(assets, name, compression=Compression(up=Int8()) if compressed else None)
+    method = METHODS[name](ranks=ranks)
+    m = module(assets, method, compression=Compression(up=Int8()) if compressed else None)
     before = {l.base: dict(m.model.named_parameters())[l.base].detach().clone() for l in m.model.lora_layers()}
     tiny_trainer(tmp_path, rounds=2).fit(m, datamodule=sst2(assets, num_clients=4, per_round=3))
     x, deltas, weights, w0 = m.algorithm.last
     named = dict(m.model.named_parameters())
-    want, got = client_mean(m, x, deltas, weights), effective(m)
+    want, got = client_mean(m, x, deltas, weights, m.algorithm.clients if ranks else None), effective(m)
     for l in m.model.lora_layers():  # W0 + s (B' A')^T after the round = W0 + s sum_i w_i (B_i A_i)^T, W0 of the round's start
         assert torch.allclose(got[l.base], w0[l.base] + want[l.b], atol=1e-6), name
     if name == "stacked":

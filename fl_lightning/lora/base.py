@@ -54,6 +54,8 @@ class LoRAAggregation:
     folds = False
     #: Whether the result has a client-level DP guarantee when the uploads are clipped and noised.
     private = False
+    #: Whether each client keeps its B as a personal tensor (``model.personal``) instead of sending it.
+    personal_b = False
 
     def __init__(self, ranks: Sequence[int] | None = None, tiers: Sequence[int] | None = None, seed: int = 0) -> None:
         if ranks is not None and tiers is not None:

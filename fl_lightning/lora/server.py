@@ -38,17 +38,15 @@ class LoRAServer:
         if method.rank_choices is not None and max(method.rank_choices) > self.rank:
             raise ValueError(f"model.lora_aggregation ranks must be in [1, {self.rank}] (the model's rank), got {method.rank_choices}")
         b_personal = [layer.b for layer in self.layers if layer.b in personal]
-        if getattr(method, "personal_b", False) and len(b_personal) < len(self.layers):
+        if method.personal_b and len(b_personal) < len(self.layers):
             raise ValueError(
                 f"{setting} keeps each client's B: set model.personal: ['*lora_B*'] with a personalizing algorithm "
                 "(FedAvgP, FedSim, FedAlt, ScaffoldP)"
             )
-        if b_personal and not getattr(method, "personal_b", False):
+        if b_personal and not method.personal_b:
             raise ValueError(f"{setting} aggregates B, but model.personal holds it; use model.lora_aggregation=share_a")
         if method.needs_clients and any(layer.b not in federated for layer in self.layers):
             raise ValueError(f"{setting} needs B among the federated tensors")
-        self.federated = set(federated)
-        self._masks: dict[int, TensorDict] = {}
 
     def describe(self) -> str | None:
         """The method and its rank rule, for the checkpoint's fingerprint (a resume must use the same);
