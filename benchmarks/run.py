@@ -37,8 +37,9 @@ The JSON file (``--out``, default ``benchmarks/results/<cpu>-<cores>cpu-<date>.j
 ``{"machine": {cpu, cores, torch, ...}, "date", "quick", "rows": [...]}``; the machine is printed with
 the results. Rows: ``{workload, execution, clients_per_round, client_steps_per_s,
 peak_rss_mb, ratio_vs_bare}`` (realistic workloads: also ``stacked_fraction, padding_waste``);
-``ddp2`` rows also carry ``ratio_vs_sequential``; compiled rows ``compile_s`` (each repeat's seconds compiling: the first with inductor's on-disk cache as found, later
-ones in the same process reload it) and ``programs_compiled``.
+``ddp2`` rows also carry ``ratio_vs_sequential``; compiled rows ``compile_s`` (each repeat's seconds
+compiling: the first with inductor's on-disk cache as found, later ones in the same process reload it)
+and ``programs_compiled``.
 """
 
 from __future__ import annotations
@@ -391,7 +392,7 @@ def _best_rows(runs: list[tuple[str, str, int]], rounds: dict[str, int], repeats
         workload, execution, s = key
         reset_peak_rss()
         seconds = run_one(workload, execution, s, rounds[workload])
-        if seconds is None:  # not rank 0
+        if seconds is None:  # not rank 0, or no such row (one_batch of a realistic workload)
             continue
         rate = client_steps(workload, s, rounds[workload]) / seconds
         best[key] = max(best.get(key, 0.0), rate)
