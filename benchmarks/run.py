@@ -26,7 +26,8 @@ bare,one_batch,...``) is the arithmetic floor of batched execution, K plain step
 model over the round's S x B rows as one batch (``bare_loop``); ``sequential_compiled``,
 ``batched_compiled`` and ``one_batch_compiled`` (opt-in) are the same with the K local steps as one
 ``torch.compile`` program (compiled execution; ``one_batch_compiled``: the ceiling of compiled
-batching; compilation falls in the untimed first round). The local executions of one workload run in
+batching; compilation falls in the untimed first round, except programs for shapes first met later:
+``timed_compile_s``). The local executions of one workload run in
 one process, interleaved and repeated (the best of each is kept), so machine noise
 hits them alike; ``ratio_vs_bare`` divides a row's client-steps/s by the bare
 loop's of the same workload and S in this invocation. The first round of every
@@ -37,8 +38,10 @@ The JSON file (``--out``, default ``benchmarks/results/<cpu>-<cores>cpu-<date>.j
 ``{"machine": {cpu, cores, torch, ...}, "date", "quick", "rows": [...]}``; the machine is printed with
 the results. Rows: ``{workload, execution, clients_per_round, client_steps_per_s,
 peak_rss_mb, ratio_vs_bare}`` (realistic workloads: also ``stacked_fraction, padding_waste``);
-``ddp2`` rows also carry ``ratio_vs_sequential``; compiled rows ``compile_s`` (each repeat's seconds compiling: the first with inductor's on-disk cache as found, later
-ones in the same process reload it) and ``programs_compiled``.
+``ddp2`` rows also carry ``ratio_vs_sequential``; compiled rows ``compile_s`` (each repeat's seconds
+compiling: the first with inductor's on-disk cache as found, later ones in the same process reload it),
+``programs_compiled`` and ``timed_compile_s`` (each repeat's seconds compiling after the warm-up round, inside
+the timed rounds: programs for shapes first met later, e.g. realistic rounds' new padded sizes).
 """
 
 from __future__ import annotations
@@ -314,12 +317,16 @@ def framework(workload: str, clients_per_round: int, rounds: int, execution: str
     class Timer(L.Callback):
         """From the end of the warm-up round to the end of the last round (no start-up or teardown)."""
 
+        compiled_before = 0.0  # seconds compiling by the end of the warm-up round
+
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
             DEVICE.sync()
+            compiling = getattr(module.executor.inner, "compile_seconds", None) or 0.0
             if batch_idx == 0:
-                self.start = time.perf_counter()
+                self.start, self.compiled_before = time.perf_counter(), compiling
             elif batch_idx == rounds - 1:
                 self.seconds = time.perf_counter() - self.start
+                self.compiled_in_timed = compiling - self.compiled_before  # variants first met after the warm-up
 
     spec = WORKLOADS[workload]
     timer = Timer()
@@ -349,11 +356,11 @@ def framework(workload: str, clients_per_round: int, rounds: int, execution: str
     if getattr(inner, "compile_seconds", None) is not None:  # compiled execution: its compile time and programs
         programs = [p for p in (getattr(inner, "programs", None), getattr(getattr(inner, "sequential", None), "programs", None)) if p is not None]
         COMPILES.setdefault((workload, execution, clients_per_round), []).append(
-            (round(inner.compile_seconds, 2), sum(p.compiled for p in programs)))
+            (round(inner.compile_seconds, 2), sum(p.compiled for p in programs), round(getattr(timer, "compiled_in_timed", 0.0), 2)))
     return timer.seconds if trainer.global_rank == 0 else None
 
 
-COMPILES: dict[tuple, list] = {}  # (workload, execution, S): (seconds compiling, programs compiled) of each fit
+COMPILES: dict[tuple, list] = {}  # (workload, execution, S): (seconds compiling, programs compiled, of them in timed rounds) of each fit
 STACKING: dict[tuple, tuple] = {}  # realistic (workload, execution, S): (stacked_fraction, padding_waste) of the last fit
 _WORK: dict[tuple, int] = {}
 
@@ -391,7 +398,7 @@ def _best_rows(runs: list[tuple[str, str, int]], rounds: dict[str, int], repeats
         workload, execution, s = key
         reset_peak_rss()
         seconds = run_one(workload, execution, s, rounds[workload])
-        if seconds is None:  # not rank 0
+        if seconds is None:  # not rank 0, or no such row (one_batch of a realistic workload)
             continue
         rate = client_steps(workload, s, rounds[workload]) / seconds
         best[key] = max(best.get(key, 0.0), rate)
@@ -401,7 +408,8 @@ def _best_rows(runs: list[tuple[str, str, int]], rounds: dict[str, int], repeats
     for row in rows:  # compiled rows: each fit's compile seconds (the first: inductor's cache as found) and programs
         compiles = COMPILES.get((row["workload"], row["execution"], row["clients_per_round"]))
         if compiles:
-            row["compile_s"], row["programs_compiled"] = [c for c, _ in compiles], compiles[0][1]
+            row["compile_s"], row["programs_compiled"] = [c for c, _, _ in compiles], compiles[0][1]
+            row["timed_compile_s"] = [t for _, _, t in compiles]  # compiling inside the timed rounds (new variants)
         if row["workload"] in REALISTIC:  # bare: not a federated executor
             stacked, waste = STACKING.get((row["workload"], row["execution"], row["clients_per_round"]), (None, None))
             row["stacked_fraction"] = None if stacked is None else round(stacked, 3)
