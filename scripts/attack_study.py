@@ -2,11 +2,11 @@
 against every defence, at 20 % malicious clients, on IID and Dirichlet(0.3) partitions, 3 seeds.
 
     python scripts/attack_study.py --out runs/attack_study \
-        --defences none Median TrimmedMean Krum MultiKrum Bulyan GeometricMedian CenteredClipping NormBounding
+        --defences none median trimmed_mean krum multi_krum bulyan geometric_median centered_clipping norm_bound fltrust
 
-Each defence is ``none`` (the weighted mean), a class name of ``--defence-module`` or a class path, with
-optional init args as JSON after a colon (``Krum:{"f": 2}``); it is set as ``--defence-setting``
-(``model.robust`` by default: the robust-aggregation setting). The script writes one ``compare`` sweep per
+Each defence is ``none`` (the weighted mean) or a ``robust.rule`` (fl_lightning.robust), with optional
+settings as JSON after a colon (``krum:{"f": 1}``; f defaults to 20 % of the reporting clients); it is set as
+``--defence-setting`` (``model.robust`` by default). The script writes one ``compare`` sweep per
 partition (``<out>/<partition>_sweep.yaml``, its runs in ``<out>/<partition>/``), runs it (``fl-lightning compare``), then writes
 ``<out>/table.md``/``table.csv`` (final test accuracy and backdoor success, mean ± std over seeds) and
 ``<out>/heatmap.png`` (attack x defence, one panel per partition and measure). ``--dry-run`` only writes the
@@ -50,16 +50,17 @@ PARTITIONS = {
 FRACTION = 0.2
 
 
-def defence_value(spec: str, module: str) -> tuple[str, dict | None]:
-    """``(label, setting value)`` of ``Name``, ``a.b.Name`` or ``Name:{json init args}``; ``none``: no defence."""
-    name, _, args = spec.partition(":")
-    if name == "none":
+def defence_value(spec: str) -> tuple[str, dict | None]:
+    """``(label, model.robust value)`` of a rule name (``fl_lightning.robust``'s ``robust.rule``) with optional
+    settings as JSON after a colon (``krum:{"f": 1}``); f defaults to ``FRACTION`` of the reporting clients.
+    ``none``: no defence (the weighted mean)."""
+    rule, _, args = spec.partition(":")
+    if rule == "none":
         return "none", None
-    path = name if "." in name else f"{module}.{name}"
-    value: dict = {"class_path": path}
-    if args:
-        value["init_args"] = json.loads(args)
-    return name.rpartition(".")[2] + (f" {args}" if args else ""), value
+    value: dict = {"rule": rule, **(json.loads(args) if args else {})}
+    if "f" not in value:
+        value.setdefault("fraction", FRACTION)
+    return rule + (f" {args}" if args else ""), value
 
 
 def sweep(partition: str, defences: list[tuple[str, dict | None]], setting: str, seeds: list[int], rounds: int) -> dict:
@@ -145,13 +146,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--defences", nargs="+", default=["none"])
     parser.add_argument("--defence-setting", default="model.robust")
-    parser.add_argument("--defence-module", default="fl_lightning.robust")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--dry-run", action="store_true")
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args(argv)
-    defences = [defence_value(spec, args.defence_module) for spec in args.defences]
+    defences = [defence_value(spec) for spec in args.defences]
     if not args.report_only:
         for partition in PARTITIONS:
             folder = args.out / partition

@@ -14,13 +14,14 @@ spec.loader.exec_module(study)
 
 
 def test_the_sweeps_hold_every_attack_against_every_defence(tmp_path):
-    study.main(["--out", str(tmp_path), "--defences", "none", 'Krum:{"f": 2}', "--dry-run", "--seeds", "0", "1"])
+    study.main(["--out", str(tmp_path), "--defences", "none", "median", 'krum:{"f": 2}', "--dry-run", "--seeds", "0", "1"])
     for partition, value in study.PARTITIONS.items():
         sweep = load_sweep(tmp_path / f"{partition}_sweep.yaml")
-        assert len(sweep.runs) == len(study.ATTACKS) * 2 and sweep.seeds == [0, 1]
+        assert len(sweep.runs) == len(study.ATTACKS) * 3 and sweep.seeds == [0, 1]
         assert sweep.overrides["data.init_args.partition"] == value
-        alie = sweep.runs['ALIE | Krum {"f": 2}']
-        assert alie["model.robust"] == {"class_path": "fl_lightning.robust.Krum", "init_args": {"f": 2}}
+        alie = sweep.runs['ALIE | krum {"f": 2}']
+        assert alie["model.robust"] == {"rule": "krum", "f": 2}
+        assert sweep.runs["ALIE | median"]["model.robust"] == {"rule": "median", "fraction": 0.2}
         assert alie["model.attack"]["init_args"]["fraction"] == 0.2 and alie["model.attack"]["init_args"]["upload"]["class_path"].endswith(".ALIE")
         assert "model.robust" not in sweep.runs["ALIE | none"]
         assert sweep.runs["none | none"]["model.attack"]["init_args"]["fraction"] == 0.0

@@ -296,6 +296,8 @@ class FederatedModule(AsyncServer, L.LightningModule):
             self.attack.prepare(data.num_clients, data.seed, getattr(data, "num_classes", None), self.algorithm,
                                 self.trainer.world_size, self.record_privacy is not None)  # fmt: skip
             self.attack.check_data(data)
+            if self.robust is not None:  # the defence's norms split into benign and malicious uploads
+                self.robust.mark_malicious(set(self.attack.malicious.ids))
         if self.privacy is not None:  # the sampling scheme, sigma (calibrated if asked), the accountant
             participation = getattr(self.datamodule, "participation", None)
             self.privacy.prepare(participation, self.datamodule.num_clients, self.trainer.max_steps, self.datamodule.seed)
