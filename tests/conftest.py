@@ -79,9 +79,9 @@ def rows_calls(monkeypatch):
     calls = []
     as_rows = Objective._as_rows
 
-    def counting(self, params, batch):
+    def counting(self, params, batch, *args, **kwargs):
         calls.append(batch["input_ids"].shape)
-        return as_rows(self, params, batch)
+        return as_rows(self, params, batch, *args, **kwargs)
 
     monkeypatch.setattr(Objective, "_as_rows", counting)
     return calls

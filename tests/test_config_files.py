@@ -51,7 +51,8 @@ def test_a_composed_config_is_its_base_with_the_overlays_keys_replaced(overlay):
         if key in own:
             assert value == own[key], key
         elif key not in inherited:  # a section the base leaves unset (null): the overlay set a sibling
-            assert any(k.startswith(key.rsplit(".", 1)[0] + ".") for k in own), key
+            sibling = any(k.startswith(key.rsplit(".", 1)[0] + ".") for k in own)
+            assert sibling or any(key.startswith(prefix + ".") for prefix in replaced), key  # or a new class's default
         elif not any(key.startswith(prefix + ".") for prefix in replaced):
             assert value == inherited[key], key
     assert len(OVERLAYS) >= 13

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from fl_lightning import FedAvg, LocalTraining
-from fl_lightning.algorithms import SCAFFOLD
+from fl_lightning.algorithms import SCAFFOLD, FedALA
 from fl_lightning.executors import BatchedExecutionError, BatchedExecutor
 from fl_lightning.experiments.testing import BatchedMismatch, check_batched, one_round
 from tests.conftest import tiny_datamodule, tiny_module, tiny_trainer
@@ -42,8 +42,8 @@ def test_check_batched_passes_the_honest_declaration_and_builtins():
 
 
 def test_check_batched_refuses_a_vacuous_comparison():
-    with pytest.raises(ValueError, match="fell back to sequential .*local.epochs"):
-        check_batched(FedAvg(), local=LocalTraining(lr=0.1, steps=None, epochs=1, batch_size=8))
+    with pytest.raises(ValueError, match="fell back to sequential .*full local gradients"):
+        check_batched(FedALA(), local=LocalTraining(lr=0.1, steps=3, batch_size=8))
 
 
 def test_one_round_on_a_hand_worked_fedavg_round():

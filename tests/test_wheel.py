@@ -78,7 +78,8 @@ def test_the_installed_wheel_runs_the_quickstart_by_name_beside_a_users_models_p
 def test_the_installed_wheel_lists_and_copies_its_configs(installed, tmp_path):
     bin_, env = installed
     listing = _run([bin_ / "fl-lightning", "configs"], tmp_path, env).stdout
-    assert listing.splitlines()[0].split()[0] == "compare_quickstart" and "\nquickstart " in listing
+    names = [line.split()[0] for line in listing.splitlines() if line.strip()]
+    assert names == sorted(names) and "compare_quickstart" in names and "\nquickstart " in listing
     _run([bin_ / "fl-lightning", "configs", "--copy", "compare_quickstart", "mine"], tmp_path, env)
     assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["compare_quickstart.yaml", "quickstart.yaml"]
     assert (tmp_path / "mine" / "quickstart.yaml").read_text() == (ROOT / "configs" / "quickstart.yaml").read_text()

@@ -469,16 +469,16 @@ class FederatedModule(AsyncServer, L.LightningModule):
                 broadcast, broadcast_bytes = self.messages.transform_broadcast(broadcast, info, self.datamodule.seed)
         times = self._plan_times(plan, x, broadcast, broadcast_bytes) if self.clock is not None else None
         tasks, stragglers = self._tasks(plan.clients.tolist(), plan.seeds.tolist(), broadcast, plan.round, allowed=times and times.allowed)
-        # An algorithm whose aggregate is a sum over clients may get the uploads summed (DDP:
-        # partial sums all-reduced, not gathered); any other, or one process, gets every upload.
-        # Robust aggregation needs every upload in one place: gathered (DDP), never summed.
-        linear = declares_capability(self.algorithm, "linear_aggregate") and self.robust is None
-        tasks, stragglers = self._tasks(plan.clients.tolist(), plan.seeds.tolist(), broadcast, plan.round)
         if self.lora is not None and self.lora.method.needs_clients:  # the factors the clients start from (after downlink stages)
             x_round = P.detach_clone(broadcast["x"])
         # An algorithm whose aggregate is a sum over clients may get the uploads summed (DDP:
         # partial sums all-reduced, not gathered); any other, or one process, gets every upload.
-        linear = declares_capability(self.algorithm, "linear_aggregate") and (self.lora is None or not self.lora.reads_clients)
+        # Robust aggregation and LoRA methods that read each client's factors need every upload in one place.
+        linear = (
+            declares_capability(self.algorithm, "linear_aggregate")
+            and self.robust is None
+            and (self.lora is None or not self.lora.reads_clients)
+        )
         weights = self.messages.aggregation_weights(info)  # an aggregate stage's fixed weights, or None: the plan's
         if weights is None:
             weights = functools.partial(survivor_weights, plan.clients, plan.weights)
