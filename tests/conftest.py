@@ -11,6 +11,7 @@ import torch
 from datamodules import IID, Dirichlet, FederatedDataModule
 from fl_lightning import FederatedModule, LocalTraining, UniformSampling
 from fl_lightning.core.objective import Objective
+from fl_lightning.executors import BatchedExecutor
 from models import MLP
 
 
@@ -85,3 +86,30 @@ def rows_calls(monkeypatch):
 
     monkeypatch.setattr(Objective, "_as_rows", counting)
     return calls
+
+
+def assert_resumes_bitwise(run, tmp_path, min_clients: int = 1) -> tuple[FederatedModule, FederatedModule]:
+    """``run(directory, rounds, ckpt_path=None) -> module`` for 4 rounds straight equals 2 rounds, then a resume
+    from the 2-round run's ``ckpt/last.ckpt`` to 4: the model bitwise, the client store equal (and holding at
+    least ``min_clients`` clients). Returns (straight, resumed) for further checks."""
+    straight = run(tmp_path / "a", 4)
+    run(tmp_path / "b", 2)
+    resumed = run(tmp_path / "c", 4, str(tmp_path / "b" / "ckpt" / "last.ckpt"))
+    for a, b in zip(straight.model.parameters(), resumed.model.parameters()):
+        assert torch.equal(a, b)
+    assert len(straight.store) >= min_clients and straight.store.equal(resumed.store)
+    return straight, resumed
+
+
+@pytest.fixture
+def stacked_sizes(monkeypatch):
+    """The number of clients of every stack the batched executor runs."""
+    sizes = []
+    original = BatchedExecutor._run_stacked
+
+    def spy(self, tasks, *args):
+        sizes.append(len(tasks))
+        return original(self, tasks, *args)
+
+    monkeypatch.setattr(BatchedExecutor, "_run_stacked", spy)
+    return sizes

@@ -186,17 +186,10 @@ def test_rules_with_reductions_run_under_vmap(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "algorithm_fn", [FedAvg, SCAFFOLD, FedSAM, lambda: FAdamGT(tracking=0.5)], ids=["fedavg", "scaffold", "fedsam", "fadam_gt"]
 )
-def test_stacking_in_groups_gives_the_results_of_one_stack(tmp_path, monkeypatch, algorithm_fn):
+def test_stacking_in_groups_gives_the_results_of_one_stack(tmp_path, stacked_sizes, algorithm_fn):
     """``max_stacked_clients=2`` runs a round of 5 clients as stacks of 2, 2 and 1, every one of them
     stacked (no fallback), with the results of sequential execution and of one stack of 5."""
-    sizes = []
-    original = BatchedExecutor._run_stacked
-
-    def spy(self, tasks, *args):
-        sizes.append(len(tasks))
-        return original(self, tasks, *args)
-
-    monkeypatch.setattr(BatchedExecutor, "_run_stacked", spy)
+    sizes = stacked_sizes
     mlp, data = lambda: MLP(8, 3, hidden=[16]), lambda: tiny_datamodule(num_clients=8, clients_per_round=5)  # noqa: E731
     seq = _fit(tmp_path, mlp, algorithm_fn, "sequential", data)
     whole = _fit(tmp_path, mlp, algorithm_fn, "batched", data)

@@ -16,7 +16,7 @@ from fl_lightning.algorithms import MOON, FedDecorr, FedLC, FedNTD, FedRS
 from fl_lightning.commands.cli import build_cli
 from fl_lightning.core.participation import derive_seed
 from models import MLP, SmallCNN
-from tests.conftest import tiny_datamodule, tiny_trainer
+from tests.conftest import tiny_datamodule, tiny_trainer, assert_resumes_bitwise
 
 ROOT = Path(__file__).resolve().parents[1]
 LR, STEPS, ROUNDS, BATCH = 0.1, 3, 2, 16
@@ -425,9 +425,4 @@ def test_moon_resumes_bitwise(tmp_path):
         trainer.fit(module, datamodule=tiny_datamodule(num_clients=4, clients_per_round=2), ckpt_path=ckpt_path)
         return module
 
-    straight = run(tmp_path / "a", 4)
-    run(tmp_path / "b", 2)
-    resumed = run(tmp_path / "c", 4, str(tmp_path / "b" / "ckpt" / "last.ckpt"))
-    for a, b in zip(straight.model.parameters(), resumed.model.parameters()):
-        assert torch.equal(a, b)
-    assert len(straight.store) > 0 and straight.store.equal(resumed.store)
+    assert_resumes_bitwise(run, tmp_path)

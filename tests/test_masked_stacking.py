@@ -136,16 +136,9 @@ def test_buckets_minimise_the_padded_area_and_keep_one_stack_under_the_cap():
     assert M.buckets(even, cap=0.5, most=4) == [[0, 1, 2, 3]]  # 8% waste: one stack
 
 
-def test_a_round_wasting_more_than_the_cap_runs_in_buckets_with_the_same_results(tmp_path, monkeypatch):
+def test_a_round_wasting_more_than_the_cap_runs_in_buckets_with_the_same_results(tmp_path, stacked_sizes):
     local = LocalTraining(lr=0.1, steps=None, epochs=2, batch_size=8)
-    sizes = []
-    original = BatchedExecutor._run_stacked
-
-    def spy(self, tasks, *args):
-        sizes.append(len(tasks))
-        return original(self, tasks, *args)
-
-    monkeypatch.setattr(BatchedExecutor, "_run_stacked", spy)
+    sizes = stacked_sizes
     one = _fit(tmp_path, "FedAvg", BatchedExecutor(max_buckets=1), local, 0.0)
     assert sizes == [4, 4]
     capped = _fit(tmp_path, "FedAvg", BatchedExecutor(max_padding_waste=0.1, max_buckets=3), local, 0.0)

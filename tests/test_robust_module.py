@@ -17,7 +17,7 @@ from fl_lightning.pipeline.privacy import ClientPrivacy
 from fl_lightning.models import MLP
 from fl_lightning.reliability.faults import ClientFaults
 from fl_lightning.robust import Robust
-from tests.conftest import tiny_datamodule, tiny_trainer
+from tests.conftest import tiny_datamodule, tiny_trainer, assert_resumes_bitwise
 
 
 def _module(algorithm, robust=None, faults=ClientFaults(), **kw):
@@ -69,12 +69,7 @@ def test_stateful_rules_resume_bitwise(tmp_path, robust):
         _fit(path, module, rounds, ckpt_path=ckpt, enable_checkpointing=True, callbacks=[checkpoint])
         return module
 
-    straight = run(tmp_path / "a", 4)
-    run(tmp_path / "b", 2)
-    resumed = run(tmp_path / "c", 4, str(tmp_path / "b" / "ckpt" / "last.ckpt"))
-    for a, b in zip(straight.model.parameters(), resumed.model.parameters()):
-        assert torch.equal(a, b)
-    assert straight.store.equal(resumed.store) and len(straight.store) > 0
+    straight, resumed = assert_resumes_bitwise(run, tmp_path)
     if robust["rule"] == "centered_clipping":
         assert torch.equal(straight.robust.rule_impl.center, resumed.robust.rule_impl.center)
         assert float(torch.linalg.vector_norm(straight.robust.rule_impl.center)) > 0
