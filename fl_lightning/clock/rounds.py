@@ -12,18 +12,29 @@ from fl_lightning.clock.devices import Devices
 
 @dataclass(frozen=True)
 class RoundTimes:
-    """Each selected client's online time and the local steps it may run (0: it misses the deadline)."""
+    """Each selected client's online time, its full K_i and the local steps it may run (0: it misses the deadline)."""
 
     start: dict[int, float]
     allowed: dict[int, int]
+    steps: dict[int, int]
+
+    @property
+    def missed(self) -> int:
+        """Clients that miss the deadline (run no step)."""
+        return sum(a == 0 for a in self.allowed.values())
+
+    @property
+    def cut(self) -> int:
+        """Clients that run some but not all of their K_i steps (deadline stragglers)."""
+        return sum(0 < a < self.steps[c] for c, a in self.allowed.items())
 
 
 def plan_round(clock: SimClock, devices: Devices, now: float, clients: Sequence[int], steps: Sequence[int],
                bytes_down: float, bytes_up: float) -> RoundTimes:  # fmt: skip
     """Before training: with a deadline D, client i runs all its K_i steps if it finishes by now + D, else
     (``straggler``) the steps that fit or (``dropout``) none."""
-    start, allowed = {}, {}
-    for cid, k in zip(clients, steps):
+    start, allowed, full = {}, {}, dict(zip(clients, steps))
+    for cid, k in full.items():
         start[cid] = devices.next_online(cid, now)
         allowed[cid] = k
         if clock.deadline is None:
@@ -33,7 +44,7 @@ def plan_round(clock: SimClock, devices: Devices, now: float, clients: Sequence[
             continue
         fit = clock.steps_within(devices, cid, left, bytes_down, bytes_up) if clock.deadline_action == "straggler" else 0
         allowed[cid] = max(0, min(k, fit))
-    return RoundTimes(start, allowed)
+    return RoundTimes(start, allowed, full)
 
 
 def round_end(clock: SimClock, devices: Devices, now: float, times: RoundTimes, reported: Sequence[tuple[int, int, float]],

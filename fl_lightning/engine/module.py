@@ -500,7 +500,7 @@ class FederatedModule(AsyncServer, L.LightningModule):
         if self.record_privacy is not None:
             extra_metrics.update(extra_record)
         if times is not None:
-            extra_metrics.update(self._advance_clock(times, plan, results, summed, broadcast, broadcast_bytes))
+            extra_metrics.update(self._advance_clock(times, results, summed, broadcast, broadcast_bytes))
         if not results:
             self._empty_round(plan, broadcast, extra_metrics)
             return
@@ -568,7 +568,7 @@ class FederatedModule(AsyncServer, L.LightningModule):
         devices = self.clock.devices(data.num_clients)
         return plan_round(self.clock, devices, self.sim_time, clients, steps, self._bytes_down(broadcast, broadcast_bytes), self._nominal_upload(x))
 
-    def _advance_clock(self, times, plan: RoundPlan, results, summed, broadcast: Payload, broadcast_bytes: int | None) -> dict[str, float]:
+    def _advance_clock(self, times, results, summed, broadcast: Payload, broadcast_bytes: int | None) -> dict[str, float]:
         """Move the clock to the round's end (27.4) from the bytes each reporting client actually sent."""
         from fl_lightning.clock.rounds import round_end
 
@@ -576,12 +576,9 @@ class FederatedModule(AsyncServer, L.LightningModule):
             sizes = summed.upload_bytes
         else:
             sizes = [r.upload_bytes if r.upload_bytes is not None else payload_bytes(r.upload) for r in results]
-        data, local = self.datamodule, self.local
-        full = {c: data.num_local_steps(c, local.batch_size, local.steps, local.epochs) for c in plan.clients.tolist()}
-        cut = sum(0 < a < full[c] for c, a in times.allowed.items())
-        missed = sum(a == 0 for a in times.allowed.values())
+        cut, missed = times.cut, times.missed
         reported = [(r.client_id, r.num_steps, up) for r, up in zip(results, sizes)]
-        devices = self.clock.devices(data.num_clients)
+        devices = self.clock.devices(self.datamodule.num_clients)
         self.sim_time = round_end(self.clock, devices, self.sim_time, times, reported, self._bytes_down(broadcast, broadcast_bytes), bool(cut or missed))
         metrics = {"time/sim_s": self.sim_time}
         if self.clock.deadline is not None:
