@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, IterableDataset, Subset, TensorDataset,
 from .client_indices import ClientIndices, HeldOutSplit, NoIndices
 from .partition import Dirichlet, Partitioner
 from .sources import SOURCES, DataSource, load_source
+from fl_lightning.core import draws
 from fl_lightning.core.client_data import IGNORE_TARGET, PaddedBatches, Unstackable
 from fl_lightning.core.participation import Participation, RoundPlan, UniformSampling, derive_seed
 
@@ -305,7 +306,8 @@ class FederatedDataModule(L.LightningDataModule):
     def client_batch_indices(
         self, client_id: int, seed: int, batch_size: int | None, steps: int | None = None, epochs: int | None = None
     ) -> Iterator[Tensor]:
-        """Dataset indices of the client's minibatches for one round, shuffled by ``seed``.
+        """Dataset indices of the client's minibatches for one round, shuffled by ``seed`` (counter-based
+        draws, ``fl_lightning.core.draws``: the same rows whether one client or a round's clients are drawn).
 
         ``steps``: that many batches of ``batch_size`` drawn from reshuffled passes
         over the data. ``epochs``: full passes, the last batch of a pass smaller.
@@ -319,39 +321,19 @@ class FederatedDataModule(L.LightningDataModule):
             for _ in range(num_steps):
                 yield indices
             return
-        generator = torch.Generator().manual_seed(seed)
         if epochs is not None:
-            for _ in range(epochs):
-                perm = indices[torch.randperm(n, generator=generator)]
-                for start in range(0, n, batch_size):
-                    yield perm[start : start + batch_size]
+            positions, rows = draws.epoch_steps([seed], [n], batch_size, epochs)
+            for k, real in enumerate(rows[0].tolist()):
+                yield indices[positions[0, k, :real]]
             return
-        yield from self._step_batches(indices, generator, batch_size, num_steps)
+        for block in self._fixed_step_blocks([seed], [n], batch_size, num_steps):
+            yield from indices[block[0]]
 
     @staticmethod
-    def _step_batches(indices: Tensor, generator: torch.Generator, batch_size: int, num_steps: int) -> Tensor:
-        """``[num_steps, batch_size]`` indices: whole batches from reshuffled passes over ``indices``
-        (a pass's remainder is skipped, so the batch size is constant and clients stack)."""
-        positions = FederatedDataModule._step_positions(len(indices), generator, batch_size, num_steps)
-        return indices[positions].view(num_steps, batch_size)
-
-    @staticmethod
-    def _step_batch_chunks(indices: Tensor, generator: torch.Generator, batch_size: int, num_steps: int) -> Iterator[Tensor]:
-        """``_step_batches`` in pieces of at most ``GATHER_STEPS`` rows, each pass drawn only when needed
-        (the same passes from the same generator: the same rows)."""
-        per_pass = len(indices) // batch_size
-        pending: list[Tensor] = []
-        have, left = 0, num_steps
-        while left > 0:
-            take = min(GATHER_STEPS, left)
-            while have < take:
-                perm = indices[torch.randperm(len(indices), generator=generator)][: per_pass * batch_size]
-                pending.append(perm.view(per_pass, batch_size))
-                have += per_pass
-            block = pending[0] if len(pending) == 1 else torch.cat(pending)
-            yield block[:take]
-            pending = [block[take:]] if have > take else []
-            have, left = have - take, left - take
+    def _fixed_step_blocks(seeds: Sequence[int], sizes: Sequence[int], batch_size: int, steps: int) -> Iterator[Tensor]:
+        """``draws.fixed_steps`` positions ``[S, <= GATHER_STEPS, batch_size]``, block by block (bounded memory)."""
+        for first in range(0, steps, GATHER_STEPS):
+            yield draws.fixed_steps(seeds, sizes, batch_size, first, min(GATHER_STEPS, steps - first))
 
     def _batchable_indices(self, client_id: int, batch_size: int) -> Tensor:
         """The client's training indices, checked to hold at least ``batch_size`` samples."""
@@ -361,34 +343,42 @@ class FederatedDataModule(L.LightningDataModule):
         return indices
 
     def client_batch_index_chunks(self, client_id: int, seed: int, batch_size: int, steps: int) -> Iterator[Tensor]:
-        """``client_batch_index_matrix`` in row blocks of at most ``GATHER_STEPS`` steps (bounded memory).
-        The usual round is one such block: its matrix directly (the same rows, without the chunk
-        generator's bookkeeping, a few microseconds of every client)."""
+        """``client_batch_index_matrix`` in row blocks of at most ``GATHER_STEPS`` steps (bounded memory)."""
         indices = self._batchable_indices(client_id, batch_size)
-        generator = torch.Generator().manual_seed(seed)
-        if steps <= GATHER_STEPS:
-            return iter([self._step_batches(indices, generator, batch_size, steps)])
-        return self._step_batch_chunks(indices, generator, batch_size, steps)
+        return (indices[block[0]] for block in self._fixed_step_blocks([seed], [len(indices)], batch_size, steps))
 
-    @staticmethod
-    def _step_positions(n: int, generator: torch.Generator, batch_size: int, num_steps: int) -> Tensor:
-        """The flat ``[num_steps * batch_size]`` positions (into a client's ``n`` indices) of ``_step_batches``:
-        the first ``num_steps`` whole batches of reshuffled passes, one ``randperm`` per pass."""
-        per_pass, needed = n // batch_size, num_steps * batch_size
-        if num_steps <= per_pass:  # one pass (a round of a few steps): its first batches
-            return torch.randperm(n, generator=generator)[:needed]
-        passes = [torch.randperm(n, generator=generator)[: per_pass * batch_size] for _ in range(-(-num_steps // per_pass))]
-        return torch.cat(passes)[:needed]
-
-    def client_batch_index_matrix(
-        self, client_id: int, seed: int, batch_size: int, steps: int, generator: torch.Generator | None = None
-    ) -> Tensor:
+    def client_batch_index_matrix(self, client_id: int, seed: int, batch_size: int, steps: int) -> Tensor:
         """``client_batch_indices`` for ``steps`` local steps as one ``[steps, batch_size]`` tensor
-        (requires ``batch_size`` <= the client's size). ``generator``: one to reseed with ``seed``
-        (the same draws as a new one; creating a generator costs microseconds per client)."""
+        (requires ``batch_size`` <= the client's size)."""
         indices = self._batchable_indices(client_id, batch_size)
-        generator = torch.Generator() if generator is None else generator
-        return self._step_batches(indices, generator.manual_seed(seed), batch_size, steps)
+        return indices[draws.fixed_steps([seed], [len(indices)], batch_size, 0, steps)[0]]
+
+    def _clients_flat(self, client_ids: Sequence[int]) -> tuple[Tensor, Tensor, Tensor]:
+        """``(flat, starts, sizes)``: client ``client_ids[i]``'s training indices are
+        ``flat[starts[i] : starts[i] + sizes[i]]`` (no per-client slices where the indices are one flat tensor)."""
+        if isinstance(self.client_train, ClientIndices):
+            ids = torch.as_tensor(client_ids, dtype=torch.int64)
+            offsets = self.client_train.offsets
+            return self.client_train.flat, offsets[ids], offsets[ids + 1] - offsets[ids]
+        parts = [self.client_train[c] for c in client_ids]
+        sizes = torch.tensor([len(p) for p in parts], dtype=torch.int64)
+        return torch.cat(parts), sizes.cumsum(0) - sizes, sizes
+
+    def client_batch_index_matrices(self, client_ids: Sequence[int], seeds: Sequence[int], batch_size: int, steps: int) -> Tensor:
+        """``client_batch_index_matrix`` of every client, stacked: ``[S, steps, batch_size]``, every client's
+        draws in one sort and its indices in one gather."""
+        flat, starts, sizes = self._clients_flat(client_ids)
+        if len(sizes) and int(sizes.min()) < batch_size:
+            for c in client_ids:
+                self._batchable_indices(c, batch_size)  # raises, naming the client
+        positions = draws.fixed_steps(seeds, sizes, batch_size, 0, steps)
+        return flat[positions + starts.view(-1, 1, 1)]
+
+    def _fixed_index_blocks(self, client_ids: Sequence[int], seeds: Sequence[int], batch_size: int, steps: int) -> Iterator[Tensor]:
+        """``client_batch_index_matrices`` in blocks of at most ``GATHER_STEPS`` steps."""
+        flat, starts, sizes = self._clients_flat(client_ids)
+        for block in self._fixed_step_blocks(seeds, sizes, batch_size, steps):
+            yield flat[block + starts.view(-1, 1, 1)]
 
     def client_batches(
         self, client_id: int, seed: int, batch_size: int | None, steps: int | None = None, epochs: int | None = None
@@ -425,10 +415,7 @@ class FederatedDataModule(L.LightningDataModule):
             raise Unstackable("a client holds fewer samples than local.batch_size, so batches cannot be stacked")
         if self.augments_batches and not isinstance(self.source.train, TensorDataset):
             raise Unstackable("augmented batches are stacked from in-memory tensors (TensorDataset) only")
-        if steps <= GATHER_STEPS:  # the usual round: every client's indices drawn and gathered at once
-            return self._stacked(iter([self.client_batch_index_matrices(client_ids, seeds, batch_size, steps)]), client_ids, seeds)
-        chunks = [self.client_batch_index_chunks(c, s, batch_size, steps) for c, s in zip(client_ids, seeds)]
-        return self._stacked((torch.stack(block) for block in zip(*chunks)), client_ids, seeds)
+        return self._stacked(self._fixed_index_blocks(client_ids, seeds, batch_size, steps), client_ids, seeds)
 
     def padded_client_batches(
         self, client_ids: Sequence[int], seeds: Sequence[int], batch_size: int | None, steps: int | None, epochs: int | None,
@@ -443,20 +430,11 @@ class FederatedDataModule(L.LightningDataModule):
         the call if the batches cannot be padded."""
         if not isinstance(self.source.train, TensorDataset):
             raise Unstackable("padded stacking (clients with unequal steps or batch sizes) gathers from in-memory tensors (TensorDataset) only")
-        rows = [list(itertools.islice(self.client_batch_indices(c, s, batch_size, steps, epochs), k))
-                for c, s, k in zip(client_ids, seeds, num_steps)]  # fmt: skip
-        width, depth = max(len(r) for client in rows for r in client), max(len(client) for client in rows)
-        width, depth = max(width, min_rows), max(depth, min_steps)
-        index = torch.empty(len(rows), depth, width, dtype=torch.int64)
-        real = torch.zeros(len(rows), depth, dtype=torch.int64)  # real rows of each client's step (0: a padded step)
-        for i, client in enumerate(rows):
-            sizes = torch.tensor([len(r) for r in client], dtype=torch.int64)
-            own = torch.nn.utils.rnn.pad_sequence(client, batch_first=True, padding_value=-1)  # [K_i, its largest batch]
-            own = torch.where(own < 0, own[:, :1], own)  # a padded row repeats the step's first sample
-            index[i, : len(client), : own.shape[1]] = own
-            index[i, : len(client), own.shape[1] :] = own[:, :1]
-            index[i, len(client) :] = index[i, 0]
-            real[i, : len(client)] = sizes
+        index, real = self._padded_index(client_ids, seeds, batch_size, steps, epochs, num_steps)
+        depth, width = max(index.shape[1], min_steps), max(index.shape[2], min_rows)
+        index = torch.cat([index, index[:, :1].expand(-1, depth - index.shape[1], -1)], 1)  # a padded step: the first's rows
+        index = torch.cat([index, index[:, :, :1].expand(-1, -1, width - index.shape[2])], 2)  # a padded row: the step's first
+        real = torch.cat([real, real.new_zeros(len(real), depth - real.shape[1])], 1)
         target = self.source.train.tensors[-1]
         if bool(((real > 0) & (real < width)).any()) and (target.is_floating_point() or target.dim() != 1):
             raise Unstackable(
@@ -467,6 +445,36 @@ class FederatedDataModule(L.LightningDataModule):
         filled = torch.where(real > 0, real, real[:, :1])
         row_mask = torch.arange(width).view(1, 1, width) < filled.unsqueeze(-1)
         return PaddedBatches(self._padded_steps(index, row_mask, real, client_ids, seeds), real > 0, real, depth, width)
+
+    def _padded_index(
+        self, client_ids: Sequence[int], seeds: Sequence[int], batch_size: int | None, steps: int | None, epochs: int | None,
+        num_steps: Sequence[int],
+    ) -> tuple[Tensor, Tensor]:
+        """``(index [S, K, B], real [S, K])``: the dataset indices of ``client_batch_indices`` of every client
+        (client i's first ``num_steps[i]`` batches) and each batch's real rows (0 at a step past ``num_steps[i]``);
+        a padded row or step repeats the client's first sample of the step."""
+        flat, starts, sizes = self._clients_flat(client_ids)
+        seeds = torch.as_tensor(seeds, dtype=torch.int64)
+        if epochs is not None or batch_size is None:  # epochs, or full-batch steps
+            positions, real = draws.epoch_steps(seeds, sizes, batch_size, epochs if epochs is not None else steps)
+        else:  # fixed steps of batch_size; a client of at most batch_size samples takes all of them every step
+            whole = sizes <= batch_size
+            width = max(int(sizes[whole].max()) if bool(whole.any()) else 0, batch_size if not bool(whole.all()) else 0)
+            positions = torch.zeros(len(sizes), steps, width, dtype=torch.int64)
+            real = torch.zeros(len(sizes), steps, dtype=torch.int64)
+            if bool(whole.any()):
+                own, rows = draws.epoch_steps(seeds[whole], sizes[whole], None, steps)
+                positions[whole, :, : own.shape[2]], real[whole] = own, rows
+            if not bool(whole.all()):
+                positions[~whole, :, :batch_size] = draws.fixed_steps(seeds[~whole], sizes[~whole], batch_size, 0, steps)
+                real[~whole] = batch_size
+        depth = max(num_steps)
+        positions, real = positions[:, :depth], real[:, :depth].clone()
+        real[torch.arange(depth).view(1, -1) >= torch.as_tensor(list(num_steps)).view(-1, 1)] = 0
+        column = torch.arange(positions.shape[2]).view(1, 1, -1)
+        positions = torch.where(column < real.unsqueeze(-1), positions, positions[:, :, :1])  # padded rows: the first
+        positions = torch.where((real > 0).unsqueeze(-1), positions, positions[:, :1])  # padded steps: the first step
+        return flat[positions + starts.view(-1, 1, 1)], real
 
     def _padded_steps(self, index: Tensor, row_mask: Tensor, real: Tensor, client_ids: Sequence[int], seeds: Sequence[int]) -> Iterator[Any]:
         """Step by step, the ``[S, B, ...]`` batches of ``index`` with padded rows' targets ``IGNORE_TARGET``;
@@ -491,29 +499,6 @@ class FederatedDataModule(L.LightningDataModule):
                     first[i] = out if first[i] is None else first[i]
                 views.append(out if n else first[i])
             yield (*(torch.stack(parts) for parts in zip(*views)), target)
-
-    def client_batch_index_matrices(self, client_ids: Sequence[int], seeds: Sequence[int], batch_size: int, steps: int) -> Tensor:
-        """``client_batch_index_matrix`` of every client, stacked: ``[S, steps, batch_size]``
-        (each client's permutations drawn client by client, the indices gathered in one op)."""
-        generator = torch.Generator()  # reseeded per client: the draws of a new generator each
-        if isinstance(self.client_train, ClientIndices):  # the clients' indices are runs of one flat tensor: no per-client slices
-            offsets, flat = self.client_train.offsets, self.client_train.flat
-            ids = torch.as_tensor(client_ids, dtype=torch.int64)
-            starts, sizes = offsets[ids], (offsets[ids + 1] - offsets[ids]).tolist()
-            if min(sizes, default=batch_size) < batch_size:
-                for c in client_ids:
-                    self._batchable_indices(c, batch_size)  # raises, naming the client
-        else:
-            train = [self._batchable_indices(c, batch_size) for c in client_ids]
-            sizes = [len(indices) for indices in train]
-            flat = torch.cat(train)
-            starts = torch.tensor([0, *sizes[:-1]], dtype=torch.int64).cumsum(0)  # client i's indices in the concatenation
-        n = sizes[0] if sizes else 0
-        if sizes.count(n) == len(sizes) and steps <= n // batch_size:  # equal clients, one pass: _step_positions' draws, cut once
-            positions = torch.stack([torch.randperm(n, generator=generator.manual_seed(s)) for s in seeds])[:, : steps * batch_size]
-        else:
-            positions = torch.stack([self._step_positions(n, generator.manual_seed(s), batch_size, steps) for n, s in zip(sizes, seeds)])
-        return flat[positions + starts.unsqueeze(1)].view(len(sizes), steps, batch_size)
 
     def _stacked(self, blocks: Iterator[Tensor], client_ids: Sequence[int], seeds: Sequence[int]) -> Iterator[Any]:
         """Step by step from ``[S, <= GATHER_STEPS, B]`` index blocks (never more than that at once)."""

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from fl_lightning.core import draws
 from fl_lightning.core.participation import derive_seed
 
 ROOT_STREAM = 0xF17
@@ -43,14 +44,20 @@ class RootData:
         return epochs * (1 if batch_size is None else math.ceil(n / batch_size))
 
     def client_batches(self, client_id: int, seed: int, batch_size: int | None, steps: int | None = None, epochs: int | None = None) -> Iterator[Any]:
-        """Minibatches of ``batch_size`` from a fresh permutation per pass (the whole set for null)."""
-        n, generator = int(self.client_sizes[0]), torch.Generator().manual_seed(seed)
-        size = n if batch_size is None else min(batch_size, n)
-        order = torch.empty(0, dtype=torch.int64)
-        for _ in range(self.num_local_steps(0, batch_size, steps, epochs)):
-            if len(order) < size:
-                order = torch.cat([order, torch.randperm(n, generator=generator)])
-            index, order = order[:size], order[size:]
+        """The minibatches of ``FederatedDataModule.client_batch_indices`` over the root samples (counter-based
+        draws, ``fl_lightning.core.draws``; the whole set every step for null)."""
+        n = int(self.client_sizes[0])
+        num_steps = self.num_local_steps(0, batch_size, steps, epochs)
+        if batch_size is None or (steps is not None and batch_size >= n):
+            for _ in range(num_steps):
+                yield self.samples
+            return
+        if epochs is not None:
+            positions, rows = draws.epoch_steps([seed], [n], batch_size, epochs)
+            batches = [positions[0, k, :real] for k, real in enumerate(rows[0].tolist())]
+        else:
+            batches = draws.fixed_steps([seed], [n], batch_size, 0, num_steps)[0]
+        for index in batches:
             yield tuple(t[index] for t in self.samples)
 
     def client_full_batch(self, client_id: int) -> Any:
