@@ -3,6 +3,8 @@ model (global, personalized; final or best-on-validation evaluation) of every ro
 target table per split, no "± 0.0" for one seed, which differences lie within seed noise, and each
 failure once, in its own section."""
 
+import re
+
 import pytest
 
 from fl_lightning.experiments.history import ACC, ROUND, TEST_ACC, UPLOADS, History
@@ -129,3 +131,12 @@ def test_failures_are_listed_once_in_their_own_section_and_cells_say_failed():
     assert final.split(" | ")[2] == "failed"
     assert "| Seeds finished | 2/2 | 0/2 | 1/2 |" in md
     assert "## Failures" not in summary_markdown({"ok": [ok, ok]}, [0, 1], [0.8])
+
+
+def test_a_run_name_holding_a_pipe_stays_one_column():
+    md = summary_markdown({"FedAvg|lr=0.1": [history(FEDAVG_VAL, FEDAVG_TEST)], "B": [history(FEDAVG_VAL, FEDAVG_TEST)]}, [0], [0.8])
+    header = next(line for line in md.splitlines() if "FedAvg" in line)
+    assert "FedAvg\\|lr=0.1" in header
+    cells = [c for c in re.split(r"(?<!\\)\|", header)[1:-1]]
+    body = next(line for line in md.splitlines() if line.startswith("| Test accuracy, global model, final"))
+    assert len(cells) == len(re.split(r"(?<!\\)\|", body)[1:-1]) == 3

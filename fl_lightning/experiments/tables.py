@@ -62,10 +62,15 @@ class Table:
     brief: str = ""  # the note's gist, printed with the table on the terminal
 
 
+def _cells(cells: list[str]) -> str:
+    """One markdown table row; a ``|`` inside a cell (e.g. in a run's name) is escaped, not a column break."""
+    return "| " + " | ".join(str(cell).replace("|", "\\|") for cell in cells) + " |"
+
+
 def _markdown(table: Table) -> list[str]:
     lines = [f"## {table.title}", ""] + ([table.note, ""] if table.note else [])
-    lines += ["| " + " | ".join(table.header) + " |", "|" + "|".join(["---"] * len(table.header)) + "|"]
-    return lines + ["| " + " | ".join(row) + " |" for row in table.rows] + [""]
+    lines += [_cells(table.header), "|" + "|".join(["---"] * len(table.header)) + "|"]
+    return lines + [_cells(row) for row in table.rows] + [""]
 
 
 _LATEX = {
