@@ -43,15 +43,17 @@ import torch  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 
 from fl_lightning import FedAvg, FederatedModule, LocalTraining  # noqa: E402
+from fl_lightning.adversary import Attack, SignFlip  # noqa: E402
 from fl_lightning.algorithms import SCAFFOLD  # noqa: E402
+from fl_lightning.robust.aggregation import Robust  # noqa: E402
 from fl_lightning.core.errors import FLError  # noqa: E402
 from models import MLP  # noqa: E402
 from tests.conftest import tiny_datamodule, tiny_trainer  # noqa: E402
 
 
-def _fit(tmp_path, algorithm, rounds, num_clients=6, hidden=16, ckpt_path=None, data_seed=0):
+def _fit(tmp_path, algorithm, rounds, num_clients=6, hidden=16, ckpt_path=None, data_seed=0, **settings):
     torch.manual_seed(0)
-    module = FederatedModule(MLP(8, 3, hidden=[hidden]), algorithm, LocalTraining(lr=0.1, steps=2, batch_size=8))
+    module = FederatedModule(MLP(8, 3, hidden=[hidden]), algorithm, LocalTraining(lr=0.1, steps=2, batch_size=8), **settings)
     callback = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True, every_n_train_steps=1, save_top_k=0)
     trainer = tiny_trainer(tmp_path, rounds, enable_checkpointing=True, callbacks=[callback])
     trainer.fit(module, datamodule=tiny_datamodule(num_clients, 3, seed=data_seed), ckpt_path=ckpt_path)
@@ -66,6 +68,14 @@ def _fit(tmp_path, algorithm, rounds, num_clients=6, hidden=16, ckpt_path=None, 
         (dict(algorithm=FedAvg), dict(algorithm=SCAFFOLD), "algorithm: fl_lightning.algorithms.fedavg.FedAvg .*in the checkpoint, fl_lightning.algorithms.scaffold.SCAFFOLD"),
         (dict(algorithm=FedAvg), dict(algorithm=FedAvg, hidden=12), "model parameters: net.1.weight \\[16, 8\\] in the checkpoint, \\[12, 8\\] in this run"),
         (dict(algorithm=FedAvg), dict(algorithm=FedAvg, data_seed=1), "partition: the checkpoint's clients hold other samples"),
+        (
+            dict(algorithm=FedAvg, robust=Robust(rule="median")), dict(algorithm=FedAvg, robust=Robust(rule="trimmed_mean", beta=0.2)),
+            "model.robust: Robust\\(.*rule='median'.*\\) in the checkpoint, Robust\\(beta=0.2, .*rule='trimmed_mean'.*\\) in this run",
+        ),
+        (
+            dict(algorithm=FedAvg, attack=Attack(clients=[0], upload=SignFlip())), dict(algorithm=FedAvg),
+            "model.attack: Attack\\(clients=\\[0\\], data=None, fraction=0.0, upload=SignFlip\\(.*\\)\\) in the checkpoint, None in this run",
+        ),
     ],
 )
 def test_a_resume_that_does_not_match_its_checkpoint_stops_naming_what_differs(tmp_path, first, then, message):

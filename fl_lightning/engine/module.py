@@ -847,6 +847,9 @@ class FederatedModule(AsyncServer, L.LightningModule):
             self._schema = fingerprint.schema(self.algorithm, self.model, self.global_params())
             if self.lora is not None and self.lora.describe() is not None:
                 self._schema["lora_aggregation"] = self.lora.describe()
+            for setting in ("attack", "robust"):
+                if getattr(self, setting) is not None:
+                    self._schema[setting] = fingerprint.describe_setting(getattr(self, setting))
         data = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
         if data is None or not hasattr(data, "client_sizes"):
             return dict(self._schema)

@@ -7,6 +7,7 @@ the number of clients and the partition's identity (a digest of every client's s
 from __future__ import annotations
 
 import hashlib
+import inspect
 from typing import Any
 
 import torch
@@ -41,6 +42,33 @@ def partition_digest(data: Any) -> str:
     return digest.hexdigest()
 
 
+_SCALARS = (bool, int, float, str, type(None))
+
+
+def describe_setting(obj: Any) -> str:
+    """A setting object (an attack, a robust rule) as ``Class(name=value, ...)``: its class and the values of
+    its constructor's arguments that are plain values or, one level down, other setting objects; what it
+    derives at run time (the malicious clients, a built rule) is left out."""
+
+    def value(v: Any, depth: int) -> str | None:
+        if isinstance(v, _SCALARS):
+            return repr(v)
+        if isinstance(v, (list, tuple)) and all(isinstance(e, _SCALARS) for e in v):
+            return repr(list(v))
+        if isinstance(v, dict) and all(isinstance(e, _SCALARS) for e in (*v, *v.values())):
+            return repr(dict(sorted(v.items())))
+        if depth == 0 and hasattr(v, "__dict__") and not callable(v) and type(v).__module__.startswith("fl_lightning"):
+            return describe(v, depth + 1)
+        return None
+
+    def describe(o: Any, depth: int) -> str:
+        names = [n for n in inspect.signature(type(o)).parameters if hasattr(o, n)]  # its settings, not what it derives
+        fields = ((k, value(getattr(o, k), depth)) for k in sorted(names))
+        return f"{type(o).__name__}({', '.join(f'{k}={v}' for k, v in fields if v is not None)})"
+
+    return describe(obj, 0)
+
+
 def _states(fingerprint: dict[str, Any]) -> str:
     names = lambda key: sorted({k.split("/")[0] for k in fingerprint.get(key, [])})  # noqa: E731
     return f"(client state {names('client_state') or 'none'}, server state {names('server_state') or 'none'})"
@@ -59,8 +87,9 @@ def differences(saved: dict[str, Any] | None, now: dict[str, Any], saved_server_
         diffs.append(f"num_clients: {saved['num_clients']} in the checkpoint, {now['num_clients']} in this run")
     elif saved.get("partition", now.get("partition")) != now.get("partition", saved.get("partition")):
         diffs.append("partition: the checkpoint's clients hold other samples (the data seed, partition, dataset or holdout changed)")
-    if saved.get("lora_aggregation") != now.get("lora_aggregation"):  # absent in runs without one (fl_lightning/lora)
-        diffs.append(f"model.lora_aggregation: {saved.get('lora_aggregation')} in the checkpoint, {now.get('lora_aggregation')} in this run")
+    for setting in ("lora_aggregation", "attack", "robust"):  # absent in runs without one
+        if saved.get(setting) != now.get(setting):
+            diffs.append(f"model.{setting}: {saved.get(setting)} in the checkpoint, {now.get(setting)} in this run")
     old_model, new_model = saved.get("model", {}), now["model"]
     for name in [*old_model, *(n for n in new_model if n not in old_model)]:
         if old_model.get(name) != new_model.get(name):
