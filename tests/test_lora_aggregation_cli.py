@@ -47,3 +47,16 @@ def test_a_heterogeneous_flora_config_runs_through_the_cli_and_logs_the_folded_b
     rows = (run / "version_0" / "metrics.csv").read_text()
     assert "comm/round_bytes_fold" in rows and "val/acc" in rows
     assert (run / "adapter" / "base" / "config.json").is_file()
+
+
+def test_an_unknown_method_is_refused_before_lightning_is_imported():
+    """The early check names the method list the module's own check names (one table, checked to agree)."""
+    from fl_lightning.run.config_files import expand_bases
+    from fl_lightning.run.setting_check import check_all
+    from fl_lightning.run.setting_ranges import LORA_METHODS
+
+    assert tuple(METHODS) == LORA_METHODS
+    quickstart = str(Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml")
+    lines = check_all(expand_bases(["fit", "--config", quickstart, "--model.lora_aggregation", "svdd"]), None)
+    assert lines == [f"model.lora_aggregation must be one of {', '.join(METHODS)}, got 'svdd'"]
+    assert check_all(expand_bases(["fit", "--config", quickstart, "--model.lora_aggregation", "share_a"]), None) == []

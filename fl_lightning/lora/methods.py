@@ -13,10 +13,10 @@ from .zero_pad import ZeroPad
 METHODS = {m.name: m for m in (Factors, Stacked, ExactResidual, SVD, ZeroPad, ShareA)}
 
 
-def resolve(setting: str | LoRAAggregation | None) -> LoRAAggregation | None:
-    """The method named by ``setting`` (or the object itself); ``None``: none (FedIT's factors, nothing runs)."""
-    if setting is None or isinstance(setting, LoRAAggregation):
-        return setting
-    if setting not in METHODS:
-        raise ValueError(f"model.lora_aggregation must be one of {', '.join(METHODS)}, got {setting!r}")
-    return METHODS[setting]()
+def resolve(lora_aggregation: str | LoRAAggregation | None) -> LoRAAggregation | None:
+    """The method named by ``lora_aggregation`` (or the object itself); ``None``: none (FedIT's factors, nothing runs)."""
+    if lora_aggregation is None or isinstance(lora_aggregation, LoRAAggregation):
+        return lora_aggregation
+    if lora_aggregation not in METHODS:
+        raise ValueError(f"model.lora_aggregation must be one of {', '.join(METHODS)}, got {lora_aggregation!r}")
+    return METHODS[lora_aggregation]()

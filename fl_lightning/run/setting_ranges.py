@@ -61,6 +61,8 @@ ASYNC = "fl_lightning.clock.asynchronous:AsyncAggregation"
 ROBUST = "fl_lightning.robust.aggregation:Robust"
 ROBUST_RULES = ("median", "trimmed_mean", "krum", "multi_krum", "bulyan", "geometric_median", "centered_clipping", "norm_bound", "fltrust")
 # (fl_lightning.robust.aggregation.RULES: tests/test_robust_cli.py checks they agree)
+LORA_METHODS = ("factors", "stacked", "exact_residual", "svd", "zero_pad", "share_a")
+# (fl_lightning.lora.methods.METHODS: tests/test_lora_aggregation_cli.py checks they agree)
 
 RANGES: dict[str, Range] = {
     # ---- local training (fl_lightning.core.config.LocalTraining) ----
@@ -158,6 +160,10 @@ RANGES: dict[str, Range] = {
     },
     "model.asynchronous.alpha": Range("float", lambda v, s: 0 < v <= 1, lambda v, s: f"asynchronous.alpha must be in (0, 1], got {v!r}", ASYNC, 1.5),
     # ---- robust aggregation (fl_lightning.robust.Robust) ----
+    "model.lora_aggregation": Range(
+        "str?", lambda v, s: v in LORA_METHODS,
+        lambda v, s: f"model.lora_aggregation must be one of {', '.join(LORA_METHODS)}, got {v!r}", "fl_lightning.lora.methods:resolve", "svdd",
+    ),  # fmt: skip
     "model.robust.rule": Range(
         "str", lambda v, s: v in ROBUST_RULES,
         lambda v, s: f"robust.rule must be one of {', '.join(ROBUST_RULES)}, got {v!r}", ROBUST, "krumm",
