@@ -27,7 +27,11 @@ model over the round's S x B rows as one batch (``bare_loop``); ``sequential_com
 ``batched_compiled`` and ``one_batch_compiled`` (opt-in) are the same with the K local steps as one
 ``torch.compile`` program (compiled execution; ``one_batch_compiled``: the ceiling of compiled
 batching; compilation falls in the untimed first round, except programs for shapes first met later:
-``timed_compile_s``). The local executions of one workload run in
+``timed_compile_s``); ``generic_compiled`` (opt-in; mlp, mlp400, cnn) is FedAvg by the generic stacked program, what
+``torch.func`` gives any model without a framework: ``vmap`` over the round's clients of ``grad`` of the loss through
+``functional_call``, the K steps unrolled under ``torch.compile``, the mean of the clients' models (``_compiled_generic``);
+batched rows then carry ``ratio_vs_generic`` (and ``batched_compiled`` rows ``ratio_vs_one_batch_compiled``).
+The local executions of one workload run in
 one process, interleaved and repeated (the best of each is kept), so machine noise
 hits them alike; ``ratio_vs_bare`` divides a row's client-steps/s by the bare
 loop's of the same workload and S in this invocation. The first round of every
@@ -216,7 +220,33 @@ def _compiled_one_batch(model, steps: int):
     return torch.compile(k_steps, fullgraph=True, dynamic=False)
 
 
-def bare_loop(workload: str, clients_per_round: int, rounds: int, one_batch: bool = False, compiled: bool = False) -> float:
+def _compiled_generic(model, steps: int):
+    """The generic stacked program: S clients' K local SGD steps as ``vmap`` over clients of
+    ``torch.func.grad`` of the cross-entropy through ``functional_call``, the K steps unrolled, under
+    ``torch.compile(dynamic=False, fullgraph=True)``; input ``[S, ...]`` parameters and ``[K, S, B, ...]``
+    batches, output the clients' parameters. What any model gets from torch.func without a framework:
+    the reference batched execution is measured against (``ratio_vs_generic``)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.func import functional_call, grad, vmap
+
+    def loss_at(params, x, y):
+        return F.cross_entropy(functional_call(model, params, (x,)), y)
+
+    step = vmap(grad(loss_at))
+
+    def k_steps(params, xs, ys):
+        for k in range(steps):
+            grads = step(params, xs[k], ys[k])
+            params = {n: p - LR * grads[n] for n, p in params.items()}
+        return params
+
+    return torch.compile(k_steps, fullgraph=True, dynamic=False)
+
+
+def bare_loop(
+    workload: str, clients_per_round: int, rounds: int, one_batch: bool = False, compiled: bool = False, generic: bool = False
+) -> float:
     """Hand-written sequential FedAvg: copy x in, K SGD steps, accumulate deltas, average.
 
     ``one_batch`` (the ``one_batch`` execution): each of the K steps is instead one ordinary
@@ -224,6 +254,9 @@ def bare_loop(workload: str, clients_per_round: int, rounds: int, one_batch: boo
     (S x B rows). Not FedAvg: the arithmetic floor of any way of stacking the clients (the same
     rows through the same layers, without per-client parameters), so ``one_batch / bare`` is
     the most batched execution can reach on the machine.
+
+    ``generic`` (the ``generic_compiled`` execution): FedAvg by the generic program
+    (``_compiled_generic``): the round's clients stacked, K steps, the mean of their models.
 
     Returns the seconds of rounds 2..``rounds`` (the first is a warm-up).
     """
@@ -237,7 +270,7 @@ def bare_loop(workload: str, clients_per_round: int, rounds: int, one_batch: boo
     device = torch.device(DEVICE.type)
     model.to(device)
     if workload in REALISTIC:  # unequal local work: the framework's schedule (one_batch: not defined for it)
-        return None if one_batch or compiled else realistic.bare_loop(model, data, spec, rounds, LR, device, DEVICE.sync)
+        return None if one_batch or compiled or generic else realistic.bare_loop(model, data, spec, rounds, LR, device, DEVICE.sync)
     train = data.source.train
     if isinstance(train, TensorDataset):  # resident on the device, as the framework keeps it
         train = TensorDataset(*(t.to(device) for t in train.tensors))
@@ -257,14 +290,24 @@ def bare_loop(workload: str, clients_per_round: int, rounds: int, one_batch: boo
             return F.cross_entropy(getattr(out, "logits", out), batch["labels"])
         return F.cross_entropy(model(batch[0]), batch[1])
 
-    if compiled and not isinstance(train, TensorDataset):
-        return None  # compiled one_batch: in-memory tensor workloads only
+    if (compiled or generic) and not isinstance(train, TensorDataset):
+        return None  # compiled one_batch and the generic program: in-memory tensor workloads only
     compiled_steps = _compiled_one_batch(model, spec["steps"]) if compiled else None
+    generic_steps = _compiled_generic(model, spec["steps"]) if generic else None
     start = None
     for round_idx in range(rounds):
         if round_idx == 1:
             start = time.perf_counter()
         clients = torch.randperm(data.num_clients, generator=generator)[:clients_per_round]
+        if generic_steps is not None:
+            idx = torch.stack([data.client_train[c][torch.randint(len(data.client_train[c]), (spec["steps"], spec["batch"]), generator=generator)]
+                               for c in clients.tolist()], dim=1)  # [K, S, B]  # fmt: skip
+            stacked = {n: p.detach().unsqueeze(0).expand(clients_per_round, *p.shape).contiguous() for n, p in model.named_parameters()}
+            new = generic_steps(stacked, *batch_of(idx))
+            with torch.no_grad():
+                for n, p in model.named_parameters():
+                    p.copy_(new[n].mean(0))
+            continue
         if compiled_steps is not None:
             idx = torch.cat([data.client_train[c][torch.randint(len(data.client_train[c]), (spec["steps"], spec["batch"]), generator=generator)]
                              for c in clients.tolist()], dim=1)  # fmt: skip
@@ -423,8 +466,9 @@ def worker(workloads: list[str], executions: list[str], rounds: dict[str, int], 
     _quiet()
 
     def run_one(workload, execution, s, n):
-        if execution in ("bare", "one_batch", "one_batch_compiled"):
-            return bare_loop(workload, s, n, one_batch=execution.startswith("one_batch"), compiled=execution == "one_batch_compiled")
+        if execution in ("bare", "one_batch", "one_batch_compiled", "generic_compiled"):
+            return bare_loop(workload, s, n, one_batch=execution.startswith("one_batch"), compiled=execution == "one_batch_compiled",
+                             generic=execution == "generic_compiled")  # fmt: skip
         return framework(workload, s, n, execution)
 
     runs = [(w, e, s) for w in workloads for s in WORKLOADS[w]["plan"] for e in executions]
@@ -497,7 +541,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="fewer rounds and repeats: the whole run in a few minutes")
     parser.add_argument("--workloads", default=DEFAULT_WORKLOADS, help=f"any of {', '.join(WORKLOADS)} ({', '.join(sorted(OPT_IN))}: opt-in)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where every row runs (ddp2 rows: cpu only)")
-    parser.add_argument("--executions", default="bare,sequential,batched,ddp2")
+    parser.add_argument(
+        "--executions", default="bare,sequential,batched,ddp2",
+        help="any of bare, sequential, batched, ddp2, sequential_compiled, batched_compiled (opt-in: one_batch, one_batch_compiled, generic_compiled)",
+    )  # fmt: skip
     parser.add_argument("--rounds", default=None, help="rounds of a run per workload, e.g. mlp=10,cnn=4 (default: by --quick)")
     parser.add_argument("--repeats", type=int, default=None, help="runs of each row, the best kept (default: 2 with --quick, else 3)")
     parser.add_argument("--compile-unit", choices=["step", "round"], default=None, help="compiled rows' compile_unit (default: each executor's)")
@@ -549,12 +596,18 @@ def main(argv: list[str] | None = None) -> None:
         same = {r["execution"]: r["client_steps_per_s"] for r in rows
                 if (r["workload"], r["clients_per_round"]) == (row["workload"], row["clients_per_round"])}  # fmt: skip
         row["ratio_vs_bare"] = round(row["client_steps_per_s"] / same["bare"], 3) if "bare" in same else None
+        if row["execution"].startswith("batched") and "generic_compiled" in same:
+            row["ratio_vs_generic"] = round(row["client_steps_per_s"] / same["generic_compiled"], 3)
+        if row["execution"] == "batched_compiled" and "one_batch_compiled" in same:
+            row["ratio_vs_one_batch_compiled"] = round(row["client_steps_per_s"] / same["one_batch_compiled"], 3)
         if row["execution"] == "ddp2" and "one_process_steps_per_s" in row:
             row["ratio_vs_sequential"] = round(row["client_steps_per_s"] / row.pop("one_process_steps_per_s"), 3)
     rows.sort(key=lambda r: (workloads.index(r["workload"]), r["clients_per_round"]))
     for row in rows:
         row["client_steps_per_s"] = round(row["client_steps_per_s"], 1)
         extra = f"  (x{row['ratio_vs_sequential']} of sequential)" if "ratio_vs_sequential" in row else ""
+        if "ratio_vs_generic" in row:
+            extra += f"  ({row['ratio_vs_generic']:.0%} of generic)"
         if row.get("stacked_fraction") is not None:
             waste = "-" if row["padding_waste"] is None else f"{row['padding_waste']:.0%}"
             extra += f"  stacked {row['stacked_fraction']:.0%}, padding waste {waste}"

@@ -267,4 +267,4 @@ def test_a_bad_compile_unit_fails_in_one_line_before_training(executor, capsys):
               "--model.execution.init_args.compile", "true", "--model.execution.init_args.compile_unit", "epoch"])  # fmt: skip
     err = capsys.readouterr().err.strip()
     assert exit_.value.code == 2 and len(err.splitlines()) == 1
-    assert "execution.compile_unit must be one of ['step', 'round'], got 'epoch'" in err
+    assert "execution.compile_unit must be one of ['auto', 'step', 'round'], got 'epoch'" in err

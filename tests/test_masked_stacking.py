@@ -205,6 +205,20 @@ def test_compiled_masked_stacking_pads_steps_and_rows_to_powers_of_two(tmp_path,
         assert not masked or (rows in (1, 2, 4, 8, 16) and (unit == "step" or steps in (1, 2, 4, 8, 16)))
 
 
+@pytest.mark.parametrize("scenario", ["stragglers", "epochs"])
+def test_compiled_auto_unit_runs_every_masked_round_with_one_step_program(tmp_path, scenario):
+    """compile_unit auto (the default): a round of unequal work runs as one stack, rows padded to local.batch_size,
+    by the step program, whose variant does not depend on K: one program for every round; sequential's results."""
+    local, straggler = SCENARIOS[scenario]
+    executor = BatchedExecutor(compile=True, backend="eager")
+    bat = _fit(tmp_path, "SCAFFOLD", executor, local, straggler)
+    _assert_same(_fit(tmp_path, "SCAFFOLD", "sequential", local, straggler), bat)
+    assert not executor.fallbacks and not executor.compile_fallbacks and executor.stats["stacked_rounds"] == 2
+    masked = [v for v in executor.programs.variants if v[3]]
+    assert masked and all(v[0] == "step" and v[4] == local.batch_size for v in masked)
+    assert len({v[1:] for v in masked}) == 1
+
+
 def test_the_masked_stacking_config_stacks_every_round_through_the_cli(tmp_path, monkeypatch, capsys):
     """``fl-lightning fit --config configs/masked_stacking_digits.yaml``: Dirichlet(0.1) clients, 2 local epochs of
     batch 32, 20% stragglers; every round runs stacked, and the result line reports the stacking."""

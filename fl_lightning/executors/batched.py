@@ -264,9 +264,12 @@ class BatchedExecutor(Executor):
             execution's to float tolerance; what cannot be compiled runs eagerly (declared, logged).
         max_variants: with ``compile``, the most compiled programs (shapes) before running eagerly.
         backend: with ``compile``, ``torch.compile``'s backend (``inductor``, or ``aot_eager``: see ``SequentialExecutor``).
-        compile_unit: with ``compile``, the stacked clients' program: ``"round"`` (the K steps unrolled, the
-            default: faster than one step a program at S = 50, docs/performance.md) or ``"step"`` (one step,
-            called K times); see ``SequentialExecutor``. Rounds run sequentially use the same unit.
+        compile_unit: with ``compile``, the stacked clients' program: ``"auto"`` (the default: ``"round"`` for
+            rounds of equal work, ``"step"`` for masked stacking's rounds of unequal work, run as one stack whose
+            rows are padded to ``local.batch_size``, so one program serves every K and straggler), ``"round"``
+            (the K steps unrolled: faster than one step a program at S = 50, docs/performance.md; masked rounds
+            then pad K and B to powers of two, one program each) or ``"step"`` (one step, called K times); see
+            ``SequentialExecutor``. Rounds run sequentially use the same unit (``"auto"``: ``"round"``).
         max_padding_waste: masked stacking (clients with unequal local work padded to the round's largest K and B,
             docs/performance.md): where one stack would waste more than this share of its work on padding, in [0, 1),
             its clients are stacked in groups of similar work.
@@ -277,7 +280,7 @@ class BatchedExecutor(Executor):
 
     def __init__(
         self, max_stacked_clients: int | None = None, verify_first_round: bool = False, compile: bool = False,
-        max_variants: int = DEFAULT_MAX_VARIANTS, backend: str = "inductor", compile_unit: str = "round",
+        max_variants: int = DEFAULT_MAX_VARIANTS, backend: str = "inductor", compile_unit: str = "auto",
         max_padding_waste: float = 0.5, max_buckets: int = 4, masked_stacking: bool = True,
     ) -> None:
         if max_stacked_clients is not None and (type(max_stacked_clients) is not int or max_stacked_clients < 1):
@@ -298,6 +301,7 @@ class BatchedExecutor(Executor):
         self.sequential = SequentialExecutor(compile=compile, max_variants=max_variants, backend=backend, compile_unit=compile_unit)
         self.compile = compile
         self.programs = CompiledPrograms(stacked=True, max_variants=max_variants, backend=backend, unit=compile_unit) if compile else None
+        self.compile_unit = compile_unit
         self.compile_fallbacks: Counter[str] = Counter()  # compiled execution: stacked rounds run eagerly, by reason
         self.fallbacks: Counter[str] = Counter()  # rounds run sequentially, by reason
         self._finish_per_client: set[type] = set()  # rules whose client_finish reads ctx.client_id
@@ -368,8 +372,14 @@ class BatchedExecutor(Executor):
                     results[i] = result
         return [results[i] for i in range(len(tasks))]
 
+    @property
+    def _one_masked_program(self) -> bool:
+        """Compiled masked rounds run the step program as one stack (``compile_unit: auto``): no groups, rows padded
+        to ``local.batch_size``, K as it is (the program does not depend on it)."""
+        return self.programs is not None and self.compile_unit == "auto" and not self.programs.step_unavailable
+
     def _buckets(self, tasks: Sequence[ClientTask], runtime: ClientRuntime) -> list[list[int]]:
-        if self._idealised(tasks, runtime) or self.max_buckets == 1 or not self.masked_stacking:
+        if self._idealised(tasks, runtime) or self.max_buckets == 1 or not self.masked_stacking or self._one_masked_program:
             return [list(range(len(tasks)))]
         return M.buckets(self._works(tasks, runtime), self.max_padding_waste, self.max_buckets, self._bucket)
 
@@ -400,7 +410,9 @@ class BatchedExecutor(Executor):
             raise Unbatchable(f"the data ({type(runtime.data).__name__}) has no padded_client_batches for clients with unequal local work")
         works = self._works(tasks, runtime)
         steps, rows = max(w.steps for w in works), max(w.rows for w in works)
-        if self.programs is not None:  # buckets: a bounded number of compiled programs
+        if self._one_masked_program:  # one step program for every K: only the rows are bucketed
+            rows = _row_bucket(local.batch_size, rows if local.batch_size is None else max(rows, local.batch_size))
+        elif self.programs is not None:  # buckets: a bounded number of compiled programs
             steps, rows = M.power_of_two(steps), _row_bucket(local.batch_size, rows)
         padded = padded_batches(
             [t.client_id for t in tasks], [t.seed for t in tasks], local.batch_size, local.steps, local.epochs,
@@ -560,10 +572,11 @@ class BatchedExecutor(Executor):
             mask = self._round.mask  # masked stacking: K and B are padded to powers of two (``_padded``), the mask an input
             masked = () if mask is None else (pad(mask),)
             try:
+                unit = ("step" if mask is not None else "round") if self.compile_unit == "auto" else None
                 new_params, local_state, evaluations = self.programs(
                     (len(batches), padded, False, mask is not None, _stacked_rows(batches[0])), False, runtime.algorithm, runtime.objective, runtime.local.weight_decay,
                     pad({k: v.contiguous() for k, v in params.items()}), pad(client_state), pad(ids), tensor_lr(info), broadcast,
-                    pad(personal or {}), pad(batches), pad(None if loss is None else loss.label_counts), *masked,
+                    pad(personal or {}), pad(batches), pad(None if loss is None else loss.label_counts), *masked, unit=unit,
                 )  # fmt: skip
             except Uncompilable as error:
                 reason = str(error)

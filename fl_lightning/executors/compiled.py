@@ -7,7 +7,9 @@ and their gradient together with the rule into one graph. Stacked clients run th
 under ``vmap``. An algorithm's ``local_loss`` (MOON, FedNTD, FedLC, FedRS, FedDecorr) is traced with
 the rest. ``client_finish`` stays eager (once a round, and it may read ``ctx.client_id``).
 
-The compiled unit (``compile_unit``) is either
+The compiled unit (``compile_unit``) is ``"auto"`` (batched execution's default: the round program for rounds
+whose clients all run ``local.steps`` steps of ``local.batch_size``, the step program for masked stacking's
+rounds of unequal work, so that one program serves every K; sequential execution: the round program) or
 
 - ``"round"``: ``client_init`` and the K steps unrolled into one program (``local_steps``): the
   fewest calls, but tracing and code generation grow with K;
@@ -238,7 +240,7 @@ def _is_untraceable(error: BaseException) -> bool:
     return type(error).__name__ in ("GuardOnDataDependentSymNode", "DataDependentOutputException")
 
 
-COMPILE_UNITS = ("step", "round")
+COMPILE_UNITS = ("auto", "step", "round")
 
 
 def check_compile_unit(unit: str) -> str:
@@ -256,11 +258,13 @@ class CompiledPrograms:
         max_variants: the most compiled variants; beyond it execution is eager (declared).
         backend: ``torch.compile``'s backend (``inductor``; ``aot_eager`` traces without generating code).
         unit: ``"step"`` (one local step a program, called K times) or ``"round"`` (the K steps unrolled
-            into one program); see the module docstring.
+            into one program); see the module docstring. ``"auto"``: ``"round"`` unless a call names its unit.
     """
 
     def __init__(self, stacked: bool, max_variants: int = DEFAULT_MAX_VARIANTS, backend: str = "inductor", unit: str = "round") -> None:
-        self.stacked, self.max_variants, self.backend, self.unit = stacked, max_variants, backend, unit
+        self.stacked, self.max_variants, self.backend = stacked, max_variants, backend
+        self.unit = "round" if unit == "auto" else unit  # "auto": the caller names the unit of each call (batched execution)
+        self.step_unavailable = False  # a rule read the step index in the step program: every call runs the round program
         self.compile_seconds = 0.0
         self.compiled = 0  # graphs compiled (the variants actually built)
         self.variants: set[tuple] = set()  # the keys run so far
@@ -281,16 +285,16 @@ class CompiledPrograms:
         )  # fmt: skip
         self._inductor_config: Any = None  # inductor's settings (``_inductor_settings``), made at the first run
 
-    def __call__(self, key: tuple, dynamic: bool, *args: Any) -> tuple[TensorDict, Any, list]:
+    def __call__(self, key: tuple, dynamic: bool, *args: Any, unit: str | None = None) -> tuple[TensorDict, Any, list]:
         """Run the client's (or stacked clients') local steps as variant ``key`` = (K, shapes...) of the
-        compiled unit (compiling it the first time; the step unit's key drops K); ``Uncompilable`` for a
-        declared reason to run eagerly, ``CompileError`` (one line) for any other compile failure."""
-        if self.unit == "step":
+        compiled unit (``unit``, else this object's; compiling it the first time; the step unit's key drops K);
+        ``Uncompilable`` for a declared reason to run eagerly, ``CompileError`` (one line) for any other compile failure."""
+        if (unit or self.unit) == "step" and not self.step_unavailable:
             rng = torch.random.get_rng_state()
             try:
                 return self._run(("step", *key[1:]), dynamic, args)
             except StepIndexUnavailable as error:
-                self.unit = "round"  # for good: the rule reads the step index in every round
+                self.unit, self.step_unavailable = "round", True  # for good: the rule reads the step index in every round
                 log_fallback(self.unit_fallbacks, f"{type(args[0]).__name__}'s {error}", log, to="the unrolled round program")
                 torch.random.set_rng_state(rng)  # client_init ran eagerly: the round program draws again
         return self._run(key, dynamic, args)
@@ -322,8 +326,9 @@ class CompiledPrograms:
         init = stacked_init_state if self.stacked else init_state
         local = init(algorithm, params, client_state, client, info, broadcast, personal, len(batches), step_mask is not None)
         records: list = []
+        columns = None if step_mask is None else step_mask.t().contiguous()  # step k's mask contiguous: one program for every K
         for k, batch in enumerate(batches):
-            mask = None if step_mask is None else step_mask[:, k]
+            mask = None if columns is None else columns[k]
             step_args = (algorithm, objective, weight_decay, params, local, client_state, client, info, broadcast, personal, batch, counts, mask)
             params, local, evaluations = self._guarded(self._step_fn, dynamic, new, step_args)
             records += evaluations
