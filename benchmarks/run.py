@@ -547,7 +547,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument("--rounds", default=None, help="rounds of a run per workload, e.g. mlp=10,cnn=4 (default: by --quick)")
     parser.add_argument("--repeats", type=int, default=None, help="runs of each row, the best kept (default: 2 with --quick, else 3)")
-    parser.add_argument("--compile-unit", choices=["step", "round"], default=None, help="compiled rows' compile_unit (default: each executor's)")
+    parser.add_argument("--compile-unit", choices=["auto", "step", "round"], default=None, help="compiled rows' compile_unit (default: each executor's)")
     parser.add_argument("--_worker", nargs=4, help=argparse.SUPPRESS)
     parser.add_argument("--_ddp", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -499,22 +499,33 @@ class BatchedExecutor(Executor):
 
     @staticmethod
     def _means(record: StepRecord, masks: tuple[Tensor, Tensor] | None, size: int) -> tuple[list[float], list[float], list[dict]]:
-        """Each client's mean loss, accuracy and loss terms over its real steps and rows."""
+        """Each client's mean loss, accuracy and loss terms over its real steps and rows.
+
+        The loss and accuracy are ``[S]`` tensors read back together: one host transfer (``.tolist()`` of
+        their stack, exact in float64) for the round, not one per metric or client."""
         nan = [float("nan")] * size
+        columns: dict[str, Tensor] = {}
         if masks is None:
-            losses = record.losses
-            mean_losses = torch.stack(losses).mean(0).tolist() if losses else nan
+            if record.losses:
+                columns["loss"] = torch.stack(record.losses).mean(0)
             correct = record.correct()
-            accuracies = (correct / record.samples()).tolist() if correct is not None else nan
-            return mean_losses, accuracies, record.term_means() or [{}] * size
-        step_mask, real = masks
-        if record.losses and len(record.losses) != step_mask.shape[1]:
-            raise Unbatchable("the rule records a loss at only some of its steps, which a padded round cannot mask")
-        mean_losses = M.masked_round_means(record.losses, step_mask).tolist() if record.losses else nan
-        accuracies = nan
-        if record.outputs:
-            accuracies = (M.masked_correct(record.outputs, record.targets, step_mask).cpu() / real.sum(1)).tolist()
-        return mean_losses, accuracies, M.masked_term_means(record.terms, step_mask) or [{}] * size
+            if correct is not None:
+                columns["acc"] = correct / record.samples()
+            terms = record.term_means() or [{}] * size
+        else:
+            step_mask, real = masks
+            if record.losses and len(record.losses) != step_mask.shape[1]:
+                raise Unbatchable("the rule records a loss at only some of its steps, which a padded round cannot mask")
+            if record.losses:
+                columns["loss"] = M.masked_round_means(record.losses, step_mask)
+            if record.outputs:
+                columns["acc"] = M.masked_correct(record.outputs, record.targets, step_mask).cpu() / real.sum(1)
+            terms = M.masked_term_means(record.terms, step_mask) or [{}] * size
+        if not columns:
+            return nan, nan, terms
+        values = torch.stack([c.detach().to("cpu", torch.float64) for c in columns.values()]).tolist()
+        read = dict(zip(columns, values))
+        return read.get("loss", nan), read.get("acc", nan), terms
 
     def _context(self, ids: Tensor, broadcast: Payload, state: Any, info: RoundInfo, runtime: ClientRuntime, num_steps: int | None = None, **kw) -> ClientContext:
         """The stacked clients' context (``num_steps``: one client's K, where the context is that client's)."""
