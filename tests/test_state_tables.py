@@ -140,3 +140,15 @@ def test_batched_rounds_equal_loading_client_by_client(tmp_path, monkeypatch):
     assert tables.store.equal(one_by_one.store) and len(tables.store) > 0
     for a, b in zip(tables.model.parameters(), one_by_one.model.parameters()):
         assert torch.equal(a, b)
+
+
+def test_new_states_that_are_rows_of_one_tensor_are_scattered_without_stacking_them_again():
+    from fl_lightning.engine.round_states import _stacked
+
+    base = torch.randn(4, 3, 2)
+    rows = list(base.unbind(0))
+    assert torch.equal(_stacked(rows), base) and _stacked(rows).data_ptr() == base.data_ptr()
+    shuffled = [rows[2], rows[0], rows[3]]
+    assert torch.equal(_stacked(shuffled), torch.stack(shuffled))
+    columns = list(base.unbind(2))  # strided views, not rows
+    assert torch.equal(_stacked(columns), torch.stack(columns))

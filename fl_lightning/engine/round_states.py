@@ -54,7 +54,7 @@ def store_results(store: ClientStore, results: Sequence[ClientResult]) -> None:
     states = [r.client_state for r in results]
     if len(states) > 1 and states[0] and all(_alike(states[0], s) for s in states[1:]):
         ids = torch.tensor([r.client_id for r in results], dtype=torch.int64)
-        store.scatter(ids, {n: {k: torch.stack([s[n][k].detach() for s in states]) for k in td} for n, td in states[0].items()})
+        store.scatter(ids, {n: {k: _stacked([s[n][k] for s in states]) for k in td} for n, td in states[0].items()})
         return
     for result in results:
         store.put(result.client_id, result.client_state)
@@ -72,3 +72,18 @@ def _alike(a: NestedState, b: NestedState) -> bool:
             if t.shape != o.shape or t.dtype != o.dtype or t.device != o.device:
                 return False
     return True
+
+
+def _stacked(tensors: list[Tensor]) -> Tensor:
+    """``torch.stack(tensors)``; without a copy where they are the rows of one stacked tensor, in order
+    (a batched round's new states: views of its stacked result)."""
+    first = tensors[0].detach()
+    if len(tensors) > 1:
+        step = tensors[1].storage_offset() - first.storage_offset()
+        storage = first.untyped_storage().data_ptr()
+        if step > 0 and all(
+            t.untyped_storage().data_ptr() == storage and t.storage_offset() == first.storage_offset() + i * step and t.stride() == first.stride()
+            for i, t in enumerate(tensors)
+        ):
+            return first.as_strided((len(tensors), *first.shape), (step, *first.stride()), first.storage_offset())
+    return torch.stack([t.detach() for t in tensors])
