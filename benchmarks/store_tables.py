@@ -4,7 +4,8 @@
 
 A SCAFFOLD-like state (one control variate per parameter of an MLP 64-width-width-10). The per-client
 path is what a batched round did before client state tables (``get`` per client then stack, ``put``
-per client's row view); the table path is ``gather`` and ``scatter`` (one indexed op per tensor).
+per client's row view); the table path is ``gather`` and ``scatter`` (one indexed op per tensor); the results
+path writes back as a batched round does (``store_results``: the clients' results' views, one ``scatter``).
 """
 
 from __future__ import annotations
@@ -53,17 +54,27 @@ def table_write(store, ids, new):
     store.scatter(ids, new)
 
 
+def results_write(store, ids, new):
+    """As a batched round writes back: each client's result holds its views of the round's stacked state."""
+    from fl_lightning.core.tasks import ClientResult
+    from fl_lightning.engine.round_states import store_results
+
+    rows = {n: {k: v.unbind(0) for k, v in td.items()} for n, td in new.items()}
+    results = [ClientResult(c, {}, {n: {k: v[i] for k, v in td.items()} for n, td in rows.items()}, 1, 0.0) for i, c in enumerate(ids.tolist())]
+    store_results(store, results)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--clients", type=int, default=1000)
     parser.add_argument("--per-round", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--path", choices=["per-client", "table"], default="table")
+    parser.add_argument("--path", choices=["per-client", "table", "results"], default="table")
     parser.add_argument("--width", type=int, default=256, help="hidden width: 256 ~ 84k parameters, 16 ~ 1.6k")
     args = parser.parse_args()
     SHAPES.update(mlp_shapes(args.width))
     torch.set_num_threads(1)
-    load, write = (table_load, table_write) if args.path == "table" else (per_client_load, per_client_write)
+    load, write = {"table": (table_load, table_write), "results": (table_load, results_write), "per-client": (per_client_load, per_client_write)}[args.path]
     store, generator = ClientStore(), torch.Generator().manual_seed(0)
     loads, writes = [], []
     for _ in range(args.rounds):
