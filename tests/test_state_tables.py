@@ -7,6 +7,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from fl_lightning import FederatedModule, LocalTraining
 from fl_lightning.algorithms import SCAFFOLD
+from fl_lightning.core.errors import StoreError
 from fl_lightning.core.state import ClientStore, DiskClientStore
 from fl_lightning.engine.round_states import RoundStates
 from fl_lightning.executors import BatchedExecutor
@@ -65,6 +66,8 @@ def test_put_replaces_the_whole_state_and_get_returns_copies():
     assert torch.equal(gathered["b"]["q"], torch.tensor([[9.0], [9.0]]))  # client 3 holds no b: the initial value
     store.put(4, {"a": {"p": torch.ones(5)}})  # a shape its table does not have: kept beside the tables
     assert torch.equal(store.get(4, dict)["a"]["p"], torch.ones(5)) and torch.equal(store.get(3, dict)["a"]["p"], torch.full((2,), 2.0))
+    with pytest.raises(StoreError, match=r"^client state a/p is stored as \(2,\) torch.float32, its initial value is \(3,\)"):
+        store.gather(torch.tensor([3]), lambda: {"a": {"p": torch.ones(3)}})
 
 
 def _filled(store):

@@ -137,9 +137,14 @@ class ClientStore:
         for name, td in init().items():
             for param, first in td.items():
                 table = self._tables.get((name, param))
-                held = (rows >= 0) & table.has[rows.clamp(min=0)] if table is not None and table.fits(first) else None
+                if table is not None and not table.fits(first) and bool(table.has.any()):
+                    raise StoreError(
+                        f"client state {name}/{param} is stored as {tuple(table.data.shape[1:])} {table.data.dtype}, "
+                        f"its initial value is {tuple(first.shape)} {first.dtype}: the states cannot be stacked"
+                    )
+                held = (rows >= 0) & table.has[rows.clamp(min=0)] if table is not None else None
                 if held is not None and bool(held.any()):
-                    out = table.data.index_select(0, rows.clamp(min=0)).to(first.device)
+                    out = table.data.index_select(0, rows.clamp(min=0).to(table.data.device)).to(first.device)
                     if not bool(held.all()):
                         out[~held.to(out.device)] = first.detach().to(out.dtype)
                 else:
@@ -171,7 +176,7 @@ class ClientStore:
                 values = values.detach()
                 table = self._table((name, param), values[0])
                 if table.fits(values[0]):
-                    table.data.index_copy_(0, rows, values.to(table.data.device))
+                    table.data.index_copy_(0, rows.to(table.data.device), values.to(table.data.device))
                     given.add((name, param))
                 else:
                     for cid, value in zip(ids.tolist(), values):
