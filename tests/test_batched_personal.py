@@ -26,8 +26,8 @@ def test_personal_tensors_stack_and_equal_sequential_execution(tmp_path, make):
     assert not bat.executor.inner.fallbacks  # stacked, not a declared fallback
     for a, b in zip(seq.model.parameters(), bat.model.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-    assert seq.store._states.keys() == bat.store._states.keys()
-    for cid in seq.store._states:
+    assert seq.store.client_ids() == bat.store.client_ids()
+    for cid in seq.store.client_ids():
         for k, v in seq.client_personal(cid).items():
             torch.testing.assert_close(bat.client_personal(cid)[k], v, rtol=1e-5, atol=1e-6)
 
@@ -38,6 +38,6 @@ def test_personal_tensors_stack_under_compiled_batched_execution(tmp_path):
     assert not bat.executor.inner.fallbacks and not bat.executor.inner.compile_fallbacks
     for a, b in zip(seq.model.parameters(), bat.model.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-    for cid in seq.store._states:
+    for cid in seq.store.client_ids():
         for k, v in seq.client_personal(cid).items():
             torch.testing.assert_close(bat.client_personal(cid)[k], v, rtol=1e-5, atol=1e-6)

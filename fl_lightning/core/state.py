@@ -52,39 +52,177 @@ def _own(tensor: Tensor) -> Tensor:
     return tensor.clone() if tensor._base is not None else tensor
 
 
-class ClientStore:
-    """Per-client tensor dicts, created lazily the first time a client is seen.
+class _Table:
+    """One (state, param)'s tensors of every client that holds it: ``data[row]``, where ``has[row]``."""
 
-    Clients that never trained hold nothing, so memory grows with the number of
-    *participating* clients, not with the population size.
+    def __init__(self, like: Tensor, capacity: int) -> None:
+        self.data = torch.empty((capacity, *like.shape), dtype=like.dtype, device=like.device)
+        self.has = torch.zeros(capacity, dtype=torch.bool)
+
+    def fits(self, tensor: Tensor) -> bool:
+        return tensor.shape == self.data.shape[1:] and tensor.dtype == self.data.dtype
+
+    def grow(self, capacity: int) -> None:
+        data = torch.empty((capacity, *self.data.shape[1:]), dtype=self.data.dtype, device=self.data.device)
+        data[: len(self.data)] = self.data
+        has = torch.zeros(capacity, dtype=torch.bool)
+        has[: len(self.has)] = self.has
+        self.data, self.has = data, has
+
+
+class ClientStore:
+    """Per-client tensor dicts kept as stacked tables, created lazily the first time a client is seen.
+
+    Each (state, param) is one table ``[capacity, *shape]``; a client owns one row of every
+    table (``row_of[client_id]``, -1 where absent), rows given in the order clients first
+    appear and the capacity grown geometrically. Clients that never trained hold nothing,
+    so memory grows with the number of *participating* clients, not with the population size.
+    ``gather`` / ``scatter`` read and write many clients' rows in one indexed op per tensor;
+    ``get`` / ``put`` are the same for one client (a ``get`` returns copies, never views of a table).
+    A tensor whose shape or dtype differs from its table's is kept beside the tables, for that client.
     """
 
     def __init__(self) -> None:
-        self._states: dict[int, NestedState] = {}
+        self._clear_tables()
 
+    def _clear_tables(self) -> None:
+        self._tables: dict[tuple[str, str], _Table] = {}
+        self._odd: dict[int, dict[tuple[str, str], Tensor]] = {}  # client -> tensors that fit no table
+        self._row_of = torch.full((0,), -1, dtype=torch.int64)
+        self._client_of: list[int] = []  # row -> client
+
+    # ---- rows ---------------------------------------------------------------------------------
+    def _rows(self, ids: Tensor) -> Tensor:
+        """Each client's row, -1 for a client without one."""
+        inside = ids < len(self._row_of)
+        rows = torch.full_like(ids, -1)
+        rows[inside] = self._row_of[ids[inside]]
+        return rows
+
+    def _assign(self, ids: Tensor) -> Tensor:
+        """The clients' rows, new rows given (in order) to clients without one; tables grown to fit."""
+        top = int(ids.max()) + 1 if len(ids) else 0
+        if top > len(self._row_of):
+            grown = torch.full((max(top, 2 * len(self._row_of)),), -1, dtype=torch.int64)
+            grown[: len(self._row_of)] = self._row_of
+            self._row_of = grown
+        rows = self._row_of[ids]
+        if bool((rows < 0).any()):
+            for cid in ids[rows < 0].tolist():  # only clients seen for the first time
+                if self._row_of[cid] < 0:
+                    self._row_of[cid] = len(self._client_of)
+                    self._client_of.append(cid)
+            rows = self._row_of[ids]
+            capacity = self._capacity()
+            if len(self._client_of) > capacity:
+                for table in self._tables.values():
+                    table.grow(max(len(self._client_of), 2 * capacity))
+        return rows
+
+    def _capacity(self) -> int:
+        return len(next(iter(self._tables.values())).has) if self._tables else 0
+
+    def _table(self, key: tuple[str, str], like: Tensor) -> _Table:
+        if key not in self._tables:
+            self._tables[key] = _Table(like, max(self._capacity(), len(self._client_of), 1))
+        return self._tables[key]
+
+    # ---- many clients -------------------------------------------------------------------------
+    def gather(self, ids: Tensor, init: StateInit) -> NestedState:
+        """The clients' states stacked ``[S, ...]`` for every entry of ``init()``; a client without a
+        value for an entry (never stored) gets ``init()``'s, which is not stored."""
+        ids = torch.as_tensor(ids, dtype=torch.int64).reshape(-1)
+        rows = self._rows(ids)
+        stacked: NestedState = {}
+        for name, td in init().items():
+            for param, first in td.items():
+                table = self._tables.get((name, param))
+                if table is not None and not table.fits(first) and bool(table.has.any()):
+                    raise StoreError(
+                        f"client state {name}/{param} is stored as {tuple(table.data.shape[1:])} {table.data.dtype}, "
+                        f"its initial value is {tuple(first.shape)} {first.dtype}: the states cannot be stacked"
+                    )
+                held = (rows >= 0) & table.has[rows.clamp(min=0)] if table is not None else None
+                if held is not None and bool(held.any()):
+                    out = table.data.index_select(0, rows.clamp(min=0).to(table.data.device)).to(first.device)
+                    if not bool(held.all()):
+                        out[~held.to(out.device)] = first.detach().to(out.dtype)
+                else:
+                    out = first.detach().unsqueeze(0).expand(len(ids), *first.shape).clone()
+                for i, cid in enumerate(ids.tolist()) if self._odd else ():
+                    odd = self._odd.get(cid, {}).get((name, param))
+                    if odd is not None:
+                        out[i] = odd
+                stacked.setdefault(name, {})[param] = out
+        return stacked
+
+    def scatter(self, ids: Tensor, stacked: NestedState) -> None:
+        """Each client ``ids[i]``'s state becomes row ``i`` of ``stacked`` (as ``put``; a repeated id: its last row)."""
+        ids = torch.as_tensor(ids, dtype=torch.int64).reshape(-1)
+        if not stacked or not any(stacked.values()) or not len(ids):
+            return
+        rows = self._assign(ids)  # new clients' rows in order of first appearance, as a loop of ``put``
+        positions = ids.tolist()
+        if len(set(positions)) != len(positions):
+            last = {cid: i for i, cid in enumerate(positions)}
+            keep = torch.tensor(sorted(last.values()))
+            ids, rows, stacked = ids[keep], rows[keep], {n: {k: v[keep] for k, v in td.items()} for n, td in stacked.items()}
+        if self._odd:
+            for cid in ids.tolist():
+                self._odd.pop(cid, None)
+        given = set()
+        for name, td in stacked.items():
+            for param, values in td.items():
+                values = values.detach()
+                table = self._table((name, param), values[0])
+                if table.fits(values[0]):
+                    table.data.index_copy_(0, rows.to(table.data.device), values.to(table.data.device))
+                    given.add((name, param))
+                else:
+                    for cid, value in zip(ids.tolist(), values):
+                        self._odd.setdefault(cid, {})[(name, param)] = value.clone()
+        for key, table in self._tables.items():
+            table.has[rows] = key in given
+
+    def entries(self) -> set[tuple[str, str]] | None:
+        """Every (state, param) some client holds (None: not known without reading every client)."""
+        return {key for key, table in self._tables.items() if bool(table.has.any())} | {k for odd in self._odd.values() for k in odd}
+
+    # ---- one client ---------------------------------------------------------------------------
     def __contains__(self, client_id: int) -> bool:
-        return int(client_id) in self._states
+        cid = int(client_id)
+        return 0 <= cid < len(self._row_of) and int(self._row_of[cid]) >= 0
 
     def __len__(self) -> int:
-        return len(self._states)
+        return len(self._client_of)
 
     def client_ids(self) -> list[int]:
-        return sorted(self._states)
+        return sorted(self._client_of)
+
+    def _stored(self, cid: int) -> NestedState:
+        row = int(self._row_of[cid])
+        state: NestedState = {}
+        odd = self._odd.get(cid, {})
+        for (name, param), table in self._tables.items():
+            if (name, param) in odd:
+                state.setdefault(name, {})[param] = odd[(name, param)].clone()
+            elif table.has[row]:
+                state.setdefault(name, {})[param] = table.data[row].clone()
+        return state
 
     def get(self, client_id: int, init: StateInit) -> NestedState:
         """The client's state; ``init()`` creates it on first access (not stored until ``put``)."""
-        state = self._states.get(int(client_id))
-        return init() if state is None else state
+        return self._stored(int(client_id)) if client_id in self else init()
 
     def put(self, client_id: int, state: NestedState) -> None:
-        if state:
-            self._states[int(client_id)] = {n: {k: _own(v) for k, v in td.items()} for n, td in state.items()}
+        if state and any(state.values()):
+            self.scatter(torch.tensor([int(client_id)]), {n: {k: v.detach().unsqueeze(0) for k, v in td.items()} for n, td in state.items()})
 
     def state_dict(self) -> dict[str, Tensor]:
-        """Flat ``{"<client>/<state>/<param>": tensor}`` mapping."""
+        """Flat ``{"<client>/<state>/<param>": tensor}`` mapping, clients in the order they first appeared."""
         flat: dict[str, Tensor] = {}
-        for cid, state in self._states.items():
-            flat.update(flatten_state(state, prefix=f"{cid}/"))
+        for cid in self._client_of:
+            flat.update(flatten_state(self._stored(cid), prefix=f"{cid}/"))
         return flat
 
     def load_state_dict(self, flat: dict[str, Tensor]) -> None:
@@ -92,7 +230,9 @@ class ClientStore:
         for key, tensor in flat.items():
             cid, rest = key.split("/", 1)
             per_client.setdefault(int(cid), {})[rest] = tensor
-        self._states = {cid: unflatten_state(f) for cid, f in per_client.items()}
+        self._clear_tables()
+        for cid, f in per_client.items():
+            self.put(cid, unflatten_state(f))
 
     def checkpoint_state(self, step: int) -> dict[str, Any]:
         """What a checkpoint records of the store (here: every tensor)."""
@@ -277,6 +417,23 @@ class DiskClientStore(ClientStore):
         self._ids.add(int(client_id))
         self._sums[int(client_id)] = hashlib.sha256(data).hexdigest()
         self._stale = None  # this run writes its own states now
+
+    def gather(self, ids: Tensor, init: StateInit) -> NestedState:
+        """As ``ClientStore.gather``, reading the clients' files one by one (the format is one file per client)."""
+        first = init()
+        states = [self.get(cid, dict) for cid in torch.as_tensor(ids).reshape(-1).tolist()]
+        return {
+            n: {k: torch.stack([s.get(n, {}).get(k, v).to(v.device) for s in states]) if states else v.unsqueeze(0)[:0] for k, v in td.items()}
+            for n, td in first.items()
+        }  # fmt: skip
+
+    def entries(self) -> set[tuple[str, str]] | None:
+        return None
+
+    def scatter(self, ids: Tensor, stacked: NestedState) -> None:
+        """As ``ClientStore.scatter``: one ``put`` (one file) per client."""
+        for i, cid in enumerate(torch.as_tensor(ids).reshape(-1).tolist()):
+            self.put(cid, {n: {k: v[i] for k, v in td.items()} for n, td in stacked.items()})
 
     def state_dict(self) -> dict[str, Tensor]:
         flat: dict[str, Tensor] = {}

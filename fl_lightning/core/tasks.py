@@ -11,9 +11,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from fl_lightning.core.params import TensorDict
+from torch import Tensor
+
 from fl_lightning.core.state import NestedState
 
 Payload = dict[str, TensorDict]
@@ -30,13 +32,22 @@ class ClientState(NamedTuple):
     personal: TensorDict
 
 
+class StateTable(Protocol):
+    """The round's client states as stacked tables: an executor that stacks clients reads them in one call."""
+
+    def gather(self, ids: Tensor) -> ClientState | None:
+        """The clients' states (``ids``: client ids, LongTensor [S]), every tensor stacked ``[S, ...]`` on the
+        clients' device, the same values ``ClientTask.load_state`` gives; None: load them client by client."""
+
+
 @dataclass(frozen=True)
 class ClientTask:
     """One client's work in a round.
 
     ``load_state`` reads the client's state from the store when the client trains
     (an executor that runs on another process never loads the clients it does not run).
-    ``warmup`` marks the algorithm's pass over every client before round 0.
+    ``warmup`` marks the algorithm's pass over every client before round 0. ``states``, shared by the
+    round's tasks, loads the same states as ``load_state`` for many clients at once (stacked).
     """
 
     client_id: int
@@ -46,6 +57,7 @@ class ClientTask:
     load_state: Callable[[], ClientState]
     warmup: bool = False
     load_message_state: Callable[[], NestedState] | None = None  # the message stages' stored state (``fl_lightning.pipeline.messages``)
+    states: StateTable | None = None  # the round's table of client states (``load_state`` of many clients at once)
 
 
 @dataclass

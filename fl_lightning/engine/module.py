@@ -34,6 +34,7 @@ from fl_lightning.core.errors import CheckpointError
 from fl_lightning.executors import ClientRuntime, Executor, resolve_executor
 from fl_lightning.reliability.faults import ClientError, ClientFaults, DivergenceError, all_finite, first_non_finite, survivor_weights
 from fl_lightning.core.local_loss import check_label_counts, check_local_loss
+from fl_lightning.engine.round_states import RoundStates, store_results
 from fl_lightning.pipeline.messages import MessageExecutor, MessagePipeline, Stage, add_sums, is_message_state, upload_like
 from fl_lightning.core.metrics import consistency_from_sums, count_messages, loss_term_means, payload_bytes, round_metrics
 from fl_lightning.core.objective import Objective
@@ -252,9 +253,13 @@ class FederatedModule(AsyncServer, L.LightningModule):
             return {}
         values = stored.get(PERSONAL)
         if values is None:
-            named = dict(self.model.named_parameters())
-            values = {n: named[n].detach() for n in self.personal_names}
+            values = self._initial_personal()
         return {k: v.to(self.device) for k, v in values.items()}
+
+    def _initial_personal(self) -> TensorDict:
+        """The model's values of the personal tensors: those of a client that never trained ({} without any)."""
+        named = dict(self.model.named_parameters()) if self.personal_names else {}
+        return {n: named[n].detach() for n in self.personal_names}
 
     def setup(self, stage: str) -> None:
         from lightning.pytorch.plugins.io import TorchCheckpointIO
@@ -529,8 +534,7 @@ class FederatedModule(AsyncServer, L.LightningModule):
                 KeptRecord(self._run_dir()).add(plan.round, self._robust_round.kept)
         if self.messages:
             extra_metrics.update(self.messages.end_round(info, len(results)))
-        for result in results:
-            self.store.put(result.client_id, result.client_state)
+        store_results(self.store, results)
 
         optimizer = self.optimizers()  # no zero_grad: the pseudo-gradient replaces every parameter's .grad
         for name, param in zip(self.federated_names, self.federated_parameters()):
@@ -713,6 +717,8 @@ class FederatedModule(AsyncServer, L.LightningModule):
         """
         data, local = self.datamodule, self.local
         tasks, stragglers = [], 0
+        init = functools.partial(self.algorithm.client_state_init, broadcast["x"])
+        states = RoundStates(self.store, init, self._initial_personal, self.device, is_message_state)
         for cid, seed in zip(clients, seeds):
             steps = budget = data.num_local_steps(cid, local.batch_size, local.steps, local.epochs)
             if self.faults.active and not warmup:
@@ -731,7 +737,7 @@ class FederatedModule(AsyncServer, L.LightningModule):
                 own = self.lora.client_broadcast(broadcast, cid)
             load_state = functools.partial(self.client_state, cid, broadcast["x"])
             load_messages = functools.partial(self.message_state, cid) if self.messages.client_stages else None
-            tasks.append(ClientTask(cid, seed, budget, own, load_state, warmup, load_messages))
+            tasks.append(ClientTask(cid, seed, budget, own, load_state, warmup, load_messages, states))
         return tasks, stragglers
 
     def _empty_round(self, plan: RoundPlan, broadcast: Payload, extra_metrics: dict[str, int]) -> None:
@@ -759,8 +765,7 @@ class FederatedModule(AsyncServer, L.LightningModule):
         results = self.executor.run(tasks, info, self._runtime())
         uploads = [r.upload for r in results]
         server_state = self.algorithm.server_warmup(x, uploads, server_state, info)
-        for result in results:
-            self.store.put(result.client_id, result.client_state)
+        store_results(self.store, results)
         count_messages(self.comm_totals, broadcast, uploads)
         return server_state
 

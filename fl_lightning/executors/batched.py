@@ -136,6 +136,19 @@ def _stack(states: list[Any]) -> Any:
     return torch.stack(states)
 
 
+def _load_states(tasks: Sequence[ClientTask]) -> tuple[list[Any], Any, Any]:
+    """The clients' states (one view per client, and stacked) and personal tensors (stacked): one ``gather``
+    from the round's state table where the tasks share one, else client by client."""
+    table = tasks[0].states
+    if table is not None and all(t.states is table for t in tasks):
+        loaded = table.gather(torch.tensor([t.client_id for t in tasks], dtype=torch.int64))
+        if loaded is not None:
+            return _unstack(loaded.algorithm, len(tasks)), loaded.algorithm, loaded.personal
+    loaded = [task.load_state() for task in tasks]
+    states = [state.algorithm for state in loaded]
+    return states, _stack(states), _stack([state.personal for state in loaded])
+
+
 def _unstack(state: Any, num_clients: int, rows: bool = False) -> list[Any]:
     """The inverse of ``_stack``: one view per client (``unbind``: one op per tensor, not per client).
     ``rows`` (the uploads): each dict of tensors becomes ``P.unstack_rows``' rows, which aggregation and
@@ -460,14 +473,13 @@ class BatchedExecutor(Executor):
             rows_padded = bool(((padded.real_rows > 0) & (padded.real_rows < padded.rows)).any())
             real = int(padded.real_rows.sum())
             self._count(real, len(tasks) * padded.steps * padded.rows - real)
-        loaded = [task.load_state() for task in tasks]
-        states = [state.algorithm for state in loaded]
-        personal = _stack([state.personal for state in loaded]) if runtime.personal_names else {}  # each client's own, stacked
+        states, stacked_states, personal = _load_states(tasks)
+        personal = personal if runtime.personal_names else {}  # each client's own, stacked
         # Different randomness per client (dropout); the CPU generator seeded from the group's first client.
         seed_client(seeds[0], runtime.device)
         params = dict(broadcast["x"]) if per_client else {k: v.unsqueeze(0).expand(len(tasks), *v.shape) for k, v in broadcast["x"].items()}
         params.update(personal)
-        ids, stacked_states = torch.tensor(clients), _stack(states)
+        ids = torch.tensor(clients)
         record = StepRecord()
         self._seeds = seeds  # the clients' round seeds (record-level DP-SGD's noise)
         self._per_client_x = per_client  # the broadcast's entries are stacked: each client's own (per-client finish takes its row)
