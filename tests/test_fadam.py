@@ -21,6 +21,11 @@ F64 = torch.float64
 
 
 # ---- a bare round loop over the Algorithm API, for problems with analytic gradients --------------------
+
+def _stored(store):
+    """Every stored client's state, ``{client_id: state}`` (the store's public reads)."""
+    return {c: store.get(c, dict) for c in store.client_ids()}
+
 def full_plan(round_idx: int, num_clients: int) -> RoundPlan:
     seeds = torch.tensor([derive_seed(0, round_idx, c) for c in range(num_clients)])
     return RoundPlan(round_idx, torch.arange(num_clients), torch.full((num_clients,), 1.0 / num_clients, dtype=F64), seeds)
@@ -140,7 +145,7 @@ class StoreHistory(L.Callback):
         self.stores, self.clients = [], []
 
     def on_train_batch_end(self, trainer, module, outputs, plan, batch_idx) -> None:
-        self.stores.append({c: {n: P.detach_clone(td) for n, td in s.items()} for c, s in module.store._states.items()})
+        self.stores.append({c: {n: P.detach_clone(td) for n, td in s.items()} for c, s in _stored(module.store).items()})
         self.clients.append(set(plan.clients.tolist()))
 
 
@@ -192,7 +197,7 @@ def test_only_the_tracking_subset_refreshes_y_and_pays_for_it(tmp_path, tracking
     y_server = module.server_state["y"]
     if refreshed == 0:
         assert zero(y_server)
-    sum_y = P.weighted_sum([s["y"] for s in module.store._states.values()], [1.0 / 6] * len(module.store))
+    sum_y = P.weighted_sum([s["y"] for s in _stored(module.store).values()], [1.0 / 6] * len(module.store))
     for k in y_server:
         torch.testing.assert_close(y_server[k], sum_y[k])  # y = (1/N) sum_i y_i over the whole population
     # Per active client and round: x and y down, delta up, y_i+ - y_i up for the Y/S that refresh.

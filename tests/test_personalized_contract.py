@@ -41,6 +41,11 @@ class FineTunes(FedAvg):
         return {k: p - 0.5 * grad[k] for k, p in params.items()}
 
 
+
+def _stored(store):
+    """Every stored client's state, ``{client_id: state}`` (the store's public reads)."""
+    return {c: store.get(c, dict) for c in store.client_ids()}
+
 def _fit(tmp_path, algorithm, rounds=3, local=None, **data_kw):
     module = tiny_module(algorithm, local or LocalTraining(lr=0.3, steps=4, batch_size=8))
     data = tiny_datamodule(num_clients=8, clients_per_round=3, holdout_fraction=0.3, **data_kw)
@@ -103,7 +108,7 @@ def test_unseen_clients_are_drawn_by_the_seed_and_never_train(tmp_path):
     assert data.num_clients == 6 and data.unseen_clients == [6, 7]
     assert sorted(data.partition_ids.tolist()) == list(range(8))
     assert len(data.client_sizes) == 6
-    trained = set(module.store.client_ids()) if hasattr(module.store, "client_ids") else set(module.store._states)
+    trained = set(module.store.client_ids())
     assert trained and trained <= set(range(6))
     again = tiny_datamodule(num_clients=8, clients_per_round=3, holdout_fraction=0.3, new_client_fraction=0.25)
     again.setup()
@@ -130,7 +135,7 @@ def test_an_unseen_client_runs_one_local_round_of_the_algorithm_then_predicts(tm
         torch.testing.assert_close(got[k], params[k], rtol=0, atol=1e-6)
     accs = [_accuracy(module.model, module.unseen_prediction_params(c), data.client_holdout_batch(c)) for c in data.unseen_clients]
     assert float(trainer.callback_metrics["val/unseen_acc_mean"]) == pytest.approx(sum(accs) / len(accs), abs=1e-6)
-    assert cid not in set(module.store._states)  # nothing of the unseen client is stored
+    assert cid not in set(module.store.client_ids())  # nothing of the unseen client is stored
 
 
 class ProxAsLoss(FedAvg):
@@ -172,7 +177,7 @@ class MeanFeature(FedAvg):
 
 def test_a_data_pass_reads_the_clients_whole_training_set(tmp_path):
     module, data, _ = _fit(tmp_path, MeanFeature(), rounds=1)
-    for cid in module.store._states:
+    for cid in module.store.client_ids():
         state = module.store.get(cid, dict)
         inputs, target = data.client_full_batch(cid)
         with torch.no_grad():  # reference: the representation at the client's final parameters, averaged per class by hand
@@ -214,8 +219,8 @@ def test_a_data_pass_in_client_finish_runs_stacked_and_equals_sequential(tmp_pat
         stores[name] = module.store
         if name == "bat":
             assert not module.executor.inner.fallbacks  # the clients trained stacked; only the pass ran per client
-    for cid, state in stores["seq"]._states.items():
-        torch.testing.assert_close(stores["bat"]._states[cid]["means"]["z"], state["means"]["z"], rtol=1e-5, atol=1e-6)
+    for cid, state in _stored(stores["seq"]).items():
+        torch.testing.assert_close(_stored(stores["bat"])[cid]["means"]["z"], state["means"]["z"], rtol=1e-5, atol=1e-6)
 
 
 def test_the_result_line_names_the_personalized_and_unseen_numbers():
