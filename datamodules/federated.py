@@ -286,10 +286,7 @@ class FederatedDataModule(L.LightningDataModule):
 
     def num_local_steps(self, client_id: int, batch_size: int | None, steps: int | None, epochs: int | None) -> int:
         """K for this client: ``steps``, or ``epochs * ceil(n_i / batch_size)``."""
-        if steps is not None:
-            return steps
-        n = int(self.client_sizes[client_id])
-        return epochs * (1 if batch_size is None else math.ceil(n / batch_size))
+        return draws.num_local_steps(int(self.client_sizes[client_id]), batch_size, steps, epochs)
 
     def augment(self, batch: Any, client_id: int, generator: torch.Generator) -> Any:
         """Transform one training minibatch of ``client_id`` (default: unchanged).
@@ -315,19 +312,8 @@ class FederatedDataModule(L.LightningDataModule):
         local set every step.
         """
         indices = self.client_train[client_id]
-        n = len(indices)
-        num_steps = self.num_local_steps(client_id, batch_size, steps, epochs)
-        if batch_size is None or (steps is not None and batch_size >= n):
-            for _ in range(num_steps):
-                yield indices
-            return
-        if epochs is not None:
-            positions, rows = draws.epoch_steps([seed], [n], batch_size, epochs)
-            for k, real in enumerate(rows[0].tolist()):
-                yield indices[positions[0, k, :real]]
-            return
-        for block in self._fixed_step_blocks([seed], [n], batch_size, num_steps):
-            yield from indices[block[0]]
+        for positions in draws.client_positions(seed, len(indices), batch_size, steps, epochs, GATHER_STEPS):
+            yield indices[positions]
 
     @staticmethod
     def _fixed_step_blocks(seeds: Sequence[int], sizes: Sequence[int], batch_size: int, steps: int) -> Iterator[Tensor]:

@@ -17,6 +17,9 @@ ceil(n_i / B) batches (the last one of a pass short).
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -116,3 +119,33 @@ def epoch_steps(seeds, sizes, batch_size: int | None, epochs: int) -> tuple[Tens
     rank = np.where(rows[..., None] > 0, rank, 0)  # a step past K_i: the first sample of the last pass
     positions = grid[np.arange(num_clients).reshape(-1, 1, 1), np.minimum(pass_of, epochs - 1)[..., None], rank]
     return torch.from_numpy(positions), torch.from_numpy(rows)
+
+
+def num_local_steps(size: int, batch_size: int | None, steps: int | None, epochs: int | None) -> int:
+    """K of a client of ``size`` samples: ``steps``, or ``epochs`` passes of ``ceil(size / batch_size)`` batches
+    (one batch a pass for ``batch_size`` None)."""
+    if steps is not None:
+        return steps
+    return epochs * (1 if batch_size is None else math.ceil(size / batch_size))
+
+
+def client_positions(
+    seed: int, size: int, batch_size: int | None, steps: int | None, epochs: int | None, block: int | None = None
+) -> Iterator[Tensor]:
+    """Positions (into a client's ``size`` samples) of each of its local steps in a round, step by step: the whole
+    set in order for ``batch_size`` None (or ``batch_size >= size`` with ``steps``), ``epoch_steps``' batches with
+    ``epochs``, else ``fixed_steps``' (drawn ``block`` steps at a time where given: bounded memory)."""
+    num_steps = num_local_steps(size, batch_size, steps, epochs)
+    if batch_size is None or (steps is not None and batch_size >= size):
+        whole = torch.arange(size)
+        for _ in range(num_steps):
+            yield whole
+        return
+    if epochs is not None:
+        positions, rows = epoch_steps([seed], [size], batch_size, epochs)
+        for k, real in enumerate(rows[0].tolist()):
+            yield positions[0, k, :real]
+        return
+    block = block or num_steps
+    for first in range(0, num_steps, block):
+        yield from fixed_steps([seed], [size], batch_size, first, min(block, num_steps - first))[0]

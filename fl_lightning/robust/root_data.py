@@ -7,7 +7,6 @@ resume (nothing to checkpoint); each round's minibatches from ``derive_seed(data
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -38,26 +37,12 @@ class RootData:
         self.client_sizes = torch.tensor([size], dtype=torch.int64)
 
     def num_local_steps(self, client_id: int, batch_size: int | None, steps: int | None, epochs: int | None) -> int:
-        if steps is not None:
-            return steps
-        n = int(self.client_sizes[0])
-        return epochs * (1 if batch_size is None else math.ceil(n / batch_size))
+        return draws.num_local_steps(int(self.client_sizes[0]), batch_size, steps, epochs)
 
     def client_batches(self, client_id: int, seed: int, batch_size: int | None, steps: int | None = None, epochs: int | None = None) -> Iterator[Any]:
         """The minibatches of ``FederatedDataModule.client_batch_indices`` over the root samples (counter-based
         draws, ``fl_lightning.core.draws``; the whole set every step for null)."""
-        n = int(self.client_sizes[0])
-        num_steps = self.num_local_steps(0, batch_size, steps, epochs)
-        if batch_size is None or (steps is not None and batch_size >= n):
-            for _ in range(num_steps):
-                yield self.samples
-            return
-        if epochs is not None:
-            positions, rows = draws.epoch_steps([seed], [n], batch_size, epochs)
-            batches = [positions[0, k, :real] for k, real in enumerate(rows[0].tolist())]
-        else:
-            batches = draws.fixed_steps([seed], [n], batch_size, 0, num_steps)[0]
-        for index in batches:
+        for index in draws.client_positions(seed, int(self.client_sizes[0]), batch_size, steps, epochs):
             yield tuple(t[index] for t in self.samples)
 
     def client_full_batch(self, client_id: int) -> Any:
