@@ -46,12 +46,6 @@ def unflatten_state(flat: dict[str, Tensor]) -> NestedState:
     return state
 
 
-def _own(tensor: Tensor) -> Tensor:
-    """A detached tensor that does not keep a larger storage alive (e.g. a slice of stacked clients)."""
-    tensor = tensor.detach()
-    return tensor.clone() if tensor._base is not None else tensor
-
-
 class _Table:
     """One (state, param)'s tensors of every client that holds it: ``data[row]``, where ``has[row]``."""
 

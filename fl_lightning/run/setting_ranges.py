@@ -159,11 +159,12 @@ RANGES: dict[str, Range] = {
         for arg in ("concurrency", "buffer_size")
     },
     "model.asynchronous.alpha": Range("float", lambda v, s: 0 < v <= 1, lambda v, s: f"asynchronous.alpha must be in (0, 1], got {v!r}", ASYNC, 1.5),
-    # ---- robust aggregation (fl_lightning.robust.Robust) ----
+    # ---- LoRA aggregation (fl_lightning.lora.methods.resolve) ----
     "model.lora_aggregation": Range(
         "str?", lambda v, s: v in LORA_METHODS,
         lambda v, s: f"model.lora_aggregation must be one of {', '.join(LORA_METHODS)}, got {v!r}", "fl_lightning.lora.methods:resolve", "svdd",
     ),  # fmt: skip
+    # ---- robust aggregation (fl_lightning.robust.Robust) ----
     "model.robust.rule": Range(
         "str", lambda v, s: v in ROBUST_RULES,
         lambda v, s: f"robust.rule must be one of {', '.join(ROBUST_RULES)}, got {v!r}", ROBUST, "krumm",
