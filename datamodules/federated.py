@@ -285,8 +285,9 @@ class FederatedDataModule(L.LightningDataModule):
             yield self._gather(index.select(step_dim, step))
 
     def num_local_steps(self, client_id: int, batch_size: int | None, steps: int | None, epochs: int | None) -> int:
-        """K for this client: ``steps``, or ``epochs * ceil(n_i / batch_size)``."""
-        return draws.num_local_steps(int(self.client_sizes[client_id]), batch_size, steps, epochs)
+        """K for this client: ``steps``, or ``epochs * ceil(n_i / batch_size)``. ``n_i`` is the client's own
+        training split, which an unseen client also has (it is not among ``client_sizes``)."""
+        return draws.num_local_steps(len(self.client_train[client_id]), batch_size, steps, epochs)
 
     def augment(self, batch: Any, client_id: int, generator: torch.Generator) -> Any:
         """Transform one training minibatch of ``client_id`` (default: unchanged).

@@ -191,6 +191,19 @@ def test_a_data_pass_reads_the_clients_whole_training_set(tmp_path):
             torch.testing.assert_close(state["means"]["z"][c], expected, rtol=1e-5, atol=1e-6)
 
 
+def test_an_unseen_client_counts_its_epochs_over_its_own_training_split(tmp_path):
+    """K for an unseen client is E * ceil(n_i / B) of its own split: it is not among the training
+    clients' sizes, and asking those for it once raised IndexError."""
+    local = LocalTraining(lr=0.3, steps=None, epochs=1, batch_size=8)
+    module, data, _ = _fit(tmp_path, KeepsLocalModel(), rounds=2, local=local, new_client_fraction=0.25)
+    cid = data.unseen_clients[-1]
+    n = len(data.client_train[cid])
+    assert data.num_local_steps(cid, 8, None, 2) == 2 * -(-n // 8)
+    assert data.num_local_steps(cid, 8, 5, None) == 5
+    got = module.unseen_prediction_params(cid)
+    assert set(got) == {k for k, _ in module.model.named_parameters()}
+
+
 def test_unseen_client_settings_are_refused_in_one_line():
     with pytest.raises(ValueError, match=r"new_client_fraction=0.2 needs data.holdout_fraction"):
         tiny_datamodule(new_client_fraction=0.2)
