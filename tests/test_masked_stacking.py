@@ -207,8 +207,9 @@ def test_compiled_masked_stacking_pads_steps_and_rows_to_powers_of_two(tmp_path,
 
 @pytest.mark.parametrize("scenario", ["stragglers", "epochs"])
 def test_compiled_auto_unit_runs_every_masked_round_with_one_step_program(tmp_path, scenario):
-    """compile_unit auto (the default): a round of unequal work runs as one stack, rows padded to local.batch_size,
-    by the step program, whose variant does not depend on K: one program for every round; sequential's results."""
+    """compile_unit auto (the default): a round of unequal work runs as one stack in decreasing K, rows padded to
+    local.batch_size, by the step program, whose variant does not depend on K; the stack shrinks to the next power of
+    two of the clients still running (one program per size, the same for every round); sequential's results."""
     local, straggler = SCENARIOS[scenario]
     executor = BatchedExecutor(compile=True, backend="eager")
     bat = _fit(tmp_path, "SCAFFOLD", executor, local, straggler)
@@ -216,7 +217,18 @@ def test_compiled_auto_unit_runs_every_masked_round_with_one_step_program(tmp_pa
     assert not executor.fallbacks and not executor.compile_fallbacks and executor.stats["stacked_rounds"] == 2
     masked = [v for v in executor.programs.variants if v[3]]
     assert masked and all(v[0] == "step" and v[4] == local.batch_size for v in masked)
-    assert len({v[1:] for v in masked}) == 1
+    assert len({v[2:] for v in masked}) == 1 and {v[1] for v in masked} <= {1, 2, 4} and min(v[1] for v in masked) < 4
+    stats = executor.stats  # what the shrinking stack computed: each step's stack of local.batch_size rows
+    assert 0 < stats["padded_work"] < stats["real_work"] + stats["padded_work"]
+
+
+def test_a_stack_in_decreasing_k_shrinks_to_the_clients_still_running():
+    """Hand-worked: K = (5, 3, 3, 1) stacked as 4: steps 0..4 run 4, 3, 3, 1, 1 clients; buckets of powers of two."""
+    assert M.stack_sizes([5, 3, 3, 1], 4) == [4, 4, 4, 1, 1]
+    assert M.stack_sizes([5, 3, 3, 1], 4, bucket=lambda n: n) == [4, 3, 3, 1, 1]
+    assert M.stack_sizes([5, 3, 3, 1], 8) == [4, 4, 4, 1, 1]  # compiled padding (8 for 4 clients) is shed at once
+    assert M.stack_sizes([3, 5], 2) is None  # not in decreasing K: the running clients are not a prefix
+    assert M.stack_sizes([2, 2], 2) == [2, 2]
 
 
 def test_the_masked_stacking_config_stacks_every_round_through_the_cli(tmp_path, monkeypatch, capsys):

@@ -392,6 +392,9 @@ class BatchedExecutor(Executor):
         return self.programs is not None and self.compile_unit == "auto" and not self.programs.step_unavailable
 
     def _buckets(self, tasks: Sequence[ClientTask], runtime: ClientRuntime) -> list[list[int]]:
+        if self._one_masked_program and self.masked_stacking and not self._idealised(tasks, runtime):
+            works = self._works(tasks, runtime)  # one stack in decreasing K: it shrinks as clients finish (masking.stack_sizes)
+            return [sorted(range(len(tasks)), key=lambda i: -works[i].steps)]
         if self._idealised(tasks, runtime) or self.max_buckets == 1 or not self.masked_stacking or self._one_masked_program:
             return [list(range(len(tasks)))]
         return M.buckets(self._works(tasks, runtime), self.max_padding_waste, self.max_buckets, self._bucket)
@@ -594,16 +597,21 @@ class BatchedExecutor(Executor):
             pad, unpad = functools.partial(_pad_clients, padded - size), functools.partial(_unpad_clients, padded - size)
             mask = self._round.mask  # masked stacking: K and B are padded to powers of two (``_padded``), the mask an input
             masked = () if mask is None else (pad(mask),)
+            unit = ("step" if mask is not None else "round") if self.compile_unit == "auto" else None
+            sizes = None
+            if mask is not None and unit == "step":  # clients in decreasing K (``_buckets``): the stack shrinks as they finish
+                sizes = M.stack_sizes(self._round.steps, padded, functools.partial(padded_clients, cohort=self._cohort(runtime)))
             try:
-                unit = ("step" if mask is not None else "round") if self.compile_unit == "auto" else None
                 new_params, local_state, evaluations = self.programs(
                     (len(batches), padded, False, mask is not None, _stacked_rows(batches[0])), False, runtime.algorithm, runtime.objective, runtime.local.weight_decay,
                     pad({k: v.contiguous() for k, v in params.items()}), pad(client_state), pad(ids), tensor_lr(info), broadcast,
-                    pad(personal or {}), pad(batches), pad(None if loss is None else loss.label_counts), *masked, unit=unit,
+                    pad(personal or {}), pad(batches), pad(None if loss is None else loss.label_counts), *masked, unit=unit, sizes=sizes,
                 )  # fmt: skip
             except Uncompilable as error:
                 reason = str(error)
             else:
+                if sizes is not None and not self.programs.step_unavailable:  # the steps of clients set aside were not computed
+                    self._count(0, -_stacked_rows(batches[0]) * sum(size - min(size, running) for running in sizes))
                 for value, out, target, terms in evaluations:
                     record.add(unpad(value), unpad(out), unpad(target), unpad(terms) or None)
                 return unpad(new_params), unpad(local_state)

@@ -285,53 +285,70 @@ class CompiledPrograms:
         )  # fmt: skip
         self._inductor_config: Any = None  # inductor's settings (``_inductor_settings``), made at the first run
 
-    def __call__(self, key: tuple, dynamic: bool, *args: Any, unit: str | None = None) -> tuple[TensorDict, Any, list]:
+    def __call__(self, key: tuple, dynamic: bool, *args: Any, unit: str | None = None, sizes: list[int] | None = None) -> tuple[TensorDict, Any, list]:
         """Run the client's (or stacked clients') local steps as variant ``key`` = (K, shapes...) of the
         compiled unit (``unit``, else this object's; compiling it the first time; the step unit's key drops K);
-        ``Uncompilable`` for a declared reason to run eagerly, ``CompileError`` (one line) for any other compile failure."""
+        ``Uncompilable`` for a declared reason to run eagerly, ``CompileError`` (one line) for any other compile failure.
+        ``sizes`` (stacked step unit, clients in decreasing K): the stack's size at each step (``masking.stack_sizes``),
+        one variant per size."""
         if (unit or self.unit) == "step" and not self.step_unavailable:
             rng = torch.random.get_rng_state()
             try:
-                return self._run(("step", *key[1:]), dynamic, args)
+                return self._run(("step", *key[1:]), dynamic, args, sizes)
             except StepIndexUnavailable as error:
                 self.unit, self.step_unavailable = "round", True  # for good: the rule reads the step index in every round
                 log_fallback(self.unit_fallbacks, f"{type(args[0]).__name__}'s {error}", log, to="the unrolled round program")
                 torch.random.set_rng_state(rng)  # client_init ran eagerly: the round program draws again
         return self._run(key, dynamic, args)
 
-    def _run(self, key: tuple, dynamic: bool, args: tuple) -> tuple[TensorDict, Any, list]:
-        """Variant ``key`` of the unit its first element names ("step", else the round's K), counted and timed."""
+    def _run(self, key: tuple, dynamic: bool, args: tuple, sizes: list[int] | None = None) -> tuple[TensorDict, Any, list]:
+        """Variant ``key`` of the unit its first element names ("step", else the round's K), counted and timed
+        (a shrinking stack's ``sizes``: one step variant per size)."""
         if self.disabled:
             raise self._disabled_error or Uncompilable(self.disabled)
-        new = key not in self.variants
-        if new and len(self.variants) >= self.max_variants:
+        keys = [key] if sizes is None or key[0] != "step" else [(key[0], size, *key[2:]) for size in dict.fromkeys(sizes)]
+        fresh = [k for k in keys if k not in self.variants]
+        if fresh and len(self.variants) + len(fresh) > self.max_variants:
             self.disabled = f"more than execution.max_variants = {self.max_variants} compiled variants would be needed"
             raise Uncompilable(self.disabled)
+        new = bool(fresh)
         started, graphs = time.perf_counter(), _graphs_compiled()
         if self._inductor_config is None:
             self._inductor_config = _inductor_settings(self.backend)
         with self._config, self._inductor_config:
-            out = self._steps(dynamic, new, args) if key[0] == "step" else self._guarded(self._round_fn, dynamic, new, args)
-        self.variants.add(key)
+            out = self._steps(dynamic, new, args, sizes) if key[0] == "step" else self._guarded(self._round_fn, dynamic, new, args)
+        self.variants.update(keys)
         compiled = _graphs_compiled() - graphs
         if compiled:
             self.compiled += compiled
             self.compile_seconds += time.perf_counter() - started
         return out
 
-    def _steps(self, dynamic: bool, new: bool, args: tuple) -> tuple[TensorDict, Any, list]:
-        """The step unit: ``client_init`` eagerly, then the per-step program once per batch."""
+    def _steps(self, dynamic: bool, new: bool, args: tuple, sizes: list[int] | None = None) -> tuple[TensorDict, Any, list]:
+        """The step unit: ``client_init`` eagerly, then the per-step program once per batch. With ``sizes`` (stacked
+        clients in decreasing K) step k runs the first ``sizes[k]`` clients only: the others are done, their final
+        tensors set aside (views, no copy) and joined back once; their evaluations are zeros (masked off)."""
         algorithm, objective, weight_decay, params, client_state, client, info, broadcast, personal, batches, counts, *rest = args
         step_mask = rest[0] if rest else None  # masked stacking: bool [S, K]
         init = stacked_init_state if self.stacked else init_state
         local = init(algorithm, params, client_state, client, info, broadcast, personal, len(batches), step_mask is not None)
         records: list = []
         columns = None if step_mask is None else step_mask.t().contiguous()  # step k's mask contiguous: one program for every K
+        stacked = current = len(client) if sizes is not None else 0
+        done: list[tuple] = []  # (params, local) of the clients set aside, last clients first
         for k, batch in enumerate(batches):
             mask = None if columns is None else columns[k]
+            if sizes is not None:
+                if sizes[k] < current:
+                    done.append(_rows((params, local), sizes[k], current))
+                    params, local, client_state, client, personal, counts = _rows((params, local, client_state, client, personal, counts), 0, sizes[k])
+                    current = sizes[k]
+                batch, mask = _rows((batch, mask), 0, current)
             step_args = (algorithm, objective, weight_decay, params, local, client_state, client, info, broadcast, personal, batch, counts, mask)
             params, local, evaluations = self._guarded(self._step_fn, dynamic, new, step_args)
-            records += evaluations
+            records += evaluations if current == stacked else _padded_rows(evaluations, stacked)
+        if done:
+            params, local = _joined([(params, local), *reversed(done)])
         return params, local, records
 
     def _guarded(self, unit_fn: Callable, dynamic: bool, new: bool, args: tuple) -> Any:
@@ -359,6 +376,36 @@ class CompiledPrograms:
                     f"compiling the local steps failed: {one_line(error)}; run with --model.execution.init_args.compile false"
                 ) from error
             raise
+
+
+def _rows(tree: Any, start: int, stop: int) -> Any:
+    """``tree``'s tensors' leading rows ``start:stop`` (views), leaf by leaf of nested dicts, lists and tuples."""
+    if isinstance(tree, dict):
+        return {k: _rows(v, start, stop) for k, v in tree.items()}
+    if isinstance(tree, list | tuple):
+        return type(tree)(_rows(v, start, stop) for v in tree)
+    return tree[start:stop] if isinstance(tree, Tensor) else tree
+
+
+def _joined(parts: list[Any]) -> Any:
+    """Equally-structured trees' tensors concatenated along their leading rows (the inverse of ``_rows``' splits)."""
+    first = parts[0]
+    if isinstance(first, dict):
+        return {k: _joined([p[k] for p in parts]) for k in first}
+    if isinstance(first, list | tuple):
+        return type(first)(_joined(list(leaves)) for leaves in zip(*parts))
+    return torch.cat(parts) if isinstance(first, Tensor) else first
+
+
+def _padded_rows(tree: Any, rows: int) -> Any:
+    """``tree``'s tensors with zero rows appended up to ``rows`` (the evaluations of clients set aside, masked off)."""
+    if isinstance(tree, dict):
+        return {k: _padded_rows(v, rows) for k, v in tree.items()}
+    if isinstance(tree, list | tuple):
+        return type(tree)(_padded_rows(v, rows) for v in tree)
+    if not isinstance(tree, Tensor):
+        return tree
+    return torch.cat([tree, tree.new_zeros(rows - tree.shape[0], *tree.shape[1:])])
 
 
 def _eager_error(unit_fn: Callable, args: tuple) -> BaseException | None:

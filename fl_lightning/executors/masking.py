@@ -5,7 +5,8 @@ has target ``IGNORE_TARGET`` (no loss, no gradient, not counted); a padded step 
 keeps the client's parameters and local state as they were, by ``torch.where`` (never a product with 0,
 which turns an infinite or NaN value of the discarded step into NaN). Padding costs arithmetic; where a
 round would waste more than a cap, ``buckets`` splits its clients into a few groups of similar work,
-stacked separately.
+stacked separately. Stacked in decreasing K, a round's stack shrinks as its clients finish (``stack_sizes``):
+the padded steps of the clients that are done are not computed at all.
 """
 
 from __future__ import annotations
@@ -117,6 +118,21 @@ def buckets(works: Sequence[Work], cap: float, most: int, bucket=None) -> list[l
         bounds.append((i, j))
         j = i
     return [sorted(order[i:j]) for i, j in reversed(bounds)]
+
+
+def stack_sizes(steps: Sequence[int], stacked: int, bucket=power_of_two) -> list[int] | None:
+    """The stack's size at each step of a masked round whose clients are stacked in decreasing K (``steps``, each
+    client's K_i; ``stacked``: the stack's size at the first step, padding included): at step k the clients still
+    running are the first a_k = #{i: K_i > k}, so the stack shrinks to ``bucket(a_k)`` (never growing back; compiled
+    execution's buckets bound the number of programs). None where ``steps`` is not in decreasing order."""
+    if any(a < b for a, b in zip(steps, steps[1:])):
+        return None
+    sizes, size = [], stacked
+    for k in range(max(steps, default=0)):
+        running = sum(1 for own in steps if own > k)
+        size = min(size, max(1, bucket(running)))
+        sizes.append(size)
+    return sizes
 
 
 def masked_round_means(losses: list[Tensor], step_mask: Tensor) -> Tensor:
