@@ -217,8 +217,8 @@ def test_compiled_auto_unit_runs_every_masked_round_with_one_step_program(tmp_pa
     assert not executor.fallbacks and not executor.compile_fallbacks and executor.stats["stacked_rounds"] == 2
     masked = [v for v in executor.programs.variants if v[3]]
     assert masked and all(v[0] == "step" and v[4] == local.batch_size for v in masked)
-    assert len({v[2:] for v in masked}) == 1 and {v[1] for v in masked} <= {1, 2, 4} and min(v[1] for v in masked) < 4
-    stats = executor.stats  # what the shrinking stack computed: each step's stack of local.batch_size rows
+    assert len({v[2:] for v in masked}) == 1 and {v[1] for v in masked} == {1, 2, 4}  # the ladder, compiled at the first round
+    stats = executor.stats  # padding counted as computed: less than the full stack of every step would be
     assert 0 < stats["padded_work"] < stats["real_work"] + stats["padded_work"]
 
 

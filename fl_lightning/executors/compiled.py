@@ -306,7 +306,11 @@ class CompiledPrograms:
         (a shrinking stack's ``sizes``: one step variant per size)."""
         if self.disabled:
             raise self._disabled_error or Uncompilable(self.disabled)
-        keys = [key] if sizes is None or key[0] != "step" else [(key[0], size, *key[2:]) for size in dict.fromkeys(sizes)]
+        shrinking = sizes is not None and key[0] == "step" and len(set(sizes)) > 1
+        # vmap's batch size is a constant of the traced graph: one program per stack size, the whole ladder (the
+        # first size, then every power of two below it) compiled at its first round, whatever that round's sizes
+        ladder = [sizes[0], *(1 << j for j in reversed(range((sizes[0] - 1).bit_length())))] if shrinking else []
+        keys = [(key[0], size, *key[2:]) for size in ladder] if shrinking else [key]
         fresh = [k for k in keys if k not in self.variants]
         if fresh and len(self.variants) + len(fresh) > self.max_variants:
             self.disabled = f"more than execution.max_variants = {self.max_variants} compiled variants would be needed"
@@ -316,7 +320,9 @@ class CompiledPrograms:
         if self._inductor_config is None:
             self._inductor_config = _inductor_settings(self.backend)
         with self._config, self._inductor_config:
-            out = self._steps(dynamic, new, args, sizes) if key[0] == "step" else self._guarded(self._round_fn, dynamic, new, args)
+            if shrinking and fresh:
+                self._warm(dynamic, args, [k[1] for k in fresh])
+            out = self._steps(dynamic, new, args, sizes if shrinking else None) if key[0] == "step" else self._guarded(self._round_fn, dynamic, new, args)
         self.variants.update(keys)
         compiled = _graphs_compiled() - graphs
         if compiled:
@@ -350,6 +356,17 @@ class CompiledPrograms:
         if done:
             params, local = _joined([(params, local), *reversed(done)])
         return params, local, records
+
+    def _warm(self, dynamic: bool, args: tuple, sizes: list[int]) -> None:
+        """Compile the step program for each stack size of ``sizes`` by running the first step on that many of the
+        stacked clients (results discarded, the random state restored): a round's shrinking then never compiles."""
+        algorithm, objective, weight_decay, params, client_state, client, info, broadcast, personal, batches, counts, step_mask = args
+        with torch.random.fork_rng(devices=[]):
+            local = stacked_init_state(algorithm, params, client_state, client, info, broadcast, personal, len(batches), True)
+            mask = step_mask.t().contiguous()[0]
+            for size in sizes:
+                p, loc, state, ids, own, batch, cnt, m = _rows((params, local, client_state, client, personal, batches[0], counts, mask), 0, size)
+                self._guarded(self._step_fn, dynamic, True, (algorithm, objective, weight_decay, p, loc, state, ids, info, broadcast, own, batch, cnt, m))
 
     def _guarded(self, unit_fn: Callable, dynamic: bool, new: bool, args: tuple) -> Any:
         """``unit_fn``'s compiled program on ``args``, its failures sorted into declared reasons and ``CompileError``."""
