@@ -278,8 +278,9 @@ class BatchedExecutor(Executor):
         max_variants: with ``compile``, the most compiled programs (shapes) before running eagerly.
         backend: with ``compile``, ``torch.compile``'s backend (``inductor``, or ``aot_eager``: see ``SequentialExecutor``).
         compile_unit: with ``compile``, the stacked clients' program: ``"auto"`` (the default: ``"round"`` for
-            rounds of equal work, ``"step"`` for masked stacking's rounds of unequal work, run as one stack whose
-            rows are padded to ``local.batch_size``, so one program serves every K and straggler), ``"round"``
+            rounds of equal work, ``"step"`` for masked stacking's rounds of unequal work, run as one stack in
+            decreasing K whose rows are padded to ``local.batch_size`` and which shrinks as clients finish, so one
+            ladder of programs (a power of two of clients each) serves every K and straggler), ``"round"``
             (the K steps unrolled: faster than one step a program at S = 50, docs/performance.md; masked rounds
             then pad K and B to powers of two, one program each) or ``"step"`` (one step, called K times); see
             ``SequentialExecutor``. Rounds run sequentially use the same unit (``"auto"``: ``"round"``).

@@ -30,7 +30,9 @@ Compiled variants are keyed by what the graph depends on, and bounded:
 - S (batched): the number of stacked clients is padded up to a power of two, but at most to the
   fixed number of clients a round samples (``UniformSampling``), so a round without dropouts runs
   unpadded (the padding repeats the last client and is discarded; ``batched.padded_clients``):
-  dropout uses at most log2(S) + 2 variants, Bernoulli participation log2(S) + 1.
+  dropout uses at most log2(S) + 2 variants, Bernoulli participation log2(S) + 1. A masked round's step
+  program shrinks the stack as its clients finish (clients in decreasing K; ``masking.stack_sizes``): the
+  ladder of sizes (the first, then each power of two below it) is compiled at the first such round.
 
 A run that would need more than ``max_variants`` variants runs eagerly from then on (a
 declared, logged reason). The variant chosen depends only on the round's shapes, never on
