@@ -166,8 +166,10 @@ def test_padding_settings_are_checked(value, setting):
         BatchedExecutor(**{setting: value})
 
 
-def test_losses_accuracies_and_steps_count_only_real_steps_and_rows(tmp_path, monkeypatch):
-    """Each client's reported mean loss, accuracy and K_i equal sequential execution's (padded steps and rows not counted)."""
+@pytest.mark.parametrize("compiled", [False, True])
+def test_losses_accuracies_and_steps_count_only_real_steps_and_rows(tmp_path, monkeypatch, compiled):
+    """Each client's reported mean loss, accuracy and K_i equal sequential execution's (padded steps and rows not
+    counted; compiled: the shrinking stack's steps evaluate only the clients still running)."""
     from fl_lightning.executors import SequentialExecutor
 
     reported = {"batched": [], "sequential": []}
@@ -181,8 +183,11 @@ def test_losses_accuracies_and_steps_count_only_real_steps_and_rows(tmp_path, mo
 
         monkeypatch.setattr(cls, "run", spy)
     local, straggler = SCENARIOS["epochs"]
-    bat = _fit(tmp_path, "FedAvg", "batched", local, straggler)
-    assert not bat.executor.fallbacks
+    executor = BatchedExecutor(compile=True, backend="eager") if compiled else BatchedExecutor()
+    _fit(tmp_path, "FedAvg", executor, local, straggler)
+    assert not executor.fallbacks
+    if compiled:
+        assert not executor.compile_fallbacks and min(v[1] for v in executor.programs.variants) < 4
     _fit(tmp_path, "FedAvg", "sequential", local, straggler)
     assert [r[0] for r in reported["batched"]] == [r[0] for r in reported["sequential"]]
     assert len({r[3] for r in reported["batched"]}) > 1  # unequal K_i

@@ -191,6 +191,15 @@ def _unpad_clients(extra: int, tree: Any) -> Any:
     return tree[:-extra]
 
 
+def _unpad_to(size: int, tree: Any) -> Any:
+    """``tree``'s tensors' first ``size`` rows at most: the real clients of a padded or shrunk stack's evaluation."""
+    if tree is None:
+        return tree
+    if isinstance(tree, dict):
+        return {k: _unpad_to(size, v) for k, v in tree.items()}
+    return tree[:size]
+
+
 def _no_full_grad(params: TensorDict) -> TensorDict:
     raise Unbatchable("full local gradients need sequential execution (clients differ in size)")
 
@@ -613,8 +622,9 @@ class BatchedExecutor(Executor):
             else:
                 if sizes is not None and not self.programs.step_unavailable:  # the steps of clients set aside were not computed
                     self._count(0, -_stacked_rows(batches[0]) * sum(size - min(size, running) for running in sizes))
+                real = functools.partial(_unpad_to, size)  # a shrunk stack's steps evaluate fewer clients: cut, not padded
                 for value, out, target, terms in evaluations:
-                    record.add(unpad(value), unpad(out), unpad(target), unpad(terms) or None)
+                    record.add(real(value), real(out), real(target), real(terms) or None)
                 return unpad(new_params), unpad(local_state)
         log_fallback(self.compile_fallbacks, reason, log)
         return eager_rule(runtime, params, client_state, ids, broadcast, info, iter(batches), record, loss, personal)

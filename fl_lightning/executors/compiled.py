@@ -335,14 +335,14 @@ class CompiledPrograms:
     def _steps(self, dynamic: bool, new: bool, args: tuple, sizes: list[int] | None = None) -> tuple[TensorDict, Any, list]:
         """The step unit: ``client_init`` eagerly, then the per-step program once per batch. With ``sizes`` (stacked
         clients in decreasing K) step k runs the first ``sizes[k]`` clients only: the others are done, their final
-        tensors set aside (views, no copy) and joined back once; their evaluations are zeros (masked off)."""
+        tensors set aside (views, no copy) and joined back once; the step's evaluations are of its clients only."""
         algorithm, objective, weight_decay, params, client_state, client, info, broadcast, personal, batches, counts, *rest = args
         step_mask = rest[0] if rest else None  # masked stacking: bool [S, K]
         init = stacked_init_state if self.stacked else init_state
         local = init(algorithm, params, client_state, client, info, broadcast, personal, len(batches), step_mask is not None)
         records: list = []
         columns = None if step_mask is None else step_mask.t().contiguous()  # step k's mask contiguous: one program for every K
-        stacked = current = len(client) if sizes is not None else 0
+        current = len(client) if sizes is not None else 0
         done: list[tuple] = []  # (params, local) of the clients set aside, last clients first
         for k, batch in enumerate(batches):
             mask = None if columns is None else columns[k]
@@ -354,7 +354,7 @@ class CompiledPrograms:
                 batch, mask = _rows((batch, mask), 0, current)
             step_args = (algorithm, objective, weight_decay, params, local, client_state, client, info, broadcast, personal, batch, counts, mask)
             params, local, evaluations = self._guarded(self._step_fn, dynamic, new, step_args)
-            records += evaluations if current == stacked else _padded_rows(evaluations, stacked)
+            records += evaluations  # of the first ``current`` clients
         if done:
             params, local = _joined([(params, local), *reversed(done)])
         return params, local, records
@@ -414,17 +414,6 @@ def _joined(parts: list[Any]) -> Any:
     if isinstance(first, list | tuple):
         return type(first)(_joined(list(leaves)) for leaves in zip(*parts))
     return torch.cat(parts) if isinstance(first, Tensor) else first
-
-
-def _padded_rows(tree: Any, rows: int) -> Any:
-    """``tree``'s tensors with zero rows appended up to ``rows`` (the evaluations of clients set aside, masked off)."""
-    if isinstance(tree, dict):
-        return {k: _padded_rows(v, rows) for k, v in tree.items()}
-    if isinstance(tree, list | tuple):
-        return type(tree)(_padded_rows(v, rows) for v in tree)
-    if not isinstance(tree, Tensor):
-        return tree
-    return torch.cat([tree, tree.new_zeros(rows - tree.shape[0], *tree.shape[1:])])
 
 
 def _eager_error(unit_fn: Callable, args: tuple) -> BaseException | None:

@@ -135,15 +135,24 @@ def stack_sizes(steps: Sequence[int], stacked: int, bucket=power_of_two) -> list
     return sizes
 
 
+def _steps_by_clients(values: list[Tensor], clients: int) -> Tensor:
+    """Per-step ``[S_k]`` values as ``[K, S]``: a step of a shrunk stack (``stack_sizes``) ran its first S_k clients
+    only, so its row is zero-filled after them (those clients are done: the step mask excludes them)."""
+    if all(len(v) == clients for v in values):
+        return torch.stack(values)
+    return torch.nn.utils.rnn.pad_sequence(values, batch_first=True, padding_value=0)
+
+
 def masked_round_means(losses: list[Tensor], step_mask: Tensor) -> Tensor:
-    """Each client's mean recorded loss over its real steps (``losses``: one ``[S]`` per step; ``step_mask`` ``[S, K]``)."""
-    values, mask = torch.stack(losses), step_mask.t().to(losses[0].device)
+    """Each client's mean recorded loss over its real steps (``losses``: one ``[S]`` per step, or the first ``S_k``
+    clients' of a shrunk stack; ``step_mask`` ``[S, K]``)."""
+    values, mask = _steps_by_clients(losses, step_mask.shape[0]), step_mask.t().to(losses[0].device)
     return torch.where(mask, values, torch.zeros_like(values)).sum(0) / mask.sum(0)
 
 
 def masked_correct(outputs: list[Tensor], targets: list[Tensor], step_mask: Tensor) -> Tensor:
     """Each client's correct predictions over its real steps' real rows (padded rows' targets never match)."""
-    correct = torch.stack([(out.argmax(-1) == target).sum(-1) for out, target in zip(outputs, targets)])  # [K, S]
+    correct = _steps_by_clients([(out.argmax(-1) == target).sum(-1) for out, target in zip(outputs, targets)], step_mask.shape[0])  # [K, S]
     return torch.where(step_mask.t().to(correct.device), correct, torch.zeros_like(correct)).sum(0)
 
 
