@@ -210,6 +210,18 @@ def test_compiled_masked_stacking_pads_steps_and_rows_to_powers_of_two(tmp_path,
         assert not masked or (rows in (1, 2, 4, 8, 16) and (unit == "step" or steps in (1, 2, 4, 8, 16)))
 
 
+# docs/algorithms.md, E13, compiled: rules of different shapes (a per-client vmapped rule, optimizer moments, client
+# state, personal tensors, a finish reading K_i) through the shrinking compiled stack
+@pytest.mark.parametrize("name", ["FedSAM", "FAdamET", "FedDyn", "Ditto", "FedNova"])
+def test_every_kind_of_rule_through_the_shrinking_compiled_stack_equals_sequential(tmp_path, name):
+    local, straggler = SCENARIOS["epochs"]
+    executor = BatchedExecutor(compile=True, backend="eager")
+    bat = _fit(tmp_path, name, executor, local, straggler)
+    _assert_same(_fit(tmp_path, name, "sequential", local, straggler), bat)
+    assert executor.stats["stacked_rounds"] == 2 and not executor.fallbacks and not executor.compile_fallbacks
+    assert min(v[1] for v in executor.programs.variants) < 4  # the stack shrank
+
+
 @pytest.mark.parametrize("scenario", ["stragglers", "epochs"])
 def test_compiled_auto_unit_runs_every_masked_round_with_one_step_program(tmp_path, scenario):
     """compile_unit auto (the default): a round of unequal work runs as one stack in decreasing K, rows padded to
