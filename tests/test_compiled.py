@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 import fl_lightning.algorithms as A
+from datamodules import Dirichlet
 from fl_lightning import FederatedModule, LocalTraining
 from fl_lightning.algorithms.base import Algorithm
 from fl_lightning.executors import BatchedExecutor, SequentialExecutor
@@ -319,3 +320,20 @@ def test_step_programs_serve_every_straggler(tmp_path):
     assert {k for k, *_ in steps.variants} == {"step"} and steps.compiled == len(steps.variants) <= 2
     assert len({k for k, *_ in rounds.variants}) > 1  # several K: one round program each
     assert rounds.compiled == len(rounds.variants) > steps.compiled
+
+
+@pytest.mark.parametrize("unit", ["auto", "step"])
+def test_local_epochs_run_the_step_program_sequentially(tmp_path, unit):
+    """``local.epochs`` (each client its own K, a pass's last batch short) under sequential compiled execution: the
+    step program, full batches on its static variant and short ones on its dynamic one (two programs in all),
+    with eager execution's results; ``compile_unit: round`` (a program per K) declines with a one-line reason."""
+    local = LocalTraining(lr=0.1, steps=None, epochs=2, batch_size=8)
+    data = lambda: tiny_datamodule(num_clients=8, clients_per_round=4, partition=Dirichlet(0.5, min_size=5))  # noqa: E731
+    eager = _fit(tmp_path, A.SCAFFOLD(), "sequential", rounds=3, local=local, data=data())
+    executor = SequentialExecutor(compile=True, backend="eager", compile_unit=unit)
+    compiled = _fit(tmp_path, A.SCAFFOLD(), executor, rounds=3, local=local, data=data())
+    _assert_close(eager, compiled)
+    assert not executor.fallbacks and executor.programs.variants == {("step", False), ("step", True)}
+    declined = SequentialExecutor(compile=True, backend="eager", compile_unit="round")
+    _fit(tmp_path, A.SCAFFOLD(), declined, rounds=1, local=local, data=data())
+    assert len(declined.fallbacks) == 1 and "compile_unit: round" in next(iter(declined.fallbacks))

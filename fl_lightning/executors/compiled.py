@@ -266,6 +266,7 @@ class CompiledPrograms:
     def __init__(self, stacked: bool, max_variants: int = DEFAULT_MAX_VARIANTS, backend: str = "inductor", unit: str = "round") -> None:
         self.stacked, self.max_variants, self.backend = stacked, max_variants, backend
         self.unit = "round" if unit == "auto" else unit  # "auto": the caller names the unit of each call (batched execution)
+        self._chosen_unit = unit
         self.step_unavailable = False  # a rule read the step index in the step program: every call runs the round program
         self.compile_seconds = 0.0
         self.compiled = 0  # graphs compiled (the variants actually built)
@@ -287,12 +288,18 @@ class CompiledPrograms:
         )  # fmt: skip
         self._inductor_config: Any = None  # inductor's settings (``_inductor_settings``), made at the first run
 
-    def __call__(self, key: tuple, dynamic: bool, *args: Any, unit: str | None = None, sizes: list[int] | None = None) -> tuple[TensorDict, Any, list]:
+    @property
+    def step_unit_available(self) -> bool:
+        """Whether a call may run the step program (``compile_unit`` auto or step, and the rule does not read the step index)."""
+        return self._chosen_unit in ("auto", "step") and not self.step_unavailable
+
+    def __call__(self, key: tuple, dynamic: bool | list[bool], *args: Any, unit: str | None = None, sizes: list[int] | None = None) -> tuple[TensorDict, Any, list]:
         """Run the client's (or stacked clients') local steps as variant ``key`` = (K, shapes...) of the
         compiled unit (``unit``, else this object's; compiling it the first time; the step unit's key drops K);
         ``Uncompilable`` for a declared reason to run eagerly, ``CompileError`` (one line) for any other compile failure.
         ``sizes`` (stacked step unit, clients in decreasing K): the stack's size at each step (``masking.stack_sizes``),
-        one variant per size."""
+        one variant per size. ``dynamic`` a list (step unit, one client's ``local.epochs``): each step's batch on the
+        static or the dynamic variant (a pass's short last batch)."""
         if (unit or self.unit) == "step" and not self.step_unavailable:
             rng = torch.random.get_rng_state()
             try:
@@ -313,6 +320,9 @@ class CompiledPrograms:
         # first size, then every power of two below it) compiled at its first round, whatever that round's sizes
         ladder = [sizes[0], *(1 << j for j in reversed(range((sizes[0] - 1).bit_length())))] if shrinking else []
         keys = [(key[0], size, *key[2:]) for size in ladder] if shrinking else [key]
+        if isinstance(dynamic, list):
+            keys = [(key[0], flag, *key[2:]) for flag in dict.fromkeys(dynamic)] if key[0] == "step" else [key]
+            dynamic = dynamic if key[0] == "step" else any(dynamic)
         fresh = [k for k in keys if k not in self.variants]
         if fresh and len(self.variants) + len(fresh) > self.max_variants:
             self.disabled = f"more than execution.max_variants = {self.max_variants} compiled variants would be needed"
@@ -346,6 +356,7 @@ class CompiledPrograms:
         done: list[tuple] = []  # (params, local) of the clients set aside, last clients first
         for k, batch in enumerate(batches):
             mask = None if columns is None else columns[k]
+            shape_free = dynamic[k] if isinstance(dynamic, list) else dynamic
             if sizes is not None:
                 if sizes[k] < current:
                     done.append(_rows((params, local), sizes[k], current))
@@ -353,7 +364,7 @@ class CompiledPrograms:
                     current = sizes[k]
                 batch, mask = _rows((batch, mask), 0, current)
             step_args = (algorithm, objective, weight_decay, params, local, client_state, client, info, broadcast, personal, batch, counts, mask)
-            params, local, evaluations = self._guarded(self._step_fn, dynamic, new, step_args)
+            params, local, evaluations = self._guarded(self._step_fn, shape_free, new, step_args)
             records += evaluations  # of the first ``current`` clients
         if done:
             params, local = _joined([(params, local), *reversed(done)])

@@ -41,16 +41,17 @@ class SequentialExecutor(Executor):
         backend: with ``compile``, ``torch.compile``'s backend: ``inductor`` (generated kernels), or
             ``aot_eager`` (traced and differentiated, run by eager kernels: quick to compile, for checks).
         compile_unit: with ``compile``, what one program is: ``"step"`` (one local step, called K times;
-            ``client_init`` eager), or ``"round"`` (``client_init`` and the K steps unrolled: fewer calls,
-            a compile time growing with K). ``"round"`` by default: its rounds are faster (1.5-1.9x the
-            bare loop on the MLP workloads against 1.1-1.3x); ``"step"`` compiles in about half the time,
-            which pays on short runs (``configs/quickstart_compiled.yaml``; docs/performance.md). A rule
-            whose ``client_step`` reads ``ctx.step`` or ``ctx.num_steps`` runs the round program (declared,
-            logged once).
+            ``client_init`` eager), ``"round"`` (``client_init`` and the K steps unrolled: fewer calls,
+            a compile time growing with K) or ``"auto"`` (the default: ``"round"`` with ``local.steps``, whose
+            rounds are faster, 1.5-1.9x the bare loop on the MLP workloads against 1.1-1.3x; ``"step"`` with
+            ``local.epochs``, where each client's K differs and a pass's last batch is short: one static and one
+            dynamic step program serve every client). ``"step"`` compiles in about half the time, which pays on
+            short runs (``configs/quickstart_compiled.yaml``; docs/performance.md). A rule whose ``client_step``
+            reads ``ctx.step`` or ``ctx.num_steps`` runs the round program (declared, logged once).
     """
 
     def __init__(
-        self, compile: bool = False, max_variants: int = DEFAULT_MAX_VARIANTS, backend: str = "inductor", compile_unit: str = "round",
+        self, compile: bool = False, max_variants: int = DEFAULT_MAX_VARIANTS, backend: str = "inductor", compile_unit: str = "auto",
     ) -> None:
         self.compile = _check_compile_settings(compile, max_variants, backend, compile_unit)
         self.max_variants = max_variants
@@ -214,13 +215,17 @@ def _check_compile_settings(compile: bool, max_variants: int, backend: str, comp
     return compile
 
 
-def compiled_unsupported_reason(runtime: ClientRuntime, padded: bool = False) -> str | None:
+def compiled_unsupported_reason(runtime: ClientRuntime, padded: bool = False, step_unit: bool = False) -> str | None:
     """Why client training cannot run compiled (known before running), or None. ``padded``: stacked clients
-    padded to one K and B (masked stacking), which compiles ``local.epochs`` rounds too."""
+    padded to one K and B (masked stacking), which compiles ``local.epochs`` rounds too; ``step_unit``: the step
+    program is available (``compile_unit`` auto or step), which runs ``local.epochs`` whatever each client's K."""
     if runtime.record_privacy is not None:
         return "record-level DP-SGD (record_privacy) draws variable batches and per-example gradients, not compiled yet"
-    if runtime.local.steps is None and not padded:
-        return "local.epochs gives clients different numbers of steps and a short last batch; use local.steps"
+    if runtime.local.steps is None and not (padded or step_unit):
+        return (
+            "local.epochs gives clients different numbers of steps and a short last batch, and compile_unit: round compiles "
+            "a program per K; use compile_unit: auto or step"
+        )
     if torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled(runtime.device.type):
         return "mixed precision (autocast) is not compiled"
     return None
@@ -230,7 +235,7 @@ def _train_compiled_or_eager(
     programs: CompiledPrograms, fallbacks: Counter, task: ClientTask, info: RoundInfo, runtime: ClientRuntime, record: StepRecord
 ) -> ClientResult:
     """``_train_client`` with the local steps compiled (``programs.unit``); eager for a declared reason (logged once)."""
-    reason = compiled_unsupported_reason(runtime)
+    reason = compiled_unsupported_reason(runtime, step_unit=programs.step_unit_available)
     if reason is None:
         try:
             return train_client_compiled(programs, task, info, runtime, record)
@@ -250,15 +255,17 @@ def train_client_compiled(programs: CompiledPrograms, task: ClientTask, info: Ro
         raise interrupted(info.round, cid, 0, steps)
     seed_client(task.seed, device)
     client_state, personal = task.load_state()
-    batches = [to_device(b, device) for b in itertools.islice(data.client_batches(cid, task.seed, local.batch_size, local.steps), steps)]
+    batches = [to_device(b, device) for b in itertools.islice(data.client_batches(cid, task.seed, local.batch_size, local.steps, local.epochs), steps)]
     short = _rows(batches[0]) < local.batch_size  # a client smaller than the batch: its whole set, a dynamic batch size
-    key = (steps, short)
+    key, unit = (steps, short), None
+    if local.steps is None:  # local.epochs: the step program, a pass's short last batch on its dynamic variant
+        short, unit = [local.batch_size is None or _rows(b) < local.batch_size for b in batches], "step"
     params = {**broadcast["x"], **personal}
     client = torch.tensor(cid)
     bound = client_loss(algorithm, cid, broadcast, client_state, info, data, device)
     params, local_state, evaluations = programs(
         key, short, algorithm, runtime.objective, local.weight_decay, params, client_state, client, tensor_lr(info), broadcast, personal, batches,
-        None if bound is None else bound.label_counts,
+        None if bound is None else bound.label_counts, unit=unit,
     )  # fmt: skip
     for loss, out, target, terms in evaluations:
         record.add(loss, out, target, terms or None)
