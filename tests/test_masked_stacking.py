@@ -290,3 +290,30 @@ def test_augmented_padded_batches_are_drawn_as_sequential_execution_draws_them(t
     _assert_same(runs["sequential"], runs["batched"])
     plain = _fit(tmp_path, "FedAvg", "sequential", local, straggler)
     assert not torch.allclose(next(plain.model.parameters()), next(runs["batched"].model.parameters()))
+
+
+def test_shrinking_compiled_rounds_resume_bitwise_with_dropout(tmp_path):
+    """6 rounds straight == 3 rounds + checkpoint + a fresh executor resumed to 6, local epochs and stragglers under
+    compiled batched execution with dropout: the resumed run compiles its ladder of stack sizes at its first round
+    (the straight run at round 0), and that warm-up leaves the random state as it found it."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from torch import nn
+
+    local, straggler = SCENARIOS["epochs"]
+
+    def run(directory, rounds, ckpt=None):
+        checkpoint = ModelCheckpoint(dirpath=directory / "ckpt", save_last=True, every_n_train_steps=1, save_top_k=0)
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3))
+        executor = BatchedExecutor(compile=True, backend="eager")
+        module = FederatedModule(model, algorithms.FedAvg(), local, execution=executor, faults=ClientFaults(straggler=straggler, straggler_min_fraction=0.3))
+        trainer = tiny_trainer(directory, rounds, enable_checkpointing=True, callbacks=[checkpoint])
+        trainer.fit(module, datamodule=_data(), ckpt_path=ckpt)
+        assert not executor.fallbacks and not executor.compile_fallbacks
+        return module
+
+    straight = run(tmp_path / "a", 6)
+    run(tmp_path / "b", 3)
+    resumed = run(tmp_path / "c", 6, ckpt=str(tmp_path / "b" / "ckpt" / "last.ckpt"))
+    for a, b in zip(straight.model.parameters(), resumed.model.parameters()):
+        assert torch.equal(a, b)
