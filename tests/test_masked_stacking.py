@@ -248,9 +248,11 @@ def test_a_stack_in_decreasing_k_shrinks_to_the_clients_still_running():
     assert M.stack_sizes([2, 2], 2) == [2, 2]
 
 
-def test_the_masked_stacking_config_stacks_every_round_through_the_cli(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("compiled", [False, True])
+def test_the_masked_stacking_config_stacks_every_round_through_the_cli(tmp_path, monkeypatch, capsys, compiled):
     """``fl-lightning fit --config configs/masked_stacking_digits.yaml``: Dirichlet(0.1) clients, 2 local epochs of
-    batch 32, 20% stragglers; every round runs stacked, and the result line reports the stacking."""
+    batch 32, 20% stragglers; every round runs stacked, and the result line reports the stacking (compiled: the
+    shrinking stack's step programs, none of them falling back)."""
     from pathlib import Path
 
     from fl_lightning.commands.cli import build_cli
@@ -258,8 +260,12 @@ def test_the_masked_stacking_config_stacks_every_round_through_the_cli(tmp_path,
     monkeypatch.chdir(tmp_path)
     config = Path(__file__).resolve().parents[1] / "configs" / "masked_stacking_digits.yaml"
     cli = build_cli(["fit", "--config", str(config), "--trainer.max_steps", "3", "--trainer.val_check_interval", "3",
-                     "--trainer.enable_progress_bar", "false"])  # fmt: skip
+                     "--trainer.enable_progress_bar", "false",
+                     *(["--model.execution.init_args.compile", "true", "--model.execution.init_args.backend", "eager"] if compiled else [])])  # fmt: skip
     stats = cli.model.executor.stats
+    if compiled:
+        batched = cli.model.executor.inner  # the CLI's executor wraps the batched one (DDP-ready)
+        assert not batched.compile_fallbacks and len({v[1] for v in batched.programs.variants}) > 1
     assert stats["rounds"] == stats["stacked_rounds"] == 3 and 0 < stats["padded_work"] < stats["real_work"]
     assert not cli.model.executor.fallbacks
     assert "3 of 3 rounds stacked" in capsys.readouterr().out
