@@ -295,7 +295,8 @@ class BatchedExecutor(Executor):
             ``SequentialExecutor``. Rounds run sequentially use the same unit (``"auto"``: ``"round"``).
         max_padding_waste: masked stacking (clients with unequal local work padded to the round's largest K and B,
             docs/performance.md): where one stack would waste more than this share of its work on padding, in [0, 1),
-            its clients are stacked in groups of similar work.
+            its clients are stacked in groups of similar work. An elementwise rule's eager stack and compiled
+            execution's step program instead run one stack in decreasing K that shrinks as clients finish.
         max_buckets: the most such groups a round is split into (1: one stack, whatever the waste).
         masked_stacking: stack clients with unequal local work by padding and masking (true, the default); false
             runs such rounds sequentially, as before masked stacking (a declared reason).
@@ -402,7 +403,8 @@ class BatchedExecutor(Executor):
         return self.programs is not None and self.compile_unit == "auto" and not self.programs.step_unavailable
 
     def _buckets(self, tasks: Sequence[ClientTask], runtime: ClientRuntime) -> list[list[int]]:
-        if self._one_masked_program and self.masked_stacking and not self._idealised(tasks, runtime):
+        shrinks = self._one_masked_program or (self.programs is None and declares_capability(runtime.algorithm, "elementwise"))
+        if shrinks and self.masked_stacking and not self._idealised(tasks, runtime):
             works = self._works(tasks, runtime)  # one stack in decreasing K: it shrinks as clients finish (masking.stack_sizes)
             return [sorted(range(len(tasks)), key=lambda i: -works[i].steps)]
         if self._idealised(tasks, runtime) or self.max_buckets == 1 or not self.masked_stacking or self._one_masked_program:
@@ -569,9 +571,21 @@ class BatchedExecutor(Executor):
         if dp is not None:  # the clients' noise sources and B_i, as sequential execution's
             noise, denominators = client_noise(dp, ids.tolist(), self._seeds)
         mask, padded_rows = self._round.mask, self._round.padded_rows
+        sizes = self._shrinking_sizes(len(ids), local_state, dp)
+        current, done = len(ids), []  # the clients still running; (params, local state) of those set aside, last first
         for step, batch in enumerate(batches):
             if runtime.should_stop():
                 raise interrupted(info.round, int(ids[0]), step, max(self._round.steps))
+            if sizes is not None and sizes[step] < current:  # the last clients are done: set aside, the rest run on
+                done.append(M.leading_rows((params, local_state), sizes[step], current))
+                current = sizes[step]
+                params, local_state, ids, client_state, personal, mask = M.leading_rows((params, local_state, ids, client_state, personal, mask), 0, current)
+                if loss is not None:
+                    loss = dataclasses.replace(loss, client=ids, client_state=client_state, label_counts=M.leading_rows(loss.label_counts, 0, current))
+                ctx = self._context(ids, broadcast, client_state, info, runtime, personal=personal or {})
+            if sizes is not None:
+                self._count(0, (current - len(self._round.steps)) * _stacked_rows(batch))  # the rows of the clients set aside: not computed
+                batch = M.leading_rows(batch, 0, current)
             ctx.step = step
             if dp is not None:
                 ctx.grad = private_grad_fn(
@@ -585,7 +599,17 @@ class BatchedExecutor(Executor):
                 params, local_state = new_params, new_state
             else:  # a client's padded step changes nothing
                 params, local_state = M.keep_where(mask[:, step], (new_params, new_state), (params, local_state))
+        if done:
+            params, local_state = M.joined([(params, local_state), *reversed(done)])
         return params, local_state
+
+    def _shrinking_sizes(self, size: int, local_state: Any, dp: Any) -> list[int] | None:
+        """The stack's size at each step of an eager masked round whose clients run in decreasing K (``_buckets``):
+        exactly the clients still running (``masking.stack_sizes``); None where the stack keeps every client (no step
+        is padded, record-level DP-SGD, per-client broadcasts, or local state shared by the clients)."""
+        if self._round.mask is None or dp is not None or self._per_client_x or not M.all_stacked(local_state, size):
+            return None
+        return M.stack_sizes(self._round.steps, size, bucket=int)
 
     @property
     def compile_seconds(self) -> float | None:

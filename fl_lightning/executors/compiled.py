@@ -64,6 +64,7 @@ from fl_lightning.core.errors import FLError, one_line
 from fl_lightning.core.local_loss import ClientLoss, defines_local_loss
 from fl_lightning.core.objective import Objective
 from fl_lightning.core.params import TensorDict
+from fl_lightning.executors import masking as M
 from fl_lightning.executors.masking import keep_where
 
 log = logging.getLogger(__name__)
@@ -359,15 +360,15 @@ class CompiledPrograms:
             shape_free = dynamic[k] if isinstance(dynamic, list) else dynamic
             if sizes is not None:
                 if sizes[k] < current:
-                    done.append(_rows((params, local), sizes[k], current))
-                    params, local, client_state, client, personal, counts = _rows((params, local, client_state, client, personal, counts), 0, sizes[k])
+                    done.append(M.leading_rows((params, local), sizes[k], current))
+                    params, local, client_state, client, personal, counts = M.leading_rows((params, local, client_state, client, personal, counts), 0, sizes[k])
                     current = sizes[k]
-                batch, mask = _rows((batch, mask), 0, current)
+                batch, mask = M.leading_rows((batch, mask), 0, current)
             step_args = (algorithm, objective, weight_decay, params, local, client_state, client, info, broadcast, personal, batch, counts, mask)
             params, local, evaluations = self._guarded(self._step_fn, shape_free, new, step_args)
             records += evaluations  # of the first ``current`` clients
         if done:
-            params, local = _joined([(params, local), *reversed(done)])
+            params, local = M.joined([(params, local), *reversed(done)])
         return params, local, records
 
     def _warm(self, dynamic: bool, args: tuple, sizes: list[int]) -> None:
@@ -378,7 +379,7 @@ class CompiledPrograms:
             local = stacked_init_state(algorithm, params, client_state, client, info, broadcast, personal, len(batches), True)
             mask = step_mask.t().contiguous()[0]
             for size in sizes:
-                p, loc, state, ids, own, batch, cnt, m = _rows((params, local, client_state, client, personal, batches[0], counts, mask), 0, size)
+                p, loc, state, ids, own, batch, cnt, m = M.leading_rows((params, local, client_state, client, personal, batches[0], counts, mask), 0, size)
                 self._guarded(self._step_fn, dynamic, True, (algorithm, objective, weight_decay, p, loc, state, ids, info, broadcast, own, batch, cnt, m))
 
     def _guarded(self, unit_fn: Callable, dynamic: bool, new: bool, args: tuple) -> Any:
@@ -406,25 +407,6 @@ class CompiledPrograms:
                     f"compiling the local steps failed: {one_line(error)}; run with --model.execution.init_args.compile false"
                 ) from error
             raise
-
-
-def _rows(tree: Any, start: int, stop: int) -> Any:
-    """``tree``'s tensors' leading rows ``start:stop`` (views), leaf by leaf of nested dicts, lists and tuples."""
-    if isinstance(tree, dict):
-        return {k: _rows(v, start, stop) for k, v in tree.items()}
-    if isinstance(tree, list | tuple):
-        return type(tree)(_rows(v, start, stop) for v in tree)
-    return tree[start:stop] if isinstance(tree, Tensor) else tree
-
-
-def _joined(parts: list[Any]) -> Any:
-    """Equally-structured trees' tensors concatenated along their leading rows (the inverse of ``_rows``' splits)."""
-    first = parts[0]
-    if isinstance(first, dict):
-        return {k: _joined([p[k] for p in parts]) for k in first}
-    if isinstance(first, list | tuple):
-        return type(first)(_joined(list(leaves)) for leaves in zip(*parts))
-    return torch.cat(parts) if isinstance(first, Tensor) else first
 
 
 def _eager_error(unit_fn: Callable, args: tuple) -> BaseException | None:

@@ -135,6 +135,34 @@ def stack_sizes(steps: Sequence[int], stacked: int, bucket=power_of_two) -> list
     return sizes
 
 
+def leading_rows(tree: Any, start: int, stop: int) -> Any:
+    """``tree``'s tensors' leading rows ``start:stop`` (views), leaf by leaf of nested dicts, lists and tuples."""
+    if isinstance(tree, dict):
+        return {k: leading_rows(v, start, stop) for k, v in tree.items()}
+    if isinstance(tree, list | tuple):
+        return type(tree)(leading_rows(v, start, stop) for v in tree)
+    return tree[start:stop] if isinstance(tree, Tensor) else tree
+
+
+def joined(parts: list[Any]) -> Any:
+    """Equally-structured trees' tensors concatenated along their leading rows (the inverse of ``leading_rows``' splits)."""
+    first = parts[0]
+    if isinstance(first, dict):
+        return {k: joined([p[k] for p in parts]) for k in first}
+    if isinstance(first, list | tuple):
+        return type(first)(joined(list(leaves)) for leaves in zip(*parts))
+    return torch.cat(parts) if isinstance(first, Tensor) else first
+
+
+def all_stacked(tree: Any, size: int) -> bool:
+    """Whether every tensor of ``tree`` has a leading client dimension of ``size`` (nothing shared by the clients)."""
+    if isinstance(tree, dict):
+        return all(all_stacked(v, size) for v in tree.values())
+    if isinstance(tree, list | tuple):
+        return all(all_stacked(v, size) for v in tree)
+    return not isinstance(tree, Tensor) or (tree.dim() > 0 and tree.shape[0] == size)
+
+
 def _steps_by_clients(values: list[Tensor], clients: int) -> Tensor:
     """Per-step ``[S_k]`` values as ``[K, S]``: a step of a shrunk stack (``stack_sizes``) ran its first S_k clients
     only, so its row is zero-filled after them (those clients are done: the step mask excludes them)."""
