@@ -403,7 +403,9 @@ class BatchedExecutor(Executor):
         return self.programs is not None and self.compile_unit == "auto" and not self.programs.step_unavailable
 
     def _buckets(self, tasks: Sequence[ClientTask], runtime: ClientRuntime) -> list[list[int]]:
-        shrinks = self._one_masked_program or (self.programs is None and declares_capability(runtime.algorithm, "elementwise"))
+        shrinks = self._one_masked_program or (
+            self.programs is None and declares_capability(runtime.algorithm, "elementwise") and all(t.broadcast is tasks[0].broadcast for t in tasks)
+        )  # per-client broadcasts (heterogeneous LoRA ranks) keep every client in the stack: buckets then waste less
         if shrinks and self.masked_stacking and not self._idealised(tasks, runtime):
             works = self._works(tasks, runtime)  # one stack in decreasing K: it shrinks as clients finish (masking.stack_sizes)
             return [sorted(range(len(tasks)), key=lambda i: -works[i].steps)]
