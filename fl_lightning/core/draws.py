@@ -106,7 +106,14 @@ def fixed_steps(seeds, sizes, batch_size: int, first_step: int, num_steps: int) 
     first = pass_of[:, :1]
     grid = pass_grid(seeds, sizes, first.reshape(-1), int((pass_of[:, -1:] - first).max()) + 1)
     rank = (step - pass_of * per_pass) * batch_size + np.arange(batch_size)  # rank within the pass
-    return torch.from_numpy(grid[np.arange(len(sizes)).reshape(-1, 1, 1), pass_of - first, rank])
+    return torch.from_numpy(_pick(grid, pass_of - first, rank))
+
+
+def _pick(grid: np.ndarray, passes: np.ndarray, ranks: np.ndarray) -> np.ndarray:
+    """``grid[i, passes[i, ...], ranks[i, ...]]`` for every client i (``passes`` and ``ranks`` broadcast): one ``take``
+    of flat indices, at half the cost of indexing with three arrays."""
+    num_clients, num_passes, width = grid.shape
+    return grid.reshape(-1).take((np.arange(num_clients).reshape(-1, 1, 1) * num_passes + passes) * width + ranks)
 
 
 def epoch_steps(seeds, sizes, batch_size: int | None, epochs: int) -> tuple[Tensor, Tensor]:
@@ -131,7 +138,7 @@ def epoch_steps(seeds, sizes, batch_size: int | None, epochs: int) -> tuple[Tens
     col = np.arange(width).reshape(1, 1, -1)
     rank = start[..., None] + np.where(col < rows[..., None], col, 0)
     rank = np.where(rows[..., None] > 0, rank, 0)  # a step past K_i: the first sample of the last pass
-    positions = grid[np.arange(num_clients).reshape(-1, 1, 1), np.minimum(pass_of, epochs - 1)[..., None], rank]
+    positions = _pick(grid, np.minimum(pass_of, epochs - 1)[..., None], rank)
     return torch.from_numpy(positions), torch.from_numpy(rows)
 
 
