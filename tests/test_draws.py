@@ -171,3 +171,21 @@ def test_padded_index_holds_each_clients_batches(sizes, seeds, batch_size, mode,
                 assert bool((index[i, k, n:] == batches[k][0]).all())
             else:
                 assert int(real[i, k]) == 0 and torch.equal(index[i, k], index[i, 0])
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=40), min_size=1, max_size=4), st.booleans())
+def test_packed_sort_orders_keys_by_key_then_position_as_a_stable_argsort(rows, narrow):
+    """Heavy ties (keys 0..3, 3 standing for the padding key) and, with ``narrow``, rows wider than the position bits
+    (the stable argsort itself): the order is a Python sort by (key, position)."""
+    width = max(len(r) for r in rows)
+    table = np.array([[[r[j] if j < len(r) else 3 for j in range(width)]] for r in rows], dtype=np.uint64)
+    table = np.where(table == 3, draws._PAD_KEY, table * np.uint64((1 << draws.KEY_BITS) // 3))
+    expected = [[sorted(range(width), key=lambda j: (int(row[0][j]), j))] for row in table]
+    saved = draws._POSITION_BITS
+    draws._POSITION_BITS = 2 if narrow else saved
+    try:
+        got = draws._stable_argsort(table)
+    finally:
+        draws._POSITION_BITS = saved
+    assert got.dtype == np.int64 and got.tolist() == expected

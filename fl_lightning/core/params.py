@@ -69,7 +69,7 @@ def weighted_sum(dicts: Sequence[TensorDict], weights: Sequence[float] | Tensor)
     """
     if len(dicts) == 0:
         raise ValueError("weighted_sum needs at least one tensor dict")
-    weights = [float(w) for w in weights]
+    weights = weights.tolist() if isinstance(weights, Tensor) else [float(w) for w in weights]  # a tensor: one read, not one per client
     weight_tensors: dict[tuple, Tensor] = {}  # one per dtype and device, not one per tensor name
     out = {}
     for k in dicts[0]:

@@ -125,10 +125,13 @@ class ClientStore:
     def gather(self, ids: Tensor, init: StateInit) -> NestedState:
         """The clients' states stacked ``[S, ...]`` for every entry of ``init()``; a client without a
         value for an entry (never stored) gets ``init()``'s, which is not stored."""
+        initial = init()
+        if not any(initial.values()):  # a rule without client state (FedAvg): no rows to look up
+            return {}
         ids = torch.as_tensor(ids, dtype=torch.int64).reshape(-1)
         rows = self._rows(ids)
         stacked: NestedState = {}
-        for name, td in init().items():
+        for name, td in initial.items():
             for param, first in td.items():
                 table = self._tables.get((name, param))
                 if table is not None and not table.fits(first) and bool(table.has.any()):

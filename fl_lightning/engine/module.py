@@ -719,9 +719,11 @@ class FederatedModule(AsyncServer, L.LightningModule):
         tasks, stragglers = [], 0
         init = functools.partial(self.algorithm.client_state_init, broadcast["x"])
         states = RoundStates(self.store, init, self._initial_personal, self.device, is_message_state)
+        faults = self.faults.active and not warmup  # the same for every client: read once, not per client
+        message_states = bool(self.messages.client_stages)
         for cid, seed in zip(clients, seeds):
             steps = budget = data.num_local_steps(cid, local.batch_size, local.steps, local.epochs)
-            if self.faults.active and not warmup:
+            if faults:
                 dropped, budget = self.faults.draw(seed, steps)
                 if dropped:
                     log.warning("round %d: client %d dropped out (never reported)", round_idx, cid)
@@ -736,7 +738,7 @@ class FederatedModule(AsyncServer, L.LightningModule):
             if self.lora is not None and self.lora.client_rank(cid) < self.lora.rank:  # zero-padded to its rank
                 own = self.lora.client_broadcast(broadcast, cid)
             load_state = functools.partial(self.client_state, cid, broadcast["x"])
-            load_messages = functools.partial(self.message_state, cid) if self.messages.client_stages else None
+            load_messages = functools.partial(self.message_state, cid) if message_states else None
             tasks.append(ClientTask(cid, seed, budget, own, load_state, warmup, load_messages, states))
         return tasks, stragglers
 

@@ -329,6 +329,7 @@ class BatchedExecutor(Executor):
         self.compile_fallbacks: Counter[str] = Counter()  # compiled execution: stacked rounds run eagerly, by reason
         self.fallbacks: Counter[str] = Counter()  # rounds run sequentially, by reason
         self._finish_per_client: set[type] = set()  # rules whose client_finish reads ctx.client_id
+        self._smallest: tuple[Tensor, int] | None = None  # (client_sizes, its minimum): ``_smallest_client``
 
     def run(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> list[ClientResult]:
         if not tasks:
@@ -423,14 +424,23 @@ class BatchedExecutor(Executor):
         """Compiled execution pads K and B up to powers of two (a bounded number of programs); eager execution pads to the largest."""
         return M.power_of_two if self.programs is not None else None
 
-    @staticmethod
-    def _idealised(tasks: Sequence[ClientTask], runtime: ClientRuntime) -> bool:
+    def _idealised(self, tasks: Sequence[ClientTask], runtime: ClientRuntime) -> bool:
         """Whether every client runs ``local.steps`` steps of ``local.batch_size`` rows (stacked without padding)."""
         local = runtime.local
         if local.steps is None or local.batch_size is None or any(t.num_steps != local.steps for t in tasks):
             return False
+        sizes = runtime.data.client_sizes
+        if self._smallest_client(sizes) >= local.batch_size:  # every client holds a full batch: nothing to look up
+            return True
         ids = torch.as_tensor([t.client_id for t in tasks], dtype=torch.int64)
-        return not bool((runtime.data.client_sizes[ids] < local.batch_size).any())
+        return not bool((sizes[ids] < local.batch_size).any())
+
+    def _smallest_client(self, sizes: Tensor) -> int:
+        """The smallest of the clients' training sizes, computed once per ``client_sizes`` tensor (a datamodule
+        sets it at setup), not in each of the round's three stacking decisions."""
+        if self._smallest is None or self._smallest[0] is not sizes:
+            self._smallest = (sizes, int(sizes.min()) if len(sizes) else 0)
+        return self._smallest[1]
 
     def _padded(self, tasks: Sequence[ClientTask], runtime: ClientRuntime) -> Any:
         """The round's batches padded to its largest K and B (``ClientData.padded_client_batches``), checked to be maskable."""

@@ -149,12 +149,25 @@ def all_finite(payloads: Sequence[dict[str, TensorDict]]) -> bool:
 
     The per-tensor scan of ``first_non_finite`` then only runs to name a culprit.
     """
+    return all(is_finite(t) for name, tds in _by_tensor(payloads) for t in P.across(tds, name))
+
+
+def _by_tensor(payloads: Sequence[dict[str, TensorDict]]) -> list[tuple[str, list[TensorDict]]]:
+    """``(name, the tensor dicts holding it)`` for every (part, name) of the payloads, in first-seen order.
+    Where every payload has the first one's parts and names (uploads of one rule: the common case), the
+    groups are read off the first payload, without a dictionary update per client and tensor."""
+    first = payloads[0] if payloads else {}
+    parts = {part: [payload.get(part) for payload in payloads] for part in first}
+    if all(payload.keys() == first.keys() for payload in payloads) and all(
+        all(td.keys() == first[part].keys() for td in tds) for part, tds in parts.items()
+    ):
+        return [(name, tds) for part, tds in parts.items() for name in first[part]]
     groups: dict[tuple[str, str], list[TensorDict]] = {}
     for payload in payloads:
         for part, td in payload.items():
             for name in td:
                 groups.setdefault((part, name), []).append(td)
-    return all(is_finite(t) for (_, name), tds in groups.items() for t in P.across(tds, name))
+    return [(name, tds) for (_, name), tds in groups.items()]
 
 
 def is_finite(tensor: Tensor) -> bool:
