@@ -191,15 +191,6 @@ def _unpad_clients(extra: int, tree: Any) -> Any:
     return tree[:-extra]
 
 
-def _unpad_to(size: int, tree: Any) -> Any:
-    """``tree``'s tensors' first ``size`` rows at most: the real clients of a padded or shrunk stack's evaluation."""
-    if tree is None:
-        return tree
-    if isinstance(tree, dict):
-        return {k: _unpad_to(size, v) for k, v in tree.items()}
-    return tree[:size]
-
-
 def _no_full_grad(params: TensorDict) -> TensorDict:
     raise Unbatchable("full local gradients need sequential execution (clients differ in size)")
 
@@ -404,13 +395,15 @@ class BatchedExecutor(Executor):
         return self.programs is not None and self.compile_unit == "auto" and not self.programs.step_unavailable
 
     def _buckets(self, tasks: Sequence[ClientTask], runtime: ClientRuntime) -> list[list[int]]:
+        if self._idealised(tasks, runtime) or not self.masked_stacking:
+            return [list(range(len(tasks)))]
         shrinks = self._one_masked_program or (
             self.programs is None and declares_capability(runtime.algorithm, "elementwise") and all(t.broadcast is tasks[0].broadcast for t in tasks)
         )  # per-client broadcasts (heterogeneous LoRA ranks) keep every client in the stack: buckets then waste less
-        if shrinks and self.masked_stacking and not self._idealised(tasks, runtime):
+        if shrinks:
             works = self._works(tasks, runtime)  # one stack in decreasing K: it shrinks as clients finish (masking.stack_sizes)
             return [sorted(range(len(tasks)), key=lambda i: -works[i].steps)]
-        if self._idealised(tasks, runtime) or self.max_buckets == 1 or not self.masked_stacking or self._one_masked_program:
+        if self.max_buckets == 1:
             return [list(range(len(tasks)))]
         return M.buckets(self._works(tasks, runtime), self.max_padding_waste, self.max_buckets, self._bucket)
 
@@ -596,7 +589,8 @@ class BatchedExecutor(Executor):
                     loss = dataclasses.replace(loss, client=ids, client_state=client_state, label_counts=M.leading_rows(loss.label_counts, 0, current))
                 ctx = self._context(ids, broadcast, client_state, info, runtime, personal=personal or {})
             if sizes is not None:
-                self._count(0, (current - len(self._round.steps)) * _stacked_rows(batch))  # the rows of the clients set aside: not computed
+                if step == 0:  # the rows of the clients set aside are not computed
+                    self._count(0, -_stacked_rows(batch) * M.set_aside(sizes, len(self._round.steps)))
                 batch = M.leading_rows(batch, 0, current)
             ctx.step = step
             if dp is not None:
@@ -657,10 +651,10 @@ class BatchedExecutor(Executor):
                 reason = str(error)
             else:
                 if sizes is not None and not self.programs.step_unavailable:  # the steps of clients set aside were not computed
-                    self._count(0, -_stacked_rows(batches[0]) * sum(size - min(size, running) for running in sizes))
-                real = functools.partial(_unpad_to, size)  # a shrunk stack's steps evaluate fewer clients: cut, not padded
-                for value, out, target, terms in evaluations:
-                    record.add(real(value), real(out), real(target), real(terms) or None)
+                    self._count(0, -_stacked_rows(batches[0]) * M.set_aside(sizes, size))
+                for value, out, target, terms in evaluations:  # a shrunk stack's steps evaluate fewer clients: cut, not padded
+                    value, out, target, terms = M.leading_rows((value, out, target, terms), 0, size)
+                    record.add(value, out, target, terms or None)
                 return unpad(new_params), unpad(local_state)
         log_fallback(self.compile_fallbacks, reason, log)
         return eager_rule(runtime, params, client_state, ids, broadcast, info, iter(batches), record, loss, personal)

@@ -377,7 +377,7 @@ class CompiledPrograms:
         algorithm, objective, weight_decay, params, client_state, client, info, broadcast, personal, batches, counts, step_mask = args
         with torch.random.fork_rng(devices=[]):
             local = stacked_init_state(algorithm, params, client_state, client, info, broadcast, personal, len(batches), True)
-            mask = step_mask.t().contiguous()[0]
+            mask = step_mask[:, 0].contiguous()
             for size in sizes:
                 p, loc, state, ids, own, batch, cnt, m = M.leading_rows((params, local, client_state, client, personal, batches[0], counts, mask), 0, size)
                 self._guarded(self._step_fn, dynamic, True, (algorithm, objective, weight_decay, p, loc, state, ids, info, broadcast, own, batch, cnt, m))

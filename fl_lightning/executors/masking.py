@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from fl_lightning.core.objective import predicted
+
 
 def keep_where(mask: Tensor, new: Any, old: Any) -> Any:
     """``new`` where ``mask`` is True, else ``old``, leaf by leaf of nested dicts, lists and tuples.
@@ -135,6 +137,12 @@ def stack_sizes(steps: Sequence[int], stacked: int, bucket=power_of_two) -> list
     return sizes
 
 
+def set_aside(sizes: Sequence[int], clients: int) -> int:
+    """Client-steps a shrinking stack of ``clients`` did not compute: ``sum_k clients - min(clients, sizes[k])``
+    (a compiled stack's first size may exceed the real clients: its padding)."""
+    return sum(clients - min(clients, size) for size in sizes)
+
+
 def leading_rows(tree: Any, start: int, stop: int) -> Any:
     """``tree``'s tensors' leading rows ``start:stop`` (views), leaf by leaf of nested dicts, lists and tuples."""
     if isinstance(tree, dict):
@@ -180,7 +188,7 @@ def masked_round_means(losses: list[Tensor], step_mask: Tensor) -> Tensor:
 
 def masked_correct(outputs: list[Tensor], targets: list[Tensor], step_mask: Tensor) -> Tensor:
     """Each client's correct predictions over its real steps' real rows (padded rows' targets never match)."""
-    correct = _steps_by_clients([(out.argmax(-1) == target).sum(-1) for out, target in zip(outputs, targets)], step_mask.shape[0])  # [K, S]
+    correct = _steps_by_clients([(predicted(out) == target).sum(-1) for out, target in zip(outputs, targets)], step_mask.shape[0])  # [K, S]
     return torch.where(step_mask.t().to(correct.device), correct, torch.zeros_like(correct)).sum(0)
 
 
