@@ -254,6 +254,21 @@ def test_a_stack_in_decreasing_k_shrinks_to_the_clients_still_running():
     assert M.stack_sizes([2, 2], 2) == [2, 2]
 
 
+def test_a_shrinking_stack_sets_the_finished_clients_aside_and_joins_them_back_in_order():
+    """Hand-worked: 4 clients of K = (3, 2, 1, 1) run 4, 2, 1 at steps 0, 1, 2; each step adds 1 to the running
+    rows of what it carries, so client i ends with its own K_i added, in its own row."""
+    stack = M.ShrinkingStack(M.stack_sizes([3, 2, 1, 1], 4, bucket=lambda n: n), 4)
+    carried, ids = {"w": torch.zeros(4, 2)}, torch.arange(4)
+    for step in range(3):
+        cut = stack.shrink(step, carried, ids)
+        assert (cut is None) == (step == 0)
+        if cut is not None:
+            carried, ids = cut
+        assert ids.tolist() == list(range(stack.running)) and stack.rows(torch.arange(4)).tolist() == ids.tolist()
+        carried = {"w": carried["w"] + 1}
+    assert stack.joined(carried)["w"].tolist() == [[3.0, 3.0], [2.0, 2.0], [1.0, 1.0], [1.0, 1.0]]
+
+
 @pytest.mark.parametrize("compiled", [False, True])
 def test_the_masked_stacking_config_stacks_every_round_through_the_cli(tmp_path, monkeypatch, capsys, compiled):
     """``fl-lightning fit --config configs/masked_stacking_digits.yaml``: Dirichlet(0.1) clients, 2 local epochs of

@@ -577,21 +577,20 @@ class BatchedExecutor(Executor):
             noise, denominators = client_noise(dp, ids.tolist(), self._seeds)
         mask, padded_rows = self._round.mask, self._round.padded_rows
         sizes = self._shrinking_sizes(len(ids), local_state, dp)
-        current, done = len(ids), []  # the clients still running; (params, local state) of those set aside, last first
+        stack = None if sizes is None else M.ShrinkingStack(sizes, len(ids))
         for step, batch in enumerate(batches):
             if runtime.should_stop():
                 raise interrupted(info.round, int(ids[0]), step, max(self._round.steps))
-            if sizes is not None and sizes[step] < current:  # the last clients are done: set aside, the rest run on
-                done.append(M.leading_rows((params, local_state), sizes[step], current))
-                current = sizes[step]
-                params, local_state, ids, client_state, personal, mask = M.leading_rows((params, local_state, ids, client_state, personal, mask), 0, current)
-                if loss is not None:
-                    loss = dataclasses.replace(loss, client=ids, client_state=client_state, label_counts=M.leading_rows(loss.label_counts, 0, current))
-                ctx = self._context(ids, broadcast, client_state, info, runtime, personal=personal or {})
-            if sizes is not None:
+            if stack is not None:
                 if step == 0:  # the rows of the clients set aside are not computed
                     self._count(0, -_stacked_rows(batch) * M.set_aside(sizes, len(self._round.steps)))
-                batch = M.leading_rows(batch, 0, current)
+                cut = stack.shrink(step, (params, local_state), (ids, client_state, personal, mask, None if loss is None else loss.label_counts))
+                if cut is not None:  # the last clients are done: set aside, the rest run on
+                    (params, local_state), (ids, client_state, personal, mask, counts) = cut
+                    if loss is not None:
+                        loss = dataclasses.replace(loss, client=ids, client_state=client_state, label_counts=counts)
+                    ctx = self._context(ids, broadcast, client_state, info, runtime, personal=personal or {})
+                batch = stack.rows(batch)
             ctx.step = step
             if dp is not None:
                 ctx.grad = private_grad_fn(
@@ -605,8 +604,8 @@ class BatchedExecutor(Executor):
                 params, local_state = new_params, new_state
             else:  # a client's padded step changes nothing
                 params, local_state = M.keep_where(mask[:, step], (new_params, new_state), (params, local_state))
-        if done:
-            params, local_state = M.joined([(params, local_state), *reversed(done)])
+        if stack is not None:
+            params, local_state = stack.joined((params, local_state))
         return params, local_state
 
     def _shrinking_sizes(self, size: int, local_state: Any, dp: Any) -> list[int] | None:

@@ -353,22 +353,20 @@ class CompiledPrograms:
         local = init(algorithm, params, client_state, client, info, broadcast, personal, len(batches), step_mask is not None)
         records: list = []
         columns = None if step_mask is None else step_mask.t().contiguous()  # step k's mask contiguous: one program for every K
-        current = len(client) if sizes is not None else 0
-        done: list[tuple] = []  # (params, local) of the clients set aside, last clients first
+        stack = None if sizes is None else M.ShrinkingStack(sizes, len(client))
         for k, batch in enumerate(batches):
             mask = None if columns is None else columns[k]
             shape_free = dynamic[k] if isinstance(dynamic, list) else dynamic
-            if sizes is not None:
-                if sizes[k] < current:
-                    done.append(M.leading_rows((params, local), sizes[k], current))
-                    params, local, client_state, client, personal, counts = M.leading_rows((params, local, client_state, client, personal, counts), 0, sizes[k])
-                    current = sizes[k]
-                batch, mask = M.leading_rows((batch, mask), 0, current)
+            if stack is not None:
+                cut = stack.shrink(k, (params, local), (client_state, client, personal, counts))
+                if cut is not None:
+                    (params, local), (client_state, client, personal, counts) = cut
+                batch, mask = stack.rows((batch, mask))
             step_args = (algorithm, objective, weight_decay, params, local, client_state, client, info, broadcast, personal, batch, counts, mask)
             params, local, evaluations = self._guarded(self._step_fn, shape_free, new, step_args)
             records += evaluations  # of the first ``current`` clients
-        if done:
-            params, local = M.joined([(params, local), *reversed(done)])
+        if stack is not None:
+            params, local = stack.joined((params, local))
         return params, local, records
 
     def _warm(self, dynamic: bool, args: tuple, sizes: list[int]) -> None:

@@ -143,6 +143,38 @@ def set_aside(sizes: Sequence[int], clients: int) -> int:
     return sum(clients - min(clients, size) for size in sizes)
 
 
+class ShrinkingStack:
+    """The stack of a masked round whose clients run in decreasing K, shrinking as they finish (``stack_sizes``):
+    the eager elementwise rule and the compiled step program run their steps through it alike.
+
+    At step k only the first ``sizes[k]`` clients run. The rows past them of what the steps carry (parameters,
+    local state) are set aside as views, and joined back once after the last step (``joined``); what the steps
+    only read (ids, client state, personal tensors, the step mask, the step's batch) is cut to the running rows.
+    """
+
+    def __init__(self, sizes: Sequence[int], stacked: int) -> None:
+        self.sizes, self.running = sizes, stacked
+        self._aside: list[Any] = []  # the carried rows of the clients set aside, last clients first
+
+    def shrink(self, step: int, carried: Any, read: Any) -> tuple[Any, Any] | None:
+        """``carried`` and ``read`` cut to step ``step``'s running clients, the carried rows past them set aside;
+        None where the stack keeps its size at this step."""
+        size = self.sizes[step]
+        if size >= self.running:
+            return None
+        self._aside.append(leading_rows(carried, size, self.running))
+        self.running = size
+        return leading_rows((carried, read), 0, size)
+
+    def rows(self, tree: Any) -> Any:
+        """``tree``'s rows of the running clients (views)."""
+        return leading_rows(tree, 0, self.running)
+
+    def joined(self, carried: Any) -> Any:
+        """The carried tensors of every client: the running clients' with the rows set aside after them."""
+        return joined([carried, *reversed(self._aside)]) if self._aside else carried
+
+
 def leading_rows(tree: Any, start: int, stop: int) -> Any:
     """``tree``'s tensors' leading rows ``start:stop`` (views), leaf by leaf of nested dicts, lists and tuples."""
     if isinstance(tree, dict):
