@@ -41,6 +41,16 @@ def gather_rows(tensor: Tensor, index: Tensor) -> Tensor:
     return tensor.index_select(0, index.reshape(-1)).view(*index.shape, *tensor.shape[1:])
 
 
+def _targets(batch: Any) -> Tensor:
+    """A batch's targets: ``labels`` of a dict batch (text), else its last tensor."""
+    return batch["labels"] if isinstance(batch, dict) else batch[-1]
+
+
+def _with_targets(batch: Any, target: Tensor) -> Any:
+    """``batch`` with ``target`` in place of its targets (``_targets``)."""
+    return {**batch, "labels": target} if isinstance(batch, dict) else (*batch[:-1], target)
+
+
 PLAN_BLOCK = 32  # rounds planned at once (``Participation.plans``: equal plans, one seed derivation per block)
 
 
@@ -417,15 +427,22 @@ class FederatedDataModule(L.LightningDataModule):
         the loss or its gradient, and the mean is over real rows), a padded step repeats the client's first
         batch and is masked out by the executor (``PaddedBatches.step_mask``). Raises ``Unstackable`` at
         the call if the batches cannot be padded."""
-        if not isinstance(self.source.train, TensorDataset):
-            raise Unstackable("padded stacking (clients with unequal steps or batch sizes) gathers from in-memory tensors (TensorDataset) only")
+        in_memory = isinstance(self.source.train, TensorDataset)
+        if not in_memory and not callable(getattr(self._train, "gather_steps", None)):
+            raise Unstackable(
+                "padded stacking (clients with unequal steps or batch sizes) gathers from in-memory tensors (TensorDataset) "
+                "or a dataset with gather_steps(index) (text) only"
+            )
+        if not in_memory and self.augments_batches:
+            raise Unstackable("augmented batches are padded from in-memory tensors (TensorDataset) only")
         index, real = self._padded_index(client_ids, seeds, batch_size, steps, epochs, num_steps)
         depth, width = max(index.shape[1], min_steps), max(index.shape[2], min_rows)
         index = torch.cat([index, index[:, :1].expand(-1, depth - index.shape[1], -1)], 1)  # a padded step: the first's rows
         index = torch.cat([index, index[:, :, :1].expand(-1, -1, width - index.shape[2])], 2)  # a padded row: the step's first
         real = torch.cat([real, real.new_zeros(len(real), depth - real.shape[1])], 1)
-        target = self.source.train.tensors[-1]
-        if bool(((real > 0) & (real < width)).any()) and (target.is_floating_point() or target.dim() != 1):
+        rows_padded = bool(((real > 0) & (real < width)).any())
+        target = None if not rows_padded else self.source.train.tensors[-1] if in_memory else _targets(self._gather(index.reshape(-1)[:1]))
+        if rows_padded and (target.is_floating_point() or target.dim() != 1):
             raise Unstackable(
                 "clients' batches of unequal size are padded, and padded rows are masked through integer class targets "
                 "(cross-entropy's ignore_index); these targets are not"
@@ -469,6 +486,11 @@ class FederatedDataModule(L.LightningDataModule):
         """Step by step, the ``[S, B, ...]`` batches of ``index`` with padded rows' targets ``IGNORE_TARGET``;
         where the data augments, each client's real batches go through ``augment`` in order, drawn as
         ``client_batches`` draws them (a padded step is not augmented: it is masked out)."""
+        if not isinstance(self.source.train, TensorDataset):  # text: each step padded to its longest sample, as stacked rounds are
+            for k, batch in enumerate(self._gather_steps(index, 1)):
+                target = _targets(batch)
+                yield _with_targets(batch, target.masked_fill(~row_mask[:, k].to(target.device), IGNORE_TARGET))
+            return
         generators = [self.augment_generator(s) for s in seeds] if self.augments_batches else None
         tensors = self.source.train.tensors
         steps_first, masks = index.transpose(0, 1).contiguous(), row_mask.transpose(0, 1)  # [K, S, B]

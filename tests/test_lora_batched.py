@@ -108,6 +108,28 @@ def test_padding_heavy_batches_give_the_sequential_result(assets, tmp_path, rows
     assert_same(seq, bat)
 
 
+@pytest.mark.parametrize("name", ["fedavg", "scaffold"])
+def test_local_epochs_stack_text_clients_of_unequal_work(assets, tmp_path, rows_calls, name):
+    """``local.epochs`` over a Dirichlet split: clients run different K and short last batches, padded and masked
+    (every step padded to its longest sample), with sequential execution's result; SCAFFOLD's finish reads K_i."""
+    from fl_lightning.datamodules import Dirichlet
+
+    def data():
+        return sst2(assets, num_clients=6, per_round=3, partition=Dirichlet(alpha=0.3))
+
+    def run(execution):
+        module = lora(ALGORITHMS[name](), execution, path=str(assets.gpt2), steps=None, epochs=1, batch_size=8)
+        tiny_trainer(tmp_path / execution, rounds=3).fit(module, datamodule=data())
+        return module
+
+    seq = run("sequential")
+    bat = run("batched")
+    stats = bat.executor.inner.stats
+    assert not bat.executor.inner.fallbacks and stats["stacked_rounds"] == 3 and rows_calls
+    assert stats["padded_work"] > 0  # the clients' work was unequal: steps or rows were padded
+    assert_same(seq, bat)
+
+
 def test_stacked_text_batches_are_the_clients_batches_padded_to_one_length(assets):
     data = sst2(assets, num_clients=6, per_round=3)
     data.setup()

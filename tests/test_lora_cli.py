@@ -118,15 +118,14 @@ def test_the_batched_sst2_config_trains_every_round_stacked_through_the_cli(asse
         "--config", str(ROOT / "configs" / "fedit_gpt2_sst2_batched.yaml"), *offline(assets, assets.sst2),
         "--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--trainer.accelerator", "cpu",
         "--data.init_args.num_clients", "4", "--data.init_args.partition.init_args.alpha", "1.0",
-        "--data.init_args.participation.init_args.clients_per_round", "2", "--model.local.steps", "2",
-        "--model.local.batch_size", "4",
+        "--data.init_args.participation.init_args.clients_per_round", "2", "--model.local.batch_size", "4",
     ]  # fmt: skip
     monkeypatch.chdir(tmp_path)
     cli = build_cli(args, run=False)
-    assert cli.model.local.epochs is None and type(cli.model.algorithm).__name__ == "LocalAdam"
+    assert cli.model.local.epochs == 1 and type(cli.model.algorithm).__name__ == "LocalAdam"
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     executor = cli.model.executor.inner
-    assert type(executor).__name__ == "BatchedExecutor" and not executor.fallbacks
+    assert type(executor).__name__ == "BatchedExecutor" and not executor.fallbacks and executor.stats["stacked_rounds"] == 2
     run = tmp_path / "runs" / "fedit_gpt2_sst2_batched"
     assert "val/acc" in (run / "version_0" / "metrics.csv").read_text()
     assert (run / "adapter" / "adapter_model.safetensors").is_file()
