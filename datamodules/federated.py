@@ -428,10 +428,10 @@ class FederatedDataModule(L.LightningDataModule):
         batch and is masked out by the executor (``PaddedBatches.step_mask``). Raises ``Unstackable`` at
         the call if the batches cannot be padded."""
         in_memory = isinstance(self.source.train, TensorDataset)
-        if not in_memory and not callable(getattr(self._train, "gather_steps", None)):
+        if not in_memory and not callable(getattr(self._train, "gather", None)):
             raise Unstackable(
                 "padded stacking (clients with unequal steps or batch sizes) gathers from in-memory tensors (TensorDataset) "
-                "or a dataset with gather_steps(index) (text) only"
+                "or a dataset with gather(index) (text) only"
             )
         if not in_memory and self.augments_batches:
             raise Unstackable("augmented batches are padded from in-memory tensors (TensorDataset) only")
@@ -442,7 +442,7 @@ class FederatedDataModule(L.LightningDataModule):
         real = torch.cat([real, real.new_zeros(len(real), depth - real.shape[1])], 1)
         rows_padded = bool(((real > 0) & (real < width)).any())
         target = None if not rows_padded else self.source.train.tensors[-1] if in_memory else _targets(self._gather(index.reshape(-1)[:1]))
-        if rows_padded and (target.is_floating_point() or target.dim() != 1):
+        if rows_padded and (target.is_floating_point() or (in_memory and target.dim() != 1)):  # text: a row's tokens masked alike
             raise Unstackable(
                 "clients' batches of unequal size are padded, and padded rows are masked through integer class targets "
                 "(cross-entropy's ignore_index); these targets are not"
@@ -488,8 +488,9 @@ class FederatedDataModule(L.LightningDataModule):
         ``client_batches`` draws them (a padded step is not augmented: it is masked out)."""
         if not isinstance(self.source.train, TensorDataset):  # text: each step padded to its longest sample, as stacked rounds are
             for k, batch in enumerate(self._gather_steps(index, 1)):
-                target = _targets(batch)
-                yield _with_targets(batch, target.masked_fill(~row_mask[:, k].to(target.device), IGNORE_TARGET))
+                target = _targets(batch)  # [S, B] class labels, or [S, B, T] token labels: a padded row's all masked
+                real_rows = row_mask[:, k].reshape(*row_mask.shape[::2], *[1] * (target.dim() - 2)).to(target.device)
+                yield _with_targets(batch, target.masked_fill(~real_rows, IGNORE_TARGET))
             return
         generators = [self.augment_generator(s) for s in seeds] if self.augments_batches else None
         tensors = self.source.train.tensors

@@ -58,6 +58,9 @@ class LoRACausalLM(nn.Module):
     #: The outputs are per token: the training records keep no per-sample accuracy, and evaluation
     #: reports token accuracy and loss over the response tokens only.
     token_level = True
+    #: ``loss`` is the mean over the tokens whose label is not -100: a row whose labels are all -100 (a
+    #: padded row of masked stacking) adds nothing to it or to its gradient, so clients of unequal batches stack.
+    loss_ignores_padded_rows = True
 
     def __init__(
         self,

@@ -148,6 +148,20 @@ def test_batched_causal_lm_equals_sequential_as_client_rows(assets, tmp_path, ro
         torch.testing.assert_close(states[0][key], states[1][key], rtol=1e-4, atol=1e-5, msg=key)
 
 
+def test_local_epochs_stack_instruction_clients_of_unequal_work(assets, tmp_path, rows_calls):
+    """``local.epochs`` over Dirichlet clients: unequal K and short last batches, padded rows' token labels all
+    -100, which the model declares its loss ignores (``loss_ignores_padded_rows``); sequential execution's result."""
+    modules = {}
+    for execution in ("sequential", "batched"):
+        modules[execution] = lm(assets, FedAvg(), execution, steps=None, epochs=1, batch_size=4)
+        tiny_trainer(tmp_path / execution, rounds=2).fit(modules[execution], datamodule=dolly(assets))
+    seq, bat = modules["sequential"], modules["batched"]
+    stats = bat.executor.inner.stats
+    assert rows_calls and not bat.executor.inner.fallbacks and stats["stacked_rounds"] == 2 and stats["padded_work"] > 0
+    for (name, a), b in zip(seq.model.named_parameters(), bat.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
+
+
 def test_causal_lm_resume_is_bitwise_identical(assets, tmp_path):
     from lightning.pytorch.callbacks import ModelCheckpoint
 

@@ -34,6 +34,7 @@ from torch.func import grad_and_value, vmap
 from fl_lightning.core import params as P
 from fl_lightning.algorithms.base import ClientContext, ClientIdUnavailable, RoundInfo, declares_capability
 from fl_lightning.core.client_data import Unstackable
+from fl_lightning.core.client_rows import model_declares
 from fl_lightning.executors.dpsgd import client_noise, dp_sampler, private_grad_fn, private_steps
 from fl_lightning.core.errors import FLError, interrupted, one_line
 from fl_lightning.executors import masking as M
@@ -458,8 +459,11 @@ class BatchedExecutor(Executor):
                     f"{type(algorithm).__name__}'s local_loss reduces over the batch's rows, which padded rows (clients with "
                     "batches of unequal size) would enter"
                 )
-            if objective.custom_loss is not None:
-                raise Unbatchable("the model's own loss reduces over the batch's rows, which padded rows (clients with batches of unequal size) would enter")
+            if objective.custom_loss is not None and not model_declares(objective.model, "loss_ignores_padded_rows"):
+                raise Unbatchable(
+                    "the model's own loss reduces over the batch's rows, which padded rows (clients with batches of unequal size) "
+                    "would enter (a model whose loss ignores targets -100 declares loss_ignores_padded_rows = True)"
+                )
             if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in objective.model.modules()):
                 raise Unbatchable("BatchNorm's batch statistics would include padded rows (clients with batches of unequal size)")
         return padded
