@@ -129,7 +129,7 @@ class DataPass:
 
 _RULE_METHODS = ("client_init", "client_step", "client_finish", "personal_finish")
 _AGGREGATE_METHODS = ("aggregate", "upload_sum", "aggregate_sum")
-_CAPABILITY_METHODS = {"linear_aggregate": _AGGREGATE_METHODS}  # else the client rule's methods
+_CAPABILITY_METHODS = {"linear_aggregate": _AGGREGATE_METHODS, "local_loss_ignores_padded_rows": ("local_loss",)}  # else the rule's methods
 
 
 def declares_capability(algorithm: object, capability: str) -> bool:

@@ -11,6 +11,7 @@ from torch import Tensor
 
 from fl_lightning.algorithms.base import LossContext, ModelOutputs
 from fl_lightning.algorithms.fedavg import FedAvg
+from fl_lightning.core.local_loss import row_mean
 
 
 def not_true(logits: Tensor, target: Tensor) -> Tensor:
@@ -30,6 +31,7 @@ class FedNTD(FedAvg):
     """
 
     elementwise = True
+    local_loss_ignores_padded_rows = True  # the KL mean by row_mean; a padded row's not-true classes read class 0
     record_level_dp = True  # per-example objective, one ctx.grad per step (docs/privacy.md, record-level DP-SGD)
 
     def __init__(self, beta: float = 1.0, tau: float = 1.0, global_lr: float = 1.0) -> None:
@@ -42,7 +44,8 @@ class FedNTD(FedAvg):
 
     def local_loss(self, out: ModelOutputs, target: Tensor, ctx: LossContext) -> dict[str, Tensor]:
         teacher = ctx.evaluate(ctx.broadcast["x"]).logits.detach()
-        log_q = F.log_softmax(not_true(out.logits, target) / self.tau, -1)
-        log_q_global = F.log_softmax(not_true(teacher, target) / self.tau, -1)
-        kl = (log_q_global.exp() * (log_q_global - log_q)).sum(-1).mean()
+        classes = target.clamp(min=0) if ctx.padded_rows else target  # a padded row (-100) is left out by row_mean
+        log_q = F.log_softmax(not_true(out.logits, classes) / self.tau, -1)
+        log_q_global = F.log_softmax(not_true(teacher, classes) / self.tau, -1)
+        kl = row_mean((log_q_global.exp() * (log_q_global - log_q)).sum(-1), target, ctx)
         return {"ce": F.cross_entropy(out.logits, target), "ntd": self.beta * self.tau**2 * kl}

@@ -14,6 +14,7 @@ from torch import Tensor
 
 from fl_lightning.core import params as P
 from fl_lightning.algorithms.base import Algorithm, ClientContext, LossContext, ModelOutputs, Payload, RoundInfo
+from fl_lightning.core.local_loss import real_rows
 from fl_lightning.optim import sgd_step
 from fl_lightning.core.params import TensorDict
 from fl_lightning.core.state import NestedState
@@ -36,6 +37,7 @@ class FedProto(Algorithm):
     """
 
     needs_features = True
+    local_loss_ignores_padded_rows = True  # the distance over the real rows only
     # Batched execution stacks the local steps; client_finish (with its data pass) runs client by client (not elementwise).
     upload_entries = ()  # prototypes and counts, not shaped like x: no model-update stage applies (privacy, compression)
     linear_aggregate = True  # the sums over clients of counts * prototypes and of counts (upload_sum)
@@ -76,8 +78,13 @@ class FedProto(Algorithm):
         prototypes = ctx.broadcast["prototypes"]
         z = out.features
         _check_shape(prototypes["value"], out.logits, z)
-        present = prototypes["present"][target].to(z.dtype)
-        distance = ((z - prototypes["value"][target]).square() * present[..., None]).sum() / z.numel()
+        real = real_rows(target, ctx)  # masked stacking's padded batch: its real rows (a padded row's target is -100)
+        classes = target if real is None else target.clamp(min=0)
+        present = prototypes["present"][classes].to(z.dtype)
+        if real is not None:
+            present = present * real
+        rows = z.numel() if real is None else real.sum() * z.shape[-1]
+        distance = ((z - prototypes["value"][classes]).square() * present[..., None]).sum() / rows
         return {"ce": F.cross_entropy(out.logits, target), "proto": self.lam * distance}
 
     def client_init(self, params: TensorDict, ctx: ClientContext) -> NestedState:

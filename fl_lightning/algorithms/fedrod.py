@@ -41,6 +41,7 @@ class FedRoD(Algorithm):
     elementwise = True
     needs_features = True
     needs_label_counts = True
+    local_loss_ignores_padded_rows = True  # its only reduction over the rows is cross-entropy, which ignores padded rows
     upload_entries = ("delta",)  # its client_finish uploads FedAvg's delta of the model only
 
     def __init__(self, head: Sequence[str] | None = None, global_lr: float = 1.0) -> None:

@@ -24,6 +24,7 @@ class FedRS(FedAvg):
 
     elementwise = True
     needs_label_counts = True
+    local_loss_ignores_padded_rows = True  # its only reduction over the rows is cross-entropy, which ignores padded rows
 
     def __init__(self, alpha: float = 0.5, global_lr: float = 1.0) -> None:
         super().__init__(global_lr)

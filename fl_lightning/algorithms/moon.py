@@ -12,6 +12,7 @@ from torch import Tensor
 from fl_lightning.core import params as P
 from fl_lightning.algorithms.base import ClientContext, LossContext, ModelOutputs, Payload
 from fl_lightning.algorithms.fedavg import FedAvg
+from fl_lightning.core.local_loss import row_mean
 from fl_lightning.core.params import TensorDict
 from fl_lightning.core.state import NestedState
 
@@ -32,6 +33,7 @@ class MOON(FedAvg):
     elementwise = True
     record_level_dp = True  # per-example objective, one ctx.grad per step (docs/privacy.md, record-level DP-SGD)
     needs_features = True
+    local_loss_ignores_padded_rows = True  # the contrastive mean by row_mean
 
     def __init__(self, mu: float = 1.0, tau: float = 0.5, global_lr: float = 1.0) -> None:
         super().__init__(global_lr)
@@ -49,7 +51,7 @@ class MOON(FedAvg):
         z_global = ctx.evaluate(ctx.broadcast["x"]).features
         z_previous = ctx.evaluate(ctx.client_state["previous"]).features
         logits = torch.stack([F.cosine_similarity(z, z_global, dim=-1), F.cosine_similarity(z, z_previous, dim=-1)], -1) / self.tau
-        contrastive = (torch.logsumexp(logits, -1) - logits[..., 0]).mean()  # -log softmax of the positive pair
+        contrastive = row_mean(torch.logsumexp(logits, -1) - logits[..., 0], target, ctx)  # -log softmax of the positive pair
         return {"ce": F.cross_entropy(out.logits, target), "contrastive": self.mu * contrastive}
 
     def client_finish(self, params: TensorDict, local: NestedState, ctx: ClientContext) -> tuple[Payload, NestedState]:

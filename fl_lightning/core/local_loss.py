@@ -18,6 +18,11 @@ method returns (e.g. ``{"ce": ..., "contrastive": ...}``), and each term is logg
   function: nothing is shared).
 
 It is written for one client; batched execution runs it per client under ``torch.func.vmap``.
+
+Masked stacking pads a client's short batch with rows whose target is ``IGNORE_TARGET`` (-100; ``ctx.padded_rows``
+says the batch may hold them). ``F.cross_entropy`` ignores them; any other reduction over the rows must leave them out
+(``row_mean``, ``real_rows``). An algorithm whose ``local_loss`` does declares ``local_loss_ignores_padded_rows = True``;
+without it a round with padded rows runs sequentially (docs/performance.md, "Masked stacking").
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import torch
 from torch import Tensor
 from torch.func import vmap
 
+from fl_lightning.core.client_data import IGNORE_TARGET
 from fl_lightning.core.params import TensorDict
 
 if TYPE_CHECKING:
@@ -72,6 +78,22 @@ class LossContext:
     label_counts: Tensor | None
     evaluate: Callable[[TensorDict], ModelOutputs]
     params: TensorDict | None = None
+    padded_rows: bool = False  # the batch may hold padded rows (target IGNORE_TARGET): see ``row_mean``
+
+
+def real_rows(target: Tensor, ctx: LossContext) -> Tensor | None:
+    """The batch's real rows (bool ``[B]``: target not ``IGNORE_TARGET``) where it may hold padded rows, else None."""
+    return (target != IGNORE_TARGET) if ctx.padded_rows else None
+
+
+def row_mean(values: Tensor, target: Tensor, ctx: LossContext) -> Tensor:
+    """The mean of per-row ``values`` ``[B, ...]`` over the batch's rows (all of them: ``values.mean()``), or over its
+    real rows where it may hold padded ones (``ctx.padded_rows``; the same value to float tolerance)."""
+    real = real_rows(target, ctx)
+    if real is None:
+        return values.mean()
+    weight = real.reshape(-1, *[1] * (values.dim() - 1)).to(values.dtype)
+    return (values * weight).sum() / (weight.sum() * values[0].numel()).clamp(min=1)
 
 
 def total(terms: dict[str, Tensor]) -> Tensor:
@@ -94,30 +116,31 @@ class ClientLoss:
     def features(self) -> bool:
         return bool(getattr(self.algorithm, "needs_features", False))
 
-    def at(self, objective: Objective, params: TensorDict, batch: Any) -> tuple[Tensor, dict[str, Tensor], Tensor, Tensor]:
-        """``(loss, terms, logits, target)`` of one client at ``params`` on ``batch``."""
+    def at(self, objective: Objective, params: TensorDict, batch: Any, padded_rows: bool = False) -> tuple[Tensor, dict[str, Tensor], Tensor, Tensor]:
+        """``(loss, terms, logits, target)`` of one client at ``params`` on ``batch`` (``padded_rows``: it may hold
+        masked stacking's padded rows, ``LossContext.padded_rows``)."""
         out, target = objective.outputs_at(model_tensors(objective, params), batch, self.features)
-        terms = self._terms(objective, out, target, batch, self.client, self.client_state, self.label_counts, params)
+        terms = self._terms(objective, out, target, batch, self.client, self.client_state, self.label_counts, params, padded_rows)
         return total(terms), terms, out.logits, target
 
-    def stacked(self, objective: Objective, params: TensorDict, batch: Any) -> tuple[Tensor, dict[str, Tensor], Tensor, Tensor]:
+    def stacked(self, objective: Objective, params: TensorDict, batch: Any, padded_rows: bool = False) -> tuple[Tensor, dict[str, Tensor], Tensor, Tensor]:
         """``at`` for clients stacked on a leading dimension: the outputs by ``objective.stacked_outputs``
         (client rows or vmap), the loss per client under vmap; ``[S]`` losses and terms."""
         out, target = objective.stacked_outputs(model_tensors(objective, params), batch, self.features)
 
         def one(logits, features, target, batch, client, state, counts, params):
-            terms = self._terms(objective, ModelOutputs(logits, features), target, batch, client, state, counts, params)
+            terms = self._terms(objective, ModelOutputs(logits, features), target, batch, client, state, counts, params, padded_rows)
             return total(terms), terms
 
         args = (out.logits, out.features, target, batch, self.client, self.client_state, self.label_counts, params)
         loss, terms = vmap(one, in_dims=tuple(None if a is None else 0 for a in args), randomness="different")(*args)
         return loss, terms, out.logits, target
 
-    def _terms(self, objective, out, target, batch, client, state, counts, params=None) -> dict[str, Tensor]:
+    def _terms(self, objective, out, target, batch, client, state, counts, params=None, padded_rows=False) -> dict[str, Tensor]:
         def evaluate(params: TensorDict) -> ModelOutputs:
             return objective.outputs_at(model_tensors(objective, params), batch, self.features)[0]
 
-        ctx = LossContext(client, self.broadcast, state, self.info, counts, evaluate, params)
+        ctx = LossContext(client, self.broadcast, state, self.info, counts, evaluate, params, padded_rows)
         terms = self.algorithm.local_loss(out, target, ctx)
         if not isinstance(terms, dict) or not terms:
             raise TypeError(f"{type(self.algorithm).__name__}.local_loss must return a non-empty dict of named loss terms")

@@ -164,7 +164,7 @@ class Objective:
                 value, out, target = self.stacked(params, batch, padded_rows) if stacked else self.at(params, batch)
                 terms = None
             else:
-                value, terms, out, target = local_loss(self, params, batch)
+                value, terms, out, target = local_loss(self, params, batch, padded_rows)
             return (value.sum() if stacked else value), (value, terms if terms is not None else {}, out, target)  # aux: tensors only
 
         def grad(params: TensorDict) -> tuple[Tensor, TensorDict]:

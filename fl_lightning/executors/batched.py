@@ -454,10 +454,10 @@ class BatchedExecutor(Executor):
         )  # fmt: skip
         real = padded.real_rows
         if bool(((real > 0) & (real < padded.rows)).any()):  # some real batch holds padded rows
-            if defines_local_loss(algorithm):
+            if defines_local_loss(algorithm) and not declares_capability(algorithm, "local_loss_ignores_padded_rows"):
                 raise Unbatchable(
                     f"{type(algorithm).__name__}'s local_loss reduces over the batch's rows, which padded rows (clients with "
-                    "batches of unequal size) would enter"
+                    "batches of unequal size) would enter (a local_loss that leaves them out declares local_loss_ignores_padded_rows = True)"
                 )
             if objective.custom_loss is not None and not model_declares(objective.model, "loss_ignores_padded_rows"):
                 raise Unbatchable(
@@ -680,7 +680,7 @@ class BatchedExecutor(Executor):
             if bound is None:
                 value, out, target = objective.at(p, batch)
                 return value, (out, target, {})
-            value, terms, out, target = bound.at(objective, p, batch)
+            value, terms, out, target = bound.at(objective, p, batch, self._round.padded_rows)
             return value, (out, target, terms)
 
         def step_fn(step: int):

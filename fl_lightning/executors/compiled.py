@@ -162,7 +162,7 @@ def local_steps(
     records: list = []
     for step, batch in enumerate(batches):
         ctx.step = step
-        ctx.grad = objective.grad_fn(batch, weight_decay, _Recorder(records), functional=True, loss=loss)
+        ctx.grad = objective.grad_fn(batch, weight_decay, _Recorder(records), functional=True, loss=loss, padded_rows=step_mask is not None)
         new = algorithm.client_step(params, local, ctx)
         params, local = _advance(None if step_mask is None else step_mask[step], new, (params, local))
     return params, local, records
@@ -208,7 +208,7 @@ def one_step(
     ctx = _StepContext(client, broadcast, client_state, info, 0, full_grad=_no_full_grad, personal=personal)
     loss = ClientLoss(algorithm, client, broadcast, client_state, info, label_counts) if defines_local_loss(algorithm) else None
     records: list = []
-    ctx.grad = objective.grad_fn(batch, weight_decay, _Recorder(records), functional=True, loss=loss)
+    ctx.grad = objective.grad_fn(batch, weight_decay, _Recorder(records), functional=True, loss=loss, padded_rows=step_mask is not None)
     new = algorithm.client_step(params, local, ctx)
     params, local = _advance(step_mask, new, (params, local))
     return params, local, records
