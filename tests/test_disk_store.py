@@ -306,3 +306,22 @@ def test_a_checkpoint_of_the_per_client_file_layout_resumes_bitwise(tmp_path):
     with pytest.raises(CheckpointError, match=f"^client-store file {victim} is damaged"):
         store.load_checkpoint_state(ckpt["federated"]["client_store"])
     store.close()
+
+
+def test_a_snapshot_that_cannot_be_written_is_one_line_and_leaves_no_temporary(tmp_path, monkeypatch):
+    import errno
+
+    from fl_lightning.core import tables
+
+    store = DiskClientStore(str(tmp_path))
+    store.put(2, {"c": {"w": torch.ones(3)}})
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(tables, "copy_range", full)
+    with pytest.raises(FLError, match=f"^cannot write the DiskClientStore snapshot {store.run_id}-step_000000004: no space left on the device of "
+                                      f"{tmp_path / 'snapshots'} .*the live client states and the last checkpoint are intact; free space"):  # fmt: skip
+        store.checkpoint_state(4)
+    assert not list((tmp_path / "snapshots").iterdir()) and torch.equal(store.get(2, dict)["c"]["w"], torch.ones(3))
+    store.close()

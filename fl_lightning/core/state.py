@@ -23,7 +23,7 @@ from torch import Tensor
 
 from fl_lightning.core.errors import CheckpointError, StoreError
 from fl_lightning.core.params import TensorDict
-from fl_lightning.core.tables import _MappedTable, _Table, file_sha256
+from fl_lightning.core.tables import _MappedTable, _Table, copy_file, file_sha256
 
 log = logging.getLogger(__name__)
 
@@ -245,15 +245,16 @@ class DiskClientStore(ClientStore):
     so are tensors that fit no table (``ClientStore._odd``). Live tables are trusted within the process, as
     the in-memory store's are; checksums guard the snapshots.
 
-    A checkpoint records a snapshot: every table file copied (``shutil.copyfile``, which uses the kernel's
-    ``copy_file_range``, or a reflink where the file system shares blocks, e.g. btrfs or XFS), the row table
-    and the odd tensors (``rows.safetensors``, ``odd.safetensors``) and a manifest of every file's SHA-256
-    and every table's entry, dtype, shape and capacity, written to ``snapshots/.tmp-<name>`` and renamed,
-    named by the store's run id and the step, by a path relative to the store. No flush of the maps is
-    needed first: writes through a shared map are in the page cache that the copy reads. Resuming from that
-    checkpoint checks every file of exactly that snapshot against its manifest before ``live/`` is touched,
-    then copies the tables back and maps them. A snapshot written by the earlier layout (one safetensors
-    file per client, checksummed in its manifest) resumes too, its clients read into the tables.
+    A checkpoint records a snapshot, ``snapshots/<run id>-step_<n>`` (a path relative to the store): every
+    table's rows in use copied file to file by the kernel (``copy_file_range``: a reflink, no data copied,
+    where the file system shares blocks, e.g. btrfs or XFS; the slack of geometric growth left out), the
+    row table and the odd tensors (``rows.safetensors``, ``odd.safetensors``) and a manifest of every
+    file's SHA-256 and every table's entry, dtype, shape and capacity; written to ``snapshots/.tmp-<name>``
+    and renamed. No flush of the maps comes first: writes through a shared map are in the page cache that
+    the copy reads (a reflink writes the dirty pages back first). Resuming from that checkpoint checks
+    every file of exactly that snapshot against its manifest before ``live/`` is touched, then copies the
+    tables back and maps them. A snapshot of the earlier layout (one safetensors file per client, their
+    checksums in its manifest) resumes too, each client file checked and read into the tables.
 
     The store owns its folder: it holds an exclusive lock (``.lock``, released when the
     process ends) and names its run in ``OWNER.json``, so a second run on the same folder
@@ -410,8 +411,8 @@ class DiskClientStore(ClientStore):
         tables = []
         for i, ((state, param), table) in enumerate(self._tables.items()):
             tables.append({"file": f"table-{i:04d}.bin", "state": state, "param": param, "dtype": str(table.dtype).removeprefix("torch."),
-                           "shape": list(table.shape), "capacity": table.capacity})  # fmt: skip
-            shutil.copyfile(table.path, folder / tables[-1]["file"])
+                           "shape": list(table.shape), "capacity": len(self._client_of)})  # fmt: skip
+            table.save(folder / tables[-1]["file"], len(self._client_of))
         save_file({"client_of": torch.tensor(self._client_of, dtype=torch.int64)}, folder / _ROWS)
         if self._odd:
             save_file({f"{cid}/{n}/{k}": t.contiguous() for cid, odd in self._odd.items() for (n, k), t in odd.items()}, folder / _ODD)
@@ -458,7 +459,7 @@ class DiskClientStore(ClientStore):
 
         for entry in tables:
             path = self._new_path()
-            shutil.copyfile(snapshot / entry["file"], path)
+            copy_file(snapshot / entry["file"], path)
             dtype = getattr(torch, entry["dtype"])
             self._tables[(entry["state"], entry["param"])] = _MappedTable(entry["shape"], dtype, entry["capacity"], self._new_path, path)
         self._client_of = load_file(snapshot / _ROWS)["client_of"].tolist()

@@ -35,12 +35,12 @@ class _Table:
         self.data, self.has = data, has
 
 
-_ALIGN = 64  # data starts at a multiple of every dtype's size
+_ALIGN = 4096  # data starts on a page (and file-system block) boundary: mappable, and copied by reflink where possible
 
 
 class _MappedTable(_Table):
     """A ``_Table`` in one file mapped shared into memory: ``has`` in the first ``capacity`` bytes, ``data``
-    from the next multiple of 64 bytes on. Rows are read (``index_select``) and written (``index_copy_``) in
+    from the next multiple of 4096 bytes on. Rows are read (``index_select``) and written (``index_copy_``) in
     place; what is resident is page cache, which the kernel reclaims, not the process's own memory.
 
     Each file is allocated in full when made (``posix_fallocate``), so a full disk fails there as an
@@ -79,6 +79,16 @@ class _MappedTable(_Table):
         self.data[: len(data)] = data
         old_path.unlink(missing_ok=True)
 
+    def save(self, path: Path, rows: int) -> None:
+        """The table's first ``rows`` rows as a table file of capacity ``rows`` (the slack of geometric
+        growth left out), copied from file to file by the kernel."""
+        offset, _ = self.layout(self.shape, self.dtype, self.capacity)
+        to, size = self.layout(self.shape, self.dtype, rows)
+        with open(self.path, "rb") as src, open(path, "wb") as dst:
+            os.ftruncate(dst.fileno(), size)
+            copy_range(src.fileno(), dst.fileno(), 0, 0, rows)
+            copy_range(src.fileno(), dst.fileno(), offset, to, size - to)
+
     def close(self) -> None:
         """Unmap (the file stays): the map goes with the last reference to its tensors."""
         self.raw = self.has = self.data = None
@@ -102,6 +112,33 @@ def allocate(path: Path, size: int) -> None:
 
         after = "every client's previous state and the last checkpoint are intact"
         raise write_failure(error, "DiskClientStore table file", path, size, after) from error
+
+
+def copy_range(src: int, dst: int, src_offset: int, dst_offset: int, count: int) -> None:
+    """``count`` bytes from one file to another by ``copy_file_range`` (in the kernel; a reflink, no data
+    copied, where the file system shares blocks, e.g. btrfs or XFS), else by reading and writing."""
+    kernel = hasattr(os, "copy_file_range")
+    while count > 0:
+        done = 0
+        if kernel:
+            try:
+                done = os.copy_file_range(src, dst, count, src_offset, dst_offset)
+            except OSError as error:  # across file systems on older kernels, or a file system without it
+                if error.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EPERM):
+                    raise
+                kernel = False
+        if not done:
+            data = os.pread(src, min(count, 1 << 24), src_offset)
+            if not data:
+                raise OSError(errno.EIO, f"the file ended {count} bytes early")
+            done = os.pwrite(dst, data, dst_offset)
+        count, src_offset, dst_offset = count - done, src_offset + done, dst_offset + done
+
+
+def copy_file(src: Path, dst: Path) -> None:
+    """A whole file, by ``copy_range``."""
+    with open(src, "rb") as source, open(dst, "wb") as target:
+        copy_range(source.fileno(), target.fileno(), 0, 0, os.fstat(source.fileno()).st_size)
 
 
 def file_sha256(path: Path) -> str:
