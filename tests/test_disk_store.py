@@ -31,11 +31,24 @@ def _run(tmp_path, rounds, store=None, ckpt_dir=None, ckpt_path=None, save_top_k
     return module
 
 
+def _mapped_from_its_file(table) -> bool:
+    """The table's rows lie in a shared map of its file (/proc/self/maps: ``start-end perms ... path``)."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5] == str(table.path) and fields[1].endswith("s"):
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            if start <= table.data.data_ptr() < end and start <= table.has.data_ptr() < end:
+                return True
+    return False
+
+
 def test_disk_store_matches_memory_store_and_holds_nothing_in_memory(tmp_path):
     memory = _run(tmp_path, 4)
     disk = _run(tmp_path, 4, store=DiskClientStore(str(tmp_path / "store")))
-    assert len(disk.store) == len(memory.store) and not disk.store._tables, "client tensors must live on disk only"
-    assert len(list((tmp_path / "store" / "live").glob("*.safetensors"))) == len(memory.store) > 0
+    tables = disk.store._tables.values()
+    assert len(disk.store) == len(memory.store) > 0 and tables
+    assert all(_mapped_from_its_file(t) for t in tables), "client tensors must live in the mapped files only"
+    assert sorted(t.path for t in tables) == sorted((tmp_path / "store" / "live").glob("*.table"))
     assert memory.store.equal(disk.store)
     for a, b in zip(memory.model.parameters(), disk.model.parameters()):
         assert torch.equal(a, b)
@@ -132,21 +145,25 @@ def _snapshot(ckpt: Path, store: Path) -> Path:
     return store / torch.load(ckpt, weights_only=True)["federated"]["client_store"]["disk_snapshot"]
 
 
-def test_a_damaged_client_file_stops_the_run_naming_it(tmp_path):
+def test_a_damaged_snapshot_file_stops_the_run_naming_it(tmp_path):
     first = _run(tmp_path / "a", 3, store=DiskClientStore(str(tmp_path / "a" / "store")), ckpt_dir=tmp_path / "ckpt")
     first.store.close()
-    victim = sorted(_snapshot(tmp_path / "ckpt" / "last.ckpt", tmp_path / "a" / "store").glob("*.safetensors"))[0]
-    data = victim.read_bytes()
-    victim.unlink()  # a hard link: write a new file so that live/ keeps its own copy
-    victim.write_bytes(data[: len(data) // 2])
-    with pytest.raises(CheckpointError, match=f"client file {victim} .*damaged"):
+    victim = sorted(_snapshot(tmp_path / "ckpt" / "last.ckpt", tmp_path / "a" / "store").glob("table-*.bin"))[0]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 1  # one bit of one client's row
+    victim.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=f"^client-store file {victim} is damaged"):
         _run(tmp_path / "b", 5, store=DiskClientStore(str(tmp_path / "b" / "store")), ckpt_path=tmp_path / "ckpt" / "last.ckpt")
 
     store = DiskClientStore(str(tmp_path / "c"))
     store.put(3, {"c": {"w": torch.ones(4)}})
-    (tmp_path / "c" / "live" / "3.safetensors").write_bytes(b"\0" * 10)
-    with pytest.raises(StoreError, match=f"client file {tmp_path / 'c' / 'live' / '3.safetensors'} is damaged"):
-        store.get(3, dict)
+    record = store.checkpoint_state(1)
+    rows = tmp_path / "c" / record["disk_snapshot"] / "rows.safetensors"
+    rows.write_bytes(rows.read_bytes()[:-1])  # truncated
+    store.put(3, {"c": {"w": torch.zeros(4)}})
+    with pytest.raises(CheckpointError, match=f"^client-store file {rows} is damaged"):
+        store.load_checkpoint_state(record)
+    assert torch.equal(store.get(3, dict)["c"]["w"], torch.zeros(4)), "the live tables are untouched"
 
 
 @pytest.mark.parametrize("crafted", ["../live", "/etc", "snapshots/../../x", "live"])
@@ -204,3 +221,107 @@ def test_temporary_files_of_a_killed_store_are_removed_when_the_folder_is_next_o
         store.start()  # only temporaries were there: an empty store, not another run's live states
     finally:
         store.close()
+
+
+def _init():
+    return {"c": {"w": torch.zeros(3, 2, dtype=torch.float64), "b": torch.zeros(5, dtype=torch.bfloat16)}, "n": {"k": torch.tensor(0)}}
+
+
+def _new_states(generator, n):
+    return {
+        "c": {"w": torch.randn(n, 3, 2, dtype=torch.float64, generator=generator), "b": torch.randn(n, 5, generator=generator).bfloat16()},
+        "n": {"k": torch.randint(0, 9, (n,), generator=generator)},
+    }
+
+
+def test_tables_on_disk_equal_the_memory_store_bitwise_through_growth_odd_tensors_and_snapshots(tmp_path):
+    from fl_lightning.core.state import ClientStore
+    from tests.test_state_tables import _assert_same
+
+    disk, memory, generator = DiskClientStore(str(tmp_path / "a")), ClientStore(), torch.Generator().manual_seed(0)
+    for step in range(12):
+        ids = torch.randint(0, 60, (int(torch.randint(1, 9, (1,), generator=generator)),), generator=generator)
+        _assert_same(disk.gather(ids, _init), memory.gather(ids, _init))
+        new = _new_states(generator, len(ids))
+        disk.scatter(ids, new), memory.scatter(ids, new)
+        one = {"c": {"w": torch.randn(3, 2, dtype=torch.float64, generator=generator)}}  # holds no c/b, no n/k
+        cid = int(torch.randint(0, 60, (1,), generator=generator))
+        disk.put(cid, one), memory.put(cid, one)
+        if step == 3:  # a shape that fits no table, kept beside the tables
+            odd = {"c": {"w": torch.randn(7, generator=generator)}, "extra": {"e": torch.arange(3)}}
+            disk.put(100 + step, odd), memory.put(100 + step, odd)
+        if step == 6:  # snapshot and restore into a new folder, then keep going (the restored tables grow)
+            capacity = next(iter(disk._tables.values())).capacity
+            record = disk.checkpoint_state(step)
+            disk.close()
+            disk = DiskClientStore(str(tmp_path / "b"))
+            disk.load_checkpoint_state(record)
+            assert disk.equal(memory) and disk._odd
+    assert next(iter(disk._tables.values())).capacity > capacity >= 8, "the tables grew before and after the restore"
+    assert disk.equal(memory) and disk.entries() == memory.entries() and disk.client_ids() == memory.client_ids()
+    for cid in memory.client_ids():
+        _assert_same(disk.get(cid, dict), memory.get(cid, dict))
+    disk.close()
+
+
+def _old_layout_snapshot(folder: Path, run: str, step: int, flat: dict) -> dict:
+    """A snapshot as the per-client-file store wrote it: ``<client>.safetensors`` of ``{"<state>/<param>": tensor}``
+    and a manifest of each file's SHA-256, clients in id order; the checkpoint's record of it."""
+    import hashlib
+    import json
+
+    from safetensors.torch import save
+
+    snapshot = folder / "snapshots" / f"{run}-step_{step:09d}"
+    snapshot.mkdir(parents=True)
+    per_client = {}
+    for key, tensor in flat.items():
+        cid, rest = key.split("/", 1)
+        per_client.setdefault(int(cid), {})[rest] = tensor.contiguous()
+    files = {}
+    for cid in sorted(per_client):
+        data = save(per_client[cid])
+        (snapshot / f"{cid}.safetensors").write_bytes(data)
+        files[f"{cid}.safetensors"] = hashlib.sha256(data).hexdigest()
+    (snapshot / "manifest.json").write_text(json.dumps({"run_id": run, "step": step, "files": files}))
+    return {"disk_snapshot": f"snapshots/{snapshot.name}", "disk_store": str(folder.resolve()), "store_run": run}
+
+
+def test_a_checkpoint_of_the_per_client_file_layout_resumes_bitwise(tmp_path):
+    straight = _run(tmp_path / "a", 6, store=DiskClientStore(str(tmp_path / "a" / "store")))
+    first = _run(tmp_path / "b", 3, store=DiskClientStore(str(tmp_path / "b" / "store")), ckpt_dir=tmp_path / "b" / "ckpt")
+    ckpt = torch.load(tmp_path / "b" / "ckpt" / "last.ckpt", weights_only=True)
+    ckpt["federated"]["client_store"] = _old_layout_snapshot(tmp_path / "old", "20260101-000000-deadbeef", 3, first.store.state_dict())
+    torch.save(ckpt, tmp_path / "old.ckpt")
+    resumed = _run(tmp_path / "c", 6, store=DiskClientStore(str(tmp_path / "c" / "store")), ckpt_path=str(tmp_path / "old.ckpt"))
+    assert straight.store.equal(resumed.store) and len(resumed.store) > 0
+    for a, b in zip(straight.model.parameters(), resumed.model.parameters()):
+        assert torch.equal(a, b)
+
+    victim = sorted((tmp_path / "old" / "snapshots").glob("*/*.safetensors"))[0]
+    data = bytearray(victim.read_bytes())
+    data[-1] ^= 1
+    victim.write_bytes(bytes(data))
+    store = DiskClientStore(str(tmp_path / "d"))
+    with pytest.raises(CheckpointError, match=f"^client-store file {victim} is damaged"):
+        store.load_checkpoint_state(ckpt["federated"]["client_store"])
+    store.close()
+
+
+def test_a_snapshot_that_cannot_be_written_is_one_line_and_leaves_no_temporary(tmp_path, monkeypatch):
+    import errno
+
+    from fl_lightning.core import tables
+
+    store = DiskClientStore(str(tmp_path))
+    store.put(2, {"c": {"w": torch.ones(3)}})
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(tables, "copy_range", full)
+    with pytest.raises(FLError, match=f"^cannot write the DiskClientStore snapshot {store.run_id}-step_000000004: no space left on the device of "
+                                      f"{tmp_path / 'snapshots'} .*the live client states and the last checkpoint are intact; free space"):  # fmt: skip
+        store.checkpoint_state(4)
+    assert not list((tmp_path / "snapshots").iterdir()) and torch.equal(store.get(2, dict)["c"]["w"], torch.ones(3))
+    store.close()

@@ -153,8 +153,8 @@ def test_a_client_store_past_the_file_size_limit_is_one_line(tmp_path):
     )
     assert run.returncode == 2, run.stderr[-3000:]
     line = run.stderr.strip().splitlines()[-1]
-    assert line.startswith("fl-lightning: error: cannot write the DiskClientStore client file ")
-    assert f".safetensors: file too large for {store / 'live'} (the process's file-size limit `ulimit -f` is 64.0 KB" in line
+    assert line.startswith("fl-lightning: error: cannot write the DiskClientStore table file ")
+    assert f".table: file too large for {store / 'live'} (the process's file-size limit `ulimit -f` is 64.0 KB" in line
     assert "previous state and the last checkpoint are intact; raise the limit or write to another folder" in line
     assert "Traceback" not in run.stderr and not list((store / "live").glob("*.tmp"))
 

@@ -66,11 +66,13 @@ def _step_of(ckpt: Path) -> int:
 def _federated_state(ckpt: Path) -> dict:
     c = torch.load(ckpt, weights_only=True)
     store = c["federated"]["client_store"]
-    if "disk_snapshot" in store:  # a DiskClientStore's checkpoint names its snapshot: compare the files' tensors
-        from safetensors.torch import load_file
+    if "disk_snapshot" in store:  # a DiskClientStore's checkpoint names its snapshot: compare its clients' tensors
+        from fl_lightning.core.state import DiskClientStore
 
-        snapshot = Path(store.get("disk_store", "/")) / store["disk_snapshot"]  # relative to the store that wrote it
-        store = {f.name: load_file(f) for f in sorted(snapshot.glob("*.safetensors"))}
+        reader = DiskClientStore(str(ckpt.parent / f"read-{ckpt.parent.name}"))  # the snapshot, checked and loaded
+        reader.load_checkpoint_state(store)
+        store = reader.state_dict()
+        reader.close()
     federated = {**c["federated"], "client_store": store}
     return {"model": c["state_dict"], **{f"fl/{k}": v for k, v in federated.items()}, "opt": c["optimizer_states"]}
 

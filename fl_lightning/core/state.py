@@ -6,7 +6,6 @@ Ownership: algorithms *declare* state (names and initial values); the
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -24,6 +23,7 @@ from torch import Tensor
 
 from fl_lightning.core.errors import CheckpointError, StoreError
 from fl_lightning.core.params import TensorDict
+from fl_lightning.core.tables import _MappedTable, _Table, copy_file, file_sha256
 
 log = logging.getLogger(__name__)
 
@@ -44,24 +44,6 @@ def unflatten_state(flat: dict[str, Tensor]) -> NestedState:
         name, param = key.split("/", 1)
         state.setdefault(name, {})[param] = tensor
     return state
-
-
-class _Table:
-    """One (state, param)'s tensors of every client that holds it: ``data[row]``, where ``has[row]``."""
-
-    def __init__(self, like: Tensor, capacity: int) -> None:
-        self.data = torch.empty((capacity, *like.shape), dtype=like.dtype, device=like.device)
-        self.has = torch.zeros(capacity, dtype=torch.bool)
-
-    def fits(self, tensor: Tensor) -> bool:
-        return tensor.shape == self.data.shape[1:] and tensor.dtype == self.data.dtype
-
-    def grow(self, capacity: int) -> None:
-        data = torch.empty((capacity, *self.data.shape[1:]), dtype=self.data.dtype, device=self.data.device)
-        data[: len(self.data)] = self.data
-        has = torch.zeros(capacity, dtype=torch.bool)
-        has[: len(self.has)] = self.has
-        self.data, self.has = data, has
 
 
 class ClientStore:
@@ -118,8 +100,11 @@ class ClientStore:
 
     def _table(self, key: tuple[str, str], like: Tensor) -> _Table:
         if key not in self._tables:
-            self._tables[key] = _Table(like, max(self._capacity(), len(self._client_of), 1))
+            self._tables[key] = self._new_table(like, max(self._capacity(), len(self._client_of), 1))
         return self._tables[key]
+
+    def _new_table(self, like: Tensor, capacity: int) -> _Table:
+        return _Table(like, capacity)
 
     # ---- many clients -------------------------------------------------------------------------
     def gather(self, ids: Tensor, init: StateInit) -> NestedState:
@@ -251,14 +236,25 @@ class ClientStore:
 
 
 class DiskClientStore(ClientStore):
-    """Client states in one safetensors file per client: resident memory independent of N.
+    """Client states as stacked tables in files mapped into memory: resident memory independent of N.
 
-    Only the round's active clients are read; each ``put`` atomically replaces the
-    client's file and records its SHA-256, checked on every read. A checkpoint records a
-    snapshot of the directory made of hard links (no data copied; files are never
-    modified in place), named by the store's run id and the step, with a manifest of
-    every file's checksum, by a path relative to the store; resuming from that
-    checkpoint verifies and restores exactly that snapshot.
+    Each (state, param) is one table file in ``live/`` (``has`` mask and rows, ``_MappedTable``), mapped
+    shared into the process: ``gather`` / ``scatter`` are one ``index_select`` / ``index_copy_`` per
+    tensor on the map, exactly as ``ClientStore``'s tables, and what is resident is page cache, which the
+    kernel writes back and reclaims. The row table (client -> row, 8 bytes a client) is kept in memory, and
+    so are tensors that fit no table (``ClientStore._odd``). Live tables are trusted within the process, as
+    the in-memory store's are; checksums guard the snapshots.
+
+    A checkpoint records a snapshot, ``snapshots/<run id>-step_<n>`` (a path relative to the store): every
+    table's rows in use copied file to file by the kernel (``copy_file_range``: a reflink, no data copied,
+    where the file system shares blocks, e.g. btrfs or XFS; the slack of geometric growth left out), the
+    row table and the odd tensors (``rows.safetensors``, ``odd.safetensors``) and a manifest of every
+    file's SHA-256 and every table's entry, dtype, shape and capacity; written to ``snapshots/.tmp-<name>``
+    and renamed. No flush of the maps comes first: writes through a shared map are in the page cache that
+    the copy reads (a reflink writes the dirty pages back first). Resuming from that checkpoint checks
+    every file of exactly that snapshot against its manifest before ``live/`` is touched, then copies the
+    tables back and maps them. A snapshot of the earlier layout (one safetensors file per client, their
+    checksums in its manifest) resumes too, each client file checked and read into the tables.
 
     The store owns its folder: it holds an exclusive lock (``.lock``, released when the
     process ends) and names its run in ``OWNER.json``, so a second run on the same folder
@@ -296,8 +292,7 @@ class DiskClientStore(ClientStore):
         self._remove_temporaries()
         self._stale = self._previous_owner() if self.live.exists() and any(self.live.iterdir()) else None
         self.live.mkdir(parents=True, exist_ok=True)
-        self._ids: set[int] = set()
-        self._sums: dict[int, str] = {}  # client -> SHA-256 of its live file
+        self._files = 0  # table files made by this run: each new file gets the next number
         self._made: list[str] = []  # this run's snapshots, oldest first
         self._references: dict[tuple[str, int, int], str | None] = {}  # (checkpoint, mtime, size) -> its snapshot
 
@@ -322,7 +317,7 @@ class DiskClientStore(ClientStore):
         return handle
 
     def _remove_temporaries(self) -> None:
-        """Delete what a killed run left half-written (safe: this run holds the folder's lock): client files
+        """Delete what a killed run left half-written (safe: this run holds the folder's lock): table files
         (``live/*.tmp``), snapshots (``snapshots/.tmp-*``) and owner markers (``.OWNER.*.tmp``)."""
         leftovers = [*self.live.glob("*.tmp"), *self.snapshots.glob(".tmp-*"), *self.directory.glob(".OWNER.*.tmp")]
         for path in leftovers:
@@ -364,91 +359,28 @@ class DiskClientStore(ClientStore):
                 "resume from one of its checkpoints (--ckpt_path), or use an empty directory"
             )
 
-    # ---- client files ------------------------------------------------------------------------
-    def _path(self, client_id: int) -> Path:
-        return self.live / f"{int(client_id)}.safetensors"
+    # ---- tables ------------------------------------------------------------------------------
+    def _new_path(self) -> Path:
+        """A fresh live table file: run id and number, so that no run's file is ever another's."""
+        self._files += 1
+        return self.live / f"{self.run_id}-{self._files:06d}.table"
 
-    def __contains__(self, client_id: int) -> bool:
-        return int(client_id) in self._ids
-
-    def __len__(self) -> int:
-        return len(self._ids)
-
-    def client_ids(self) -> list[int]:
-        return sorted(self._ids)
-
-    def get(self, client_id: int, init: StateInit) -> NestedState:
-        from safetensors.torch import load
-
-        if int(client_id) not in self._ids:
-            return init()
-        path = self._path(client_id)
-        try:
-            data = path.read_bytes()
-        except OSError as error:
-            raise StoreError(f"client file {path} cannot be read ({error.strerror}); resume from a checkpoint") from error
-        if hashlib.sha256(data).hexdigest() != self._sums[int(client_id)]:
-            raise StoreError(
-                f"client file {path} is damaged (its checksum differs from the one written: truncated or modified); "
-                "resume from a checkpoint"
-            )
-        return unflatten_state(load(data))
-
-    def put(self, client_id: int, state: NestedState) -> None:
-        from safetensors.torch import save
-
-        if not state:
-            return
-        flat = {k: v.detach().cpu().clone().contiguous() for k, v in flatten_state(state).items()}
-        data = save(flat)
-        tmp = self._path(client_id).with_suffix(".tmp")
-        try:
-            tmp.write_bytes(data)
-            os.replace(tmp, self._path(client_id))
-        except OSError as error:  # a full or read-only store folder: one line naming it
-            tmp.unlink(missing_ok=True)
-            from fl_lightning.core.errors import write_failure
-
-            after = f"client {client_id}'s previous state and the last checkpoint are intact"
-            raise write_failure(error, "DiskClientStore client file", tmp.with_suffix(".safetensors"), len(data), after) from error
-        self._ids.add(int(client_id))
-        self._sums[int(client_id)] = hashlib.sha256(data).hexdigest()
-        self._stale = None  # this run writes its own states now
-
-    def gather(self, ids: Tensor, init: StateInit) -> NestedState:
-        """As ``ClientStore.gather``, reading the clients' files one by one (the format is one file per client)."""
-        first = init()
-        states = [self.get(cid, dict) for cid in torch.as_tensor(ids).reshape(-1).tolist()]
-        return {
-            n: {k: torch.stack([s.get(n, {}).get(k, v).to(v.device) for s in states]) if states else v.unsqueeze(0)[:0] for k, v in td.items()}
-            for n, td in first.items()
-        }  # fmt: skip
-
-    def entries(self) -> set[tuple[str, str]] | None:
-        return None
+    def _new_table(self, like: Tensor, capacity: int) -> _MappedTable:
+        return _MappedTable(like.shape, like.dtype, capacity, self._new_path)
 
     def scatter(self, ids: Tensor, stacked: NestedState) -> None:
-        """As ``ClientStore.scatter``: one ``put`` (one file) per client."""
-        for i, cid in enumerate(torch.as_tensor(ids).reshape(-1).tolist()):
-            self.put(cid, {n: {k: v[i] for k, v in td.items()} for n, td in stacked.items()})
+        super().scatter(ids, stacked)
+        self._stale = None  # this run writes its own states now
 
-    def state_dict(self) -> dict[str, Tensor]:
-        flat: dict[str, Tensor] = {}
-        for cid in self.client_ids():
-            flat.update(flatten_state(self.get(cid, dict), prefix=f"{cid}/"))
-        return flat
-
-    def _clear_live(self) -> None:
-        shutil.rmtree(self.live)
-        self.live.mkdir()
-        self._ids, self._sums, self._stale = set(), {}, None
-
-    def load_state_dict(self, flat: dict[str, Tensor]) -> None:
-        memory = ClientStore()
-        memory.load_state_dict(flat)
-        self._clear_live()
-        for cid in memory.client_ids():
-            self.put(cid, memory.get(cid, dict))
+    def _clear_tables(self) -> None:
+        """No tables and an empty ``live/`` (a resume's, or a load's, start)."""
+        if "live" in self.__dict__:  # not while ``ClientStore.__init__`` runs
+            for table in self._tables.values():
+                table.close()
+            shutil.rmtree(self.live)
+            self.live.mkdir()
+            self._stale = None
+        super()._clear_tables()
 
     # ---- snapshots -------------------------------------------------------------------------------
     def checkpoint_state(self, step: int) -> dict[str, Any]:
@@ -456,20 +388,37 @@ class DiskClientStore(ClientStore):
         target = self.snapshots / name
         if name not in self._made or not target.is_dir():  # the same step again (e.g. after validation): unchanged
             tmp = self.snapshots / f".tmp-{name}"
-            if tmp.exists():
-                shutil.rmtree(tmp)
-            tmp.mkdir(parents=True)
-            files = {}
-            for cid in sorted(self._ids):
-                os.link(self._path(cid), tmp / self._path(cid).name)
-                files[self._path(cid).name] = self._sums[cid]
-            manifest = {"run_id": self.run_id, "step": step, "files": files}
-            (tmp / _MANIFEST).write_text(json.dumps(manifest))
-            if target.exists():
-                shutil.rmtree(target)
-            os.replace(tmp, target)
+            try:
+                self._write_snapshot(tmp, step)
+                if target.exists():
+                    shutil.rmtree(target)
+                os.replace(tmp, target)
+            except OSError as error:  # a full or read-only store folder: one line naming it
+                shutil.rmtree(tmp, ignore_errors=True)
+                from fl_lightning.core.errors import write_failure
+
+                size = sum(t.path.stat().st_size for t in self._tables.values())
+                raise write_failure(error, "DiskClientStore snapshot", target, size, "the live client states and the last checkpoint are intact") from error
             self._made = [n for n in self._made if n != name] + [name]
         return {"disk_snapshot": f"snapshots/{name}", "disk_store": str(self.directory.resolve()), "store_run": self.run_id}
+
+    def _write_snapshot(self, folder: Path, step: int) -> None:
+        from safetensors.torch import save_file
+
+        if folder.exists():
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True)
+        tables = []
+        for i, ((state, param), table) in enumerate(self._tables.items()):
+            tables.append({"file": f"table-{i:04d}.bin", "state": state, "param": param, "dtype": str(table.dtype).removeprefix("torch."),
+                           "shape": list(table.shape), "capacity": len(self._client_of)})  # fmt: skip
+            table.save(folder / tables[-1]["file"], len(self._client_of))
+        save_file({"client_of": torch.tensor(self._client_of, dtype=torch.int64)}, folder / _ROWS)
+        if self._odd:
+            save_file({f"{cid}/{n}/{k}": t.contiguous() for cid, odd in self._odd.items() for (n, k), t in odd.items()}, folder / _ODD)
+        files = {f.name: file_sha256(f) for f in sorted(folder.iterdir())}
+        manifest = {"format": _FORMAT, "run_id": self.run_id, "step": step, "files": files, "tables": tables}
+        (folder / _MANIFEST).write_text(json.dumps(manifest))
 
     def _resolve_snapshot(self, state: dict[str, Any]) -> Path:
         """The snapshot a checkpoint names, validated to be a snapshot folder inside a store."""
@@ -495,43 +444,31 @@ class DiskClientStore(ClientStore):
             self.load_state_dict(state)
             return
         snapshot = self._resolve_snapshot(state)
-        files = self._verified_files(snapshot)  # everything checked before live/ is touched
-        self._clear_live()
-        for name, digest in files.items():
-            try:
-                os.link(snapshot / name, self.live / name)
-            except OSError:  # another file system
-                shutil.copyfile(snapshot / name, self.live / name)
-            cid = int(name.split(".")[0])
-            self._ids.add(cid)
-            self._sums[cid] = digest
+        manifest = _verified_manifest(snapshot)  # everything checked before live/ is touched
+        self._clear_tables()
+        if manifest.get("format") != _FORMAT:  # the earlier layout: one file per client
+            from safetensors.torch import load_file
 
-    def _verified_files(self, snapshot: Path) -> dict[str, str]:
-        """``{file name: SHA-256}`` of a snapshot's client files, each checked against its manifest."""
-        manifest_path = snapshot / _MANIFEST
-        if manifest_path.exists():
-            try:
-                files = dict(json.loads(manifest_path.read_text())["files"])
-            except (OSError, ValueError, KeyError, TypeError) as error:
-                raise CheckpointError(f"client-store snapshot {snapshot}: its manifest is damaged ({error})") from error
-        else:  # snapshots before manifests: client files, unchecked
-            files = {f.name: None for f in snapshot.iterdir() if _CLIENT_FILE.fullmatch(f.name)}
-        for name, digest in files.items():
-            path = snapshot / name
-            if not _CLIENT_FILE.fullmatch(name):
-                raise CheckpointError(f"client-store snapshot {snapshot}: its manifest names {name!r}, not a client file")
-            try:
-                data = path.read_bytes()
-            except OSError as error:
-                raise CheckpointError(f"client file {path} of this checkpoint's snapshot cannot be read ({error.strerror})") from error
-            actual = hashlib.sha256(data).hexdigest()
-            if digest is not None and actual != digest:
-                raise CheckpointError(
-                    f"client file {path} is damaged (its checksum differs from the snapshot manifest: truncated or modified); "
-                    "resume from an earlier checkpoint"
-                )
-            files[name] = actual
-        return files
+            for name in manifest["files"]:
+                self.put(int(name.split(".")[0]), unflatten_state(load_file(snapshot / name)))
+            return
+        self._load_snapshot(snapshot, manifest["tables"])
+
+    def _load_snapshot(self, snapshot: Path, tables: list[dict[str, Any]]) -> None:
+        from safetensors.torch import load_file
+
+        for entry in tables:
+            path = self._new_path()
+            copy_file(snapshot / entry["file"], path)
+            dtype = getattr(torch, entry["dtype"])
+            self._tables[(entry["state"], entry["param"])] = _MappedTable(entry["shape"], dtype, entry["capacity"], self._new_path, path)
+        self._client_of = load_file(snapshot / _ROWS)["client_of"].tolist()
+        self._row_of = torch.full((max(self._client_of, default=-1) + 1,), -1, dtype=torch.int64)
+        self._row_of[torch.tensor(self._client_of, dtype=torch.int64)] = torch.arange(len(self._client_of))
+        if (snapshot / _ODD).exists():
+            for key, tensor in load_file(snapshot / _ODD).items():
+                cid, name, param = key.split("/", 2)
+                self._odd.setdefault(int(cid), {})[(name, param)] = tensor
 
     def release_snapshots(self, checkpoint_dirs: list[str]) -> None:
         """Delete this run's snapshots that no checkpoint file in ``checkpoint_dirs`` references,
@@ -572,7 +509,46 @@ class DiskClientStore(ClientStore):
         return self._references[key]
 
 
+def _verified_manifest(snapshot: Path) -> dict[str, Any]:
+    """A snapshot's manifest, every file it names checked against its SHA-256 (and every table file's size
+    against its table); a snapshot of the earlier layout without a manifest: its client files, unchecked."""
+    manifest_path = snapshot / _MANIFEST
+    if manifest_path.exists():
+        try:
+            manifest = json.loads(manifest_path.read_text())
+            files = dict(manifest["files"])
+            tables = manifest.get("tables", []) if manifest.get("format") == _FORMAT else None
+            sizes = {t["file"]: _MappedTable.layout(tuple(t["shape"]), getattr(torch, t["dtype"]), int(t["capacity"]))[1] for t in tables or ()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+            raise CheckpointError(f"client-store snapshot {snapshot}: its manifest is damaged ({error})") from error
+    else:  # snapshots before manifests: client files, unchecked
+        manifest = {"files": {f.name: None for f in sorted(snapshot.iterdir()) if _CLIENT_FILE.fullmatch(f.name)}}
+        files, tables, sizes = manifest["files"], None, {}
+    allowed = _TABLE_FILE if tables is not None else _CLIENT_FILE
+    for name in [*sizes, *([_ROWS] if tables is not None else [])]:
+        if name not in files:
+            raise CheckpointError(f"client-store snapshot {snapshot}: its manifest has no checksum of {name!r}")
+    for name, digest in files.items():
+        path = snapshot / name
+        if not allowed.fullmatch(name):
+            raise CheckpointError(f"client-store snapshot {snapshot}: its manifest names {name!r}, not a client-store file")
+        try:
+            actual = file_sha256(path)
+            wrong_size = name in sizes and path.stat().st_size != sizes[name]
+        except OSError as error:
+            raise CheckpointError(f"client-store file {path} of this checkpoint's snapshot cannot be read ({error.strerror})") from error
+        if (digest is not None and actual != digest) or wrong_size:
+            raise CheckpointError(
+                f"client-store file {path} is damaged (its checksum differs from the snapshot manifest: truncated or modified); "
+                "resume from an earlier checkpoint"
+            )
+    return manifest
+
+
 _MANIFEST = "manifest.json"
+_FORMAT = "tables-1"
+_ROWS, _ODD = "rows.safetensors", "odd.safetensors"
 _CLIENT_FILE = re.compile(r"\d+\.safetensors")
+_TABLE_FILE = re.compile(r"table-\d+\.bin|rows\.safetensors|odd\.safetensors")
 _SNAPSHOT_NAME = re.compile(r"[A-Za-z0-9_-]+-step_\d+")
 _UNREADABLE = object()
