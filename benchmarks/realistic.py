@@ -1,4 +1,4 @@
-"""The realistic workloads of ``benchmarks/run.py`` (``mlp_realistic``, ``cnn_realistic``): their round
+"""The realistic workloads of ``benchmarks/run.py`` (``mlp_realistic``, ``cnn_realistic``, ``lora_realistic``): their round
 schedule, their bare PyTorch loop and how much of a batched run ran stacked.
 
 A realistic round is what researchers run: Dirichlet(0.1) label skew (client sizes from 2 to a few
@@ -77,8 +77,19 @@ def bare_loop(model, data, spec: dict, rounds: int, lr: float, device, sync: Cal
     from torch.utils.data import TensorDataset
 
     train = data.source.train
-    assert isinstance(train, TensorDataset), "realistic workloads use in-memory tensors"
-    tensors = tuple(t.to(device) for t in train.tensors)
+    if isinstance(train, TensorDataset):
+        tensors = tuple(t.to(device) for t in train.tensors)
+
+        def loss_of(idx):
+            return F.cross_entropy(model(tensors[0][idx]), tensors[1][idx])
+    else:  # text: the client's batch right-padded to its longest sequence (TokenSequences.gather)
+        train = train.to(device)
+
+        def loss_of(idx):
+            batch = train.gather(idx.cpu())
+            out = model(**{k: v for k, v in batch.items() if k != "labels"})
+            return F.cross_entropy(getattr(out, "logits", out), batch["labels"])
+
     params = [p for p in model.parameters() if p.requires_grad]
     global_params = [p.detach().clone() for p in params]
     plan = schedule(data, spec, rounds)
@@ -94,9 +105,7 @@ def bare_loop(model, data, spec: dict, rounds: int, lr: float, device, sync: Cal
                     p.copy_(g)
             batches = data.client_batch_indices(w.client, w.seed, spec["batch"], epochs=spec["epochs"])
             for idx in itertools.islice(batches, w.steps):
-                idx = idx.to(device)
-                loss = F.cross_entropy(model(tensors[0][idx]), tensors[1][idx])
-                grads = torch.autograd.grad(loss, params)
+                grads = torch.autograd.grad(loss_of(idx.to(device)), params)
                 with torch.no_grad():
                     for p, g in zip(params, grads):
                         p.sub_(g, alpha=lr)

@@ -1,6 +1,6 @@
 """Throughput and memory of federated execution against a bare PyTorch FedAvg loop.
 
-    python benchmarks/run.py --out results.json [--quick] [--workloads mlp,mlp400,cnn,lora,mlp_realistic,cnn_realistic]
+    python benchmarks/run.py --out results.json [--quick] [--workloads mlp,mlp400,cnn,lora,mlp_realistic,cnn_realistic,lora_realistic]
 
 Workloads: ``mlp`` (synthetic data, 100 clients, S = 10 and 50), ``mlp400`` (the same
 data-per-client and model with 400 clients, S = 200: the issue's "batched at S = 200"
@@ -13,7 +13,9 @@ every client the same work.
 Realistic workloads (``benchmarks/realistic.py``): ``mlp_realistic`` (the MLP data and model, S = 50)
 and ``cnn_realistic`` (the digits SmallCNN, S = 20) split the data by Dirichlet(0.1) label skew
 (100 / 50 clients of 2 to a few hundred samples), train 2 local epochs of batch 32 (K_i = 2 ceil(n_i / 32),
-the last batch of a pass short) and make 20 % of the clients stragglers. Their bare loop runs the
+the last batch of a pass short) and make 20 % of the clients stragglers; ``lora_realistic`` (the ``lora`` model and
+data, S = 5) does the same with one local epoch of batch 8 over Dirichlet(0.5) text clients (two labels: 0.1 leaves clients empty) (each step's sequences
+padded to its longest, as a stacked round pads them). Their bare loop runs the
 framework's own schedule (clients, budgets, minibatches), so every execution does the same client-steps.
 Their rows also carry ``stacked_fraction`` (the fit's rounds that ran stacked; bare: null, sequential: 0)
 and ``padding_waste`` (the share of the stacked work that was padding; null where nothing stacked).
@@ -78,9 +80,10 @@ WORKLOADS = {
     # batch 32, a fraction of stragglers; the same data and model as mlp / cnn.
     "mlp_realistic": dict(num_clients=100, plan=[50], epochs=2, batch=32, samples=8000, alpha=0.1, straggler=0.2),
     "cnn_realistic": dict(num_clients=50, plan=[20], epochs=2, batch=32, alpha=0.1, straggler=0.2),
+    "lora_realistic": dict(num_clients=20, plan=[5], epochs=1, batch=8, alpha=0.5, straggler=0.2),  # two labels: alpha 0.1 leaves clients empty
 }
 OPT_IN = {"resnet18"}
-DEFAULT_WORKLOADS = "mlp,mlp400,cnn,lora,mlp_realistic,cnn_realistic"
+DEFAULT_WORKLOADS = "mlp,mlp400,cnn,lora,mlp_realistic,cnn_realistic,lora_realistic"
 REALISTIC = {w for w, spec in WORKLOADS.items() if "epochs" in spec}
 
 
@@ -171,7 +174,7 @@ def build(workload: str, clients_per_round: int):
     spec = WORKLOADS[workload]
     partition = Dirichlet(spec["alpha"]) if "alpha" in spec else IID()
     common = dict(num_clients=spec["num_clients"], partition=partition, participation=UniformSampling(clients_per_round))
-    if workload == "lora":
+    if workload.startswith("lora"):
         from datamodules import TextDataModule
         from models import LoRAClassifier
 
@@ -574,8 +577,8 @@ def main(argv: list[str] | None = None) -> None:
     os.environ["FL_BENCH_DEVICE"] = args.device
     if args.compile_unit:
         os.environ["FL_BENCH_COMPILE_UNIT"] = args.compile_unit
-    rounds = ({"mlp": 16, "mlp400": 6, "cnn": 8, "lora": 4, "resnet18": 3, "mlp_realistic": 16, "cnn_realistic": 10} if args.quick
-              else {"mlp": 40, "mlp400": 10, "cnn": 15, "lora": 10, "resnet18": 4, "mlp_realistic": 25, "cnn_realistic": 15})  # fmt: skip
+    rounds = ({"mlp": 16, "mlp400": 6, "cnn": 8, "lora": 4, "resnet18": 3, "mlp_realistic": 16, "cnn_realistic": 10, "lora_realistic": 4} if args.quick
+              else {"mlp": 40, "mlp400": 10, "cnn": 15, "lora": 10, "resnet18": 4, "mlp_realistic": 25, "cnn_realistic": 15, "lora_realistic": 10})  # fmt: skip
     rounds.update(_rounds_arg(args.rounds) if args.rounds else {})
     rounds_arg = ",".join(f"{k}={v}" for k, v in rounds.items())
     repeats = args.repeats or (2 if args.quick else 3)
@@ -584,7 +587,7 @@ def main(argv: list[str] | None = None) -> None:
     if "bare" not in local:
         local.insert(0, "bare")
     started = time.perf_counter()
-    if "lora" in workloads:  # written once, read by every process of the run
+    if any(w.startswith("lora") for w in workloads):  # written once, read by every process of the run
         _quiet()
         os.environ["FL_BENCH_TEXT_DIR"] = str(_text_assets())
     rows = _subprocess(["--_worker", ",".join(workloads), ",".join(local), rounds_arg, str(repeats)])

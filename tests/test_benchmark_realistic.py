@@ -9,7 +9,7 @@ import lightning as L
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-REALISTIC = ["mlp_realistic", "cnn_realistic"]
+REALISTIC = ["mlp_realistic", "cnn_realistic", "lora_realistic"]
 
 
 def _runner():
