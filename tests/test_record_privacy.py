@@ -323,6 +323,24 @@ def test_batched_equals_sequential(tmp_path, make, sampling):
     assert float(t1.callback_metrics["privacy/record_epsilon"]) == float(t2.callback_metrics["privacy/record_epsilon"]) > 0
 
 
+@pytest.mark.parametrize("local, straggler", [(LocalTraining(lr=0.1, steps=None, epochs=1, batch_size=6), 0.0), (LOCAL, 0.5)], ids=["epochs", "stragglers"])
+def test_batched_equals_sequential_with_unequal_steps(tmp_path, local, straggler):
+    """Clients of unequal K_i (local epochs over clients of different sizes; stragglers) stack: each client's draws and
+    noise as sequential execution draws them, its padded steps masked; the accountant counts each client's own K_i."""
+    record = dict(clip_norm=0.3, noise_multiplier=1.0)
+    faults = dict(faults=ClientFaults(straggler=straggler, straggler_min_fraction=0.3))
+    sequential = _module(A.SCAFFOLD(), RecordPrivacy(**record), local=local, **faults)
+    batched = _module(A.SCAFFOLD(), RecordPrivacy(**record), execution="batched", local=local, **faults)
+    t1, t2 = _fit(tmp_path / "a", sequential), _fit(tmp_path / "b", batched)
+    stats = batched.executor.stats
+    assert not batched.executor.inner.fallbacks and stats["stacked_rounds"] == 3 and stats["padded_work"] > 0
+    for a, b in zip(sequential.model.parameters(), batched.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert np.array_equal(sequential.record_privacy.accountant.steps, batched.record_privacy.accountant.steps)
+    assert float(t1.callback_metrics["privacy/record_epsilon"]) == float(t2.callback_metrics["privacy/record_epsilon"]) > 0
+    assert float(t1.callback_metrics["train/loss"]) == pytest.approx(float(t2.callback_metrics["train/loss"]), rel=1e-5)
+
+
 def test_composes_with_client_level_privacy_and_compression(tmp_path):
     from fl_lightning.compression import QSGD, Compression, TopK
 

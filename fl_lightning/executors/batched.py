@@ -477,15 +477,17 @@ class BatchedExecutor(Executor):
         clients, seeds = [t.client_id for t in tasks], [t.seed for t in tasks]
         steps = [t.num_steps for t in tasks]
         dp = runtime.record_privacy
-        masks, rows_padded = None, False  # (step mask [S, K], real rows [S, K]) of a padded round; whether real batches hold padded rows
+        masks, rows_padded = None, False  # (step mask [S, K], real rows [S, K] or None) of a padded round; whether real batches hold padded rows
         if dp is not None:  # record-level DP-SGD: each client's own draws, padded to the step's largest (fl_lightning.executors.dpsgd)
             if not declares_capability(runtime.algorithm, "elementwise"):
                 raise Unbatchable(f"record-level DP-SGD runs {type(runtime.algorithm).__name__}'s rule (not elementwise) client by client")
-            if local.steps is None or any(k != local.steps for k in steps):
-                raise Unbatchable("record-level DP-SGD stacks only clients that run local.steps steps each (no local.epochs, no stragglers)")
-            samplers = [dp_sampler(dp, c, s) for c, s in zip(clients, seeds)]
-            batches = private_steps(runtime.data, clients, samplers, local.steps, stacked=True)
-            self._count(len(tasks) * local.steps, 0)
+            # Each client's own draws and noise, K_max steps of them: a client's draws past its K_i come after every draw
+            # of its own steps (sequential execution's), and its padded steps are masked
+            samplers, depth = [dp_sampler(dp, c, s) for c, s in zip(clients, seeds)], max(steps)
+            batches = private_steps(runtime.data, clients, samplers, depth, stacked=True)
+            if any(k != depth for k in steps):
+                masks = (torch.arange(depth).view(1, -1) < torch.tensor(steps).view(-1, 1), None)
+            self._count(sum(steps), len(tasks) * depth - sum(steps))
         elif self._idealised(tasks, runtime):
             batches = runtime.data.stacked_client_batches(clients, seeds, local.batch_size, local.steps)
             self._count(len(tasks) * local.steps * local.batch_size, 0)
@@ -534,7 +536,7 @@ class BatchedExecutor(Executor):
         self._work[1] += padding
 
     @staticmethod
-    def _means(record: StepRecord, masks: tuple[Tensor, Tensor] | None, size: int) -> tuple[list[float], list[float], list[dict]]:
+    def _means(record: StepRecord, masks: tuple[Tensor, Tensor | None] | None, size: int) -> tuple[list[float], list[float], list[dict]]:
         """Each client's mean loss, accuracy and loss terms over its real steps and rows.
 
         The loss and accuracy are ``[S]`` tensors read back together: one host transfer (``.tolist()`` of
@@ -554,7 +556,7 @@ class BatchedExecutor(Executor):
                 raise Unbatchable("the rule records a loss at only some of its steps, which a padded round cannot mask")
             if record.losses:
                 columns["loss"] = M.masked_round_means(record.losses, step_mask)
-            if record.outputs:
+            if record.outputs:  # real rows are given wherever outputs are recorded (not record-level DP-SGD's steps)
                 columns["acc"] = M.masked_correct(record.outputs, record.targets, step_mask).cpu() / real.sum(1)
             terms = M.masked_term_means(record.terms, step_mask) or [{}] * size
         if not columns:
@@ -600,9 +602,8 @@ class BatchedExecutor(Executor):
                 ctx.grad = private_grad_fn(
                     objective, batch, noise, denominators, dp.clip_norm, weight_decay, record, loss, stacked=True, name=type(algorithm).__name__
                 )
-                params, local_state = algorithm.client_step(params, local_state, ctx)
-                continue
-            ctx.grad = objective.grad_fn(batch, weight_decay, record, stacked=True, loss=loss, padded_rows=padded_rows)
+            else:
+                ctx.grad = objective.grad_fn(batch, weight_decay, record, stacked=True, loss=loss, padded_rows=padded_rows)
             new_params, new_state = algorithm.client_step(params, local_state, ctx)
             if mask is None:
                 params, local_state = new_params, new_state
