@@ -721,10 +721,12 @@ class FederatedModule(AsyncServer, L.LightningModule):
         states = RoundStates(self.store, init, self._initial_personal, self.device, is_message_state)
         faults = self.faults.active and not warmup  # the same for every client: read once, not per client
         message_states = bool(self.messages.client_stages)
-        for cid, seed in zip(clients, seeds):
-            steps = budget = data.num_local_steps(cid, local.batch_size, local.steps, local.epochs)
-            if faults:
-                dropped, budget = self.faults.draw(seed, steps)
+        full = [data.num_local_steps(cid, local.batch_size, local.steps, local.epochs) for cid in clients]
+        drawn = self.faults.draws(seeds, full) if faults else None  # every client's draw at once
+        for i, (cid, seed) in enumerate(zip(clients, seeds)):
+            steps = budget = full[i]
+            if drawn is not None:
+                dropped, budget = drawn[i]
                 if dropped:
                     log.warning("round %d: client %d dropped out (never reported)", round_idx, cid)
                     continue
