@@ -291,6 +291,17 @@ class FederatedDataModule(L.LightningDataModule):
         size = 0 if steps is not None else len(self.client_train[client_id])
         return draws.num_local_steps(size, batch_size, steps, epochs)
 
+    def clients_num_local_steps(self, client_ids: Sequence[int], batch_size: int | None, steps: int | None, epochs: int | None) -> list[int]:
+        """``num_local_steps`` of every client of ``client_ids`` (the same K): with ``epochs``, their sizes read in one
+        gather (``sizes_of``) and K computed for all at once. Client by client where ``num_local_steps`` is overridden."""
+        sizes_of = getattr(self.client_train, "sizes_of", None)
+        if steps is not None or epochs is None or sizes_of is None or type(self).num_local_steps is not FederatedDataModule.num_local_steps:
+            return [self.num_local_steps(c, batch_size, steps, epochs) for c in client_ids]
+        ids = torch.as_tensor(client_ids, dtype=torch.int64)
+        if len(ids) and not (0 <= int(ids.min()) and int(ids.max()) < len(self.client_train)):
+            return [self.num_local_steps(c, batch_size, steps, epochs) for c in client_ids]  # raises, naming the client
+        return draws.epochs_local_steps(sizes_of(ids), batch_size, epochs).tolist()
+
     def augment(self, batch: Any, client_id: int, generator: torch.Generator) -> Any:
         """Transform one training minibatch of ``client_id`` (default: unchanged).
 

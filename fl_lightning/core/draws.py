@@ -150,6 +150,11 @@ def num_local_steps(size: int, batch_size: int | None, steps: int | None, epochs
     return epochs * (1 if batch_size is None else math.ceil(size / batch_size))
 
 
+def epochs_local_steps(sizes: Tensor, batch_size: int | None, epochs: int) -> Tensor:
+    """``num_local_steps`` of clients of ``sizes`` samples (int64 ``[S]``) running ``epochs`` passes: int64 ``[S]``."""
+    return torch.full_like(sizes, epochs) if batch_size is None else epochs * -(-sizes // batch_size)
+
+
 def client_positions(
     seed: int, size: int, batch_size: int | None, steps: int | None, epochs: int | None, block: int | None = None
 ) -> Iterator[Tensor]:
