@@ -474,19 +474,19 @@ class FederatedDataModule(L.LightningDataModule):
         column = torch.arange(positions.shape[2]).view(1, 1, -1)
         positions = torch.where(column < real.unsqueeze(-1), positions, positions[:, :, :1])  # padded rows: the first
         positions = torch.where((real > 0).unsqueeze(-1), positions, positions[:, :1])  # padded steps: the first step
-        return flat[positions + starts.view(-1, 1, 1)], real
+        return gather_rows(flat, positions + starts.view(-1, 1, 1)), real
 
     def _padded_steps(self, index: Tensor, row_mask: Tensor, real: Tensor, client_ids: Sequence[int], seeds: Sequence[int]) -> Iterator[Any]:
         """Step by step, the ``[S, B, ...]`` batches of ``index`` with padded rows' targets ``IGNORE_TARGET``;
         where the data augments, each client's real batches go through ``augment`` in order, drawn as
         ``client_batches`` draws them (a padded step is not augmented: it is masked out)."""
         generators = [self.augment_generator(s) for s in seeds] if self.augments_batches else None
-        tensors = self.source.train.tensors
+        *features, targets = self.source.train.tensors
         steps_first, masks = index.transpose(0, 1).contiguous(), row_mask.transpose(0, 1)  # [K, S, B]
+        targets = gather_rows(targets, steps_first).masked_fill(~masks.to(targets.device), IGNORE_TARGET)  # every step's at once: small
         first: list[Any] = [None] * len(client_ids)  # each client's augmented first batch (its padded steps' copy)
         for k in range(steps_first.shape[0]):
-            *inputs, target = (gather_rows(t, steps_first[k]) for t in tensors)
-            target = target.masked_fill(~masks[k].to(target.device), IGNORE_TARGET)
+            inputs, target = [gather_rows(t, steps_first[k]) for t in features], targets[k]
             if generators is None:
                 yield (*inputs, target)
                 continue
