@@ -432,9 +432,11 @@ class FederatedDataModule(L.LightningDataModule):
             raise Unstackable("padded stacking (clients with unequal steps or batch sizes) gathers from in-memory tensors (TensorDataset) only")
         index, real = self._padded_index(client_ids, seeds, batch_size, steps, epochs, num_steps)
         depth, width = max(index.shape[1], min_steps), max(index.shape[2], min_rows)
-        index = torch.cat([index, index[:, :1].expand(-1, depth - index.shape[1], -1)], 1)  # a padded step: the first's rows
-        index = torch.cat([index, index[:, :, :1].expand(-1, -1, width - index.shape[2])], 2)  # a padded row: the step's first
-        real = torch.cat([real, real.new_zeros(len(real), depth - real.shape[1])], 1)
+        if depth > index.shape[1]:  # padded steps: the first's rows
+            index = torch.cat([index, index[:, :1].expand(-1, depth - index.shape[1], -1)], 1)
+            real = torch.cat([real, real.new_zeros(len(real), depth - real.shape[1])], 1)
+        if width > index.shape[2]:  # padded rows: the step's first
+            index = torch.cat([index, index[:, :, :1].expand(-1, -1, width - index.shape[2])], 2)
         target = self.source.train.tensors[-1]
         if bool(((real > 0) & (real < width)).any()) and (target.is_floating_point() or target.dim() != 1):
             raise Unstackable(
