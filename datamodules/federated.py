@@ -472,9 +472,8 @@ class FederatedDataModule(L.LightningDataModule):
                 real[~whole] = batch_size
         depth = max(num_steps)
         positions, real = positions[:, :depth], real[:, :depth].clone()
-        real[torch.arange(depth).view(1, -1) >= torch.as_tensor(list(num_steps)).view(-1, 1)] = 0
-        column = torch.arange(positions.shape[2]).view(1, 1, -1)
-        positions = torch.where(column < real.unsqueeze(-1), positions, positions[:, :, :1])  # padded rows: the first
+        real.masked_fill_(torch.arange(depth).view(1, -1) >= torch.as_tensor(list(num_steps)).view(-1, 1), 0)
+        # Padded rows already repeat the step's first position (draws.epoch_steps; a whole client's zeros are its first).
         positions = torch.where((real > 0).unsqueeze(-1), positions, positions[:, :1])  # padded steps: the first step
         return gather_rows(flat, positions + starts.view(-1, 1, 1)), real
 
