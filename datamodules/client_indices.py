@@ -40,6 +40,10 @@ class ClientIndices(Sequence):
     def sizes(self) -> Tensor:
         return self.offsets.diff()
 
+    def sizes_of(self, clients: Tensor) -> Tensor:
+        """``len(self[c])`` of every client in ``clients`` (int64, each in ``range(len(self))``), in two gathers."""
+        return self.offsets[clients + 1] - self.offsets[clients]
+
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
@@ -122,6 +126,10 @@ class _Part(Sequence):
 
     def __len__(self) -> int:
         return len(self.split.parts)
+
+    def sizes_of(self, clients: Tensor) -> Tensor:
+        """``len(self[c])`` of every client in ``clients`` (int64, each in ``range(len(self))``), without splitting them."""
+        return (self.split.train_sizes, self.split.n_hold)[self.position][clients]
 
     def __getitem__(self, client: int) -> Tensor:  # type: ignore[override]
         if isinstance(client, slice):

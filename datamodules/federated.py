@@ -301,6 +301,17 @@ class FederatedDataModule(L.LightningDataModule):
         size = 0 if steps is not None else len(self.client_train[client_id])
         return draws.num_local_steps(size, batch_size, steps, epochs)
 
+    def clients_num_local_steps(self, client_ids: Sequence[int], batch_size: int | None, steps: int | None, epochs: int | None) -> list[int]:
+        """``num_local_steps`` of every client of ``client_ids`` (the same K): with ``epochs``, their sizes read in one
+        gather (``sizes_of``) and K computed for all at once. Client by client where ``num_local_steps`` is overridden."""
+        sizes_of = getattr(self.client_train, "sizes_of", None)
+        if steps is not None or epochs is None or sizes_of is None or type(self).num_local_steps is not FederatedDataModule.num_local_steps:
+            return [self.num_local_steps(c, batch_size, steps, epochs) for c in client_ids]
+        ids = torch.as_tensor(client_ids, dtype=torch.int64)
+        if len(ids) and not (0 <= int(ids.min()) and int(ids.max()) < len(self.client_train)):
+            return [self.num_local_steps(c, batch_size, steps, epochs) for c in client_ids]  # raises, naming the client
+        return draws.epochs_local_steps(sizes_of(ids), batch_size, epochs).tolist()
+
     def augment(self, batch: Any, client_id: int, generator: torch.Generator) -> Any:
         """Transform one training minibatch of ``client_id`` (default: unchanged).
 
@@ -437,9 +448,11 @@ class FederatedDataModule(L.LightningDataModule):
             raise Unstackable("augmented batches are padded from in-memory tensors (TensorDataset) only")
         index, real = self._padded_index(client_ids, seeds, batch_size, steps, epochs, num_steps)
         depth, width = max(index.shape[1], min_steps), max(index.shape[2], min_rows)
-        index = torch.cat([index, index[:, :1].expand(-1, depth - index.shape[1], -1)], 1)  # a padded step: the first's rows
-        index = torch.cat([index, index[:, :, :1].expand(-1, -1, width - index.shape[2])], 2)  # a padded row: the step's first
-        real = torch.cat([real, real.new_zeros(len(real), depth - real.shape[1])], 1)
+        if depth > index.shape[1]:  # padded steps: the first's rows
+            index = torch.cat([index, index[:, :1].expand(-1, depth - index.shape[1], -1)], 1)
+            real = torch.cat([real, real.new_zeros(len(real), depth - real.shape[1])], 1)
+        if width > index.shape[2]:  # padded rows: the step's first
+            index = torch.cat([index, index[:, :, :1].expand(-1, -1, width - index.shape[2])], 2)
         rows_padded = bool(((real > 0) & (real < width)).any())
         target = None if not rows_padded else self.source.train.tensors[-1] if in_memory else _targets(self._gather(index.reshape(-1)[:1]))
         if rows_padded and (target.is_floating_point() or (in_memory and target.dim() != 1)):  # text: a row's tokens masked alike
@@ -476,11 +489,10 @@ class FederatedDataModule(L.LightningDataModule):
                 real[~whole] = batch_size
         depth = max(num_steps)
         positions, real = positions[:, :depth], real[:, :depth].clone()
-        real[torch.arange(depth).view(1, -1) >= torch.as_tensor(list(num_steps)).view(-1, 1)] = 0
-        column = torch.arange(positions.shape[2]).view(1, 1, -1)
-        positions = torch.where(column < real.unsqueeze(-1), positions, positions[:, :, :1])  # padded rows: the first
+        real.masked_fill_(torch.arange(depth).view(1, -1) >= torch.as_tensor(list(num_steps)).view(-1, 1), 0)
+        # Padded rows already repeat the step's first position (draws.epoch_steps; a whole client's zeros are its first).
         positions = torch.where((real > 0).unsqueeze(-1), positions, positions[:, :1])  # padded steps: the first step
-        return flat[positions + starts.view(-1, 1, 1)], real
+        return gather_rows(flat, positions + starts.view(-1, 1, 1)), real
 
     def _padded_steps(self, index: Tensor, row_mask: Tensor, real: Tensor, client_ids: Sequence[int], seeds: Sequence[int]) -> Iterator[Any]:
         """Step by step, the ``[S, B, ...]`` batches of ``index`` with padded rows' targets ``IGNORE_TARGET``;
@@ -493,12 +505,12 @@ class FederatedDataModule(L.LightningDataModule):
                 yield _with_targets(batch, target.masked_fill(~real_rows, IGNORE_TARGET))
             return
         generators = [self.augment_generator(s) for s in seeds] if self.augments_batches else None
-        tensors = self.source.train.tensors
+        *features, targets = self.source.train.tensors
         steps_first, masks = index.transpose(0, 1).contiguous(), row_mask.transpose(0, 1)  # [K, S, B]
+        targets = gather_rows(targets, steps_first).masked_fill(~masks.to(targets.device), IGNORE_TARGET)  # every step's at once: small
         first: list[Any] = [None] * len(client_ids)  # each client's augmented first batch (its padded steps' copy)
         for k in range(steps_first.shape[0]):
-            *inputs, target = (gather_rows(t, steps_first[k]) for t in tensors)
-            target = target.masked_fill(~masks[k].to(target.device), IGNORE_TARGET)
+            inputs, target = [gather_rows(t, steps_first[k]) for t in features], targets[k]
             if generators is None:
                 yield (*inputs, target)
                 continue

@@ -3,6 +3,7 @@
 batches every execution mode reads."""
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -189,3 +190,22 @@ def test_packed_sort_orders_keys_by_key_then_position_as_a_stable_argsort(rows, 
     finally:
         draws._POSITION_BITS = saved
     assert got.dtype == np.int64 and got.tolist() == expected
+
+
+@pytest.mark.parametrize("split", [{}, {"holdout_fraction": 0.3}, {"holdout_fraction": 0.2, "val_fraction": 0.1, "new_client_fraction": 0.25}])
+def test_a_rounds_local_steps_are_each_clients(split):
+    """``clients_num_local_steps`` (sizes read in one gather) is ``num_local_steps`` client by client, for the partition's
+    own indices, held-out splits and unseen clients, with repeated ids, batches of 1, above every client and none."""
+    from tests.conftest import tiny_datamodule
+
+    data = tiny_datamodule(num_clients=12, **split)
+    data.setup()
+    everyone = list(range(len(data.client_train)))  # unseen clients included
+    ids = everyone + everyone[::-1] + [0, 0, everyone[-1]]
+    assert data.clients_num_local_steps([], 4, None, 2) == []
+    for batch_size, steps, epochs in [(1, None, 1), (3, None, 2), (7, None, 3), (1000, None, 1), (None, None, 2), (4, 5, None), (None, 3, None)]:
+        expected = [data.num_local_steps(c, batch_size, steps, epochs) for c in ids]
+        assert data.clients_num_local_steps(ids, batch_size, steps, epochs) == expected
+        assert len(set(expected)) > 1 or steps is not None or batch_size in (None, 1000)
+    with pytest.raises(IndexError):
+        data.clients_num_local_steps([0, len(data.client_train)], 4, None, 1)

@@ -2,6 +2,7 @@
 
 import logging
 
+import numpy as np
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -238,3 +239,17 @@ def test_no_checkpoint_is_written_from_a_non_finite_state(tmp_path):
     with pytest.raises(DivergenceError, match="no checkpoint is written from a non-finite state \\(x/"):
         trainer.save_checkpoint(tmp_path / "bad.ckpt")
     assert not (tmp_path / "bad.ckpt").exists()
+
+
+@pytest.mark.parametrize(
+    "faults", [ClientFaults(dropout=0.3, straggler=0.5), ClientFaults(straggler=1.0, straggler_min_fraction=1.0), ClientFaults(dropout=0.99), ClientFaults()]
+)
+def test_a_rounds_draws_are_each_clients_draw(faults):
+    """``draws`` (a round's clients at once) gives every client's ``draw``, for few clients (seeds derived one by one)
+    and many (derived vectorised), seeds at the 32- and 63-bit edges, repeated seeds and K from 1."""
+    rng = np.random.default_rng(0)
+    edges = [0, 1, 2**32 - 1, 2**32, 2**32 + 1, 2**62, 2**63 - 1]
+    seeds = edges + rng.integers(0, 2**63 - 1, 400, dtype=np.int64).tolist() + rng.integers(0, 2**32, 100).tolist() + [5] * 20
+    steps = rng.integers(1, 60, len(seeds)).tolist()
+    for lo, hi in [(0, 0), (0, 1), (0, 7), (7, 22), (0, len(seeds))]:
+        assert faults.draws(seeds[lo:hi], steps[lo:hi]) == [faults.draw(s, k) for s, k in zip(seeds[lo:hi], steps[lo:hi])]

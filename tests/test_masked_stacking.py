@@ -120,6 +120,14 @@ def test_client_work_counts_the_rows_sequential_execution_draws():
             assert (work.steps, work.rows, work.real) == (k, max(rows), sum(rows))
 
 
+def test_largest_rows_are_the_largest_client_works():
+    """``largest_rows`` (one max over the round's sizes) is the largest ``client_work`` rows, whatever the steps."""
+    groups = [[1], [5, 5, 5], [1, 2, 3], [16, 7, 40], [4, 100, 4, 31], SIZES]
+    for sizes, batch_size, (steps, epochs), k in itertools.product(groups, [None, 1, 4, 16, 64], [(3, None), (None, 2)], [1, 3, 9]):
+        expected = max(M.client_work(n, batch_size, steps, epochs, k).rows for n in sizes)
+        assert M.largest_rows(torch.tensor(sizes), batch_size) == expected
+
+
 def _brute_force_area(works, most):
     """The least total padded area over every split of the (K, B)-sorted clients into at most ``most`` runs."""
     order = sorted(works, key=lambda w: (w.steps, w.rows))

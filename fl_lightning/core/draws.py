@@ -119,8 +119,8 @@ def _pick(grid: np.ndarray, passes: np.ndarray, ranks: np.ndarray) -> np.ndarray
 def epoch_steps(seeds, sizes, batch_size: int | None, epochs: int) -> tuple[Tensor, Tensor]:
     """``epochs`` passes of each client cut into batches of ``batch_size`` (``None``: the whole set, unshuffled),
     the last of a pass short: ``(positions [S, K, B], rows [S, K])``, K the largest client's
-    ``epochs * ceil(n_i / B)`` and B the largest batch; client i's steps beyond its own K_i and rows
-    beyond ``rows[i, k]`` hold a real position of the client (padding, for the caller to mask)."""
+    ``epochs * ceil(n_i / B)`` and B the largest batch; client i's steps beyond its own K_i hold a real position
+    of the client and its rows beyond ``rows[i, k]`` the step's first position (padding, for the caller to mask)."""
     sizes = _int64(sizes)
     num_clients = len(sizes)
     if batch_size is None:  # full batch: every step the client's samples in order
@@ -148,6 +148,11 @@ def num_local_steps(size: int, batch_size: int | None, steps: int | None, epochs
     if steps is not None:
         return steps
     return epochs * (1 if batch_size is None else math.ceil(size / batch_size))
+
+
+def epochs_local_steps(sizes: Tensor, batch_size: int | None, epochs: int) -> Tensor:
+    """``num_local_steps`` of clients of ``sizes`` samples (int64 ``[S]``) running ``epochs`` passes: int64 ``[S]``."""
+    return torch.full_like(sizes, epochs) if batch_size is None else epochs * -(-sizes // batch_size)
 
 
 def client_positions(

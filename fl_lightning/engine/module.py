@@ -73,6 +73,14 @@ def quiet_known_warnings() -> None:
     warnings.filterwarnings("ignore", message=".*when logging on epoch level in distributed setting.*")
 
 
+def _local_steps(data, clients: list[int], local) -> list[int]:
+    """Each client's K: the data's ``clients_num_local_steps`` (all at once) where it has one, else client by client."""
+    many = getattr(data, "clients_num_local_steps", None)
+    if many is not None:
+        return many(clients, local.batch_size, local.steps, local.epochs)
+    return [data.num_local_steps(c, local.batch_size, local.steps, local.epochs) for c in clients]
+
+
 class FederatedModule(AsyncServer, L.LightningModule):
     """Owns the global model, the server state, the client store and the round loop.
 
@@ -568,7 +576,7 @@ class FederatedModule(AsyncServer, L.LightningModule):
 
         data, local = self.datamodule, self.local
         clients = plan.clients.tolist()
-        steps = [data.num_local_steps(c, local.batch_size, local.steps, local.epochs) for c in clients]
+        steps = _local_steps(data, clients, local)
         devices = self.clock.devices(data.num_clients)
         return plan_round(self.clock, devices, self.sim_time, clients, steps, self._bytes_down(broadcast, broadcast_bytes), self._nominal_upload(x))
 
@@ -721,10 +729,12 @@ class FederatedModule(AsyncServer, L.LightningModule):
         states = RoundStates(self.store, init, self._initial_personal, self.device, is_message_state)
         faults = self.faults.active and not warmup  # the same for every client: read once, not per client
         message_states = bool(self.messages.client_stages)
-        for cid, seed in zip(clients, seeds):
-            steps = budget = data.num_local_steps(cid, local.batch_size, local.steps, local.epochs)
-            if faults:
-                dropped, budget = self.faults.draw(seed, steps)
+        full = _local_steps(data, clients, local)
+        drawn = self.faults.draws(seeds, full) if faults else None  # every client's draw at once
+        for i, (cid, seed) in enumerate(zip(clients, seeds)):
+            steps = budget = full[i]
+            if drawn is not None:
+                dropped, budget = drawn[i]
                 if dropped:
                     log.warning("round %d: client %d dropped out (never reported)", round_idx, cid)
                     continue

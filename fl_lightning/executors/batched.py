@@ -102,6 +102,11 @@ class _FinishContext(ClientContext):
         self._step = value
 
 
+def _sizes(tasks: Sequence[ClientTask], runtime: ClientRuntime) -> Tensor:
+    """The tasks' clients' training sizes (int64 ``[S]``), in one gather."""
+    return runtime.data.client_sizes[torch.tensor([t.client_id for t in tasks], dtype=torch.int64)]
+
+
 def _stacked_rows(batch: Any) -> int:
     """The rows B of a stacked ``[S, B, ...]`` batch (its target's second dimension)."""
     target = batch["labels"] if isinstance(batch, dict) else batch[-1]
@@ -401,17 +406,16 @@ class BatchedExecutor(Executor):
         shrinks = self._one_masked_program or (
             self.programs is None and declares_capability(runtime.algorithm, "elementwise") and all(t.broadcast is tasks[0].broadcast for t in tasks)
         )  # per-client broadcasts (heterogeneous LoRA ranks) keep every client in the stack: buckets then waste less
-        if shrinks:
-            works = self._works(tasks, runtime)  # one stack in decreasing K: it shrinks as clients finish (masking.stack_sizes)
-            return [sorted(range(len(tasks)), key=lambda i: -works[i].steps)]
+        if shrinks:  # one stack in decreasing K: it shrinks as clients finish (masking.stack_sizes)
+            return [sorted(range(len(tasks)), key=lambda i: -tasks[i].num_steps)]
         if self.max_buckets == 1:
             return [list(range(len(tasks)))]
         return M.buckets(self._works(tasks, runtime), self.max_padding_waste, self.max_buckets, self._bucket)
 
     @staticmethod
     def _works(tasks: Sequence[ClientTask], runtime: ClientRuntime) -> list[M.Work]:
-        local, sizes = runtime.local, runtime.data.client_sizes
-        return [M.client_work(int(sizes[t.client_id]), local.batch_size, local.steps, local.epochs, t.num_steps) for t in tasks]
+        local, sizes = runtime.local, _sizes(tasks, runtime).tolist()
+        return [M.client_work(n, local.batch_size, local.steps, local.epochs, t.num_steps) for n, t in zip(sizes, tasks)]
 
     @property
     def _bucket(self):
@@ -442,8 +446,7 @@ class BatchedExecutor(Executor):
         padded_batches = getattr(runtime.data, "padded_client_batches", None)
         if padded_batches is None:
             raise Unbatchable(f"the data ({type(runtime.data).__name__}) has no padded_client_batches for clients with unequal local work")
-        works = self._works(tasks, runtime)
-        steps, rows = max(w.steps for w in works), max(w.rows for w in works)
+        steps, rows = max(t.num_steps for t in tasks), M.largest_rows(_sizes(tasks, runtime), local.batch_size)  # the largest Work's
         if self._one_masked_program:  # one step program for every K: only the rows are bucketed
             rows = _row_bucket(local.batch_size, rows if local.batch_size is None else max(rows, local.batch_size))
         elif self.programs is not None:  # buckets: a bounded number of compiled programs

@@ -74,6 +74,13 @@ def client_work(size: int, batch_size: int | None, steps: int | None, epochs: in
     return Work(num_steps, min(batch_size, size), real)
 
 
+def largest_rows(sizes: Tensor, batch_size: int | None) -> int:
+    """The largest ``client_work(...).rows`` of clients of ``sizes`` samples (int64 ``[S]``, S >= 1), whatever their
+    steps: a client's batch is its whole set where ``batch_size`` is None, else at most ``batch_size`` rows."""
+    largest = int(sizes.max())
+    return largest if batch_size is None else min(batch_size, largest)
+
+
 def padded_area(works: Sequence[Work], bucket=None) -> int:
     """Rows x steps x clients of ``works`` stacked: each padded to the largest K and B (``bucket``ed where given)."""
     steps, rows = max(w.steps for w in works), max(w.rows for w in works)

@@ -23,7 +23,7 @@ from torch import Tensor
 from fl_lightning.core import params as P
 from fl_lightning.core.errors import FLError, one_line
 from fl_lightning.core.params import TensorDict
-from fl_lightning.core.participation import derive_seed
+from fl_lightning.core.participation import derive_seed, derive_seeds
 
 _FAULT_STREAM = 0xFA17
 
@@ -117,6 +117,17 @@ class ClientFaults:
         """``(dropped, steps to run)`` for one client in one round (drawn in float64 whatever the default
         dtype: the same seed gives the same faults in a float32 and a float64 run)."""
         u = torch.rand(3, generator=torch.Generator().manual_seed(derive_seed(client_seed, _FAULT_STREAM)), dtype=torch.float64).tolist()
+        return self._outcome(u, num_steps)
+
+    def draws(self, client_seeds: Sequence[int], num_steps: Sequence[int]) -> list[tuple[bool, int]]:
+        """``draw`` of every client of a round, the same values: the generator seeds derived together
+        (``derive_seeds``) and one generator reseeded client by client, not one built per client."""
+        generator = torch.Generator()
+        seeds = derive_seeds(list(client_seeds), _FAULT_STREAM).tolist()
+        return [self._outcome(torch.rand(3, generator=generator.manual_seed(s), dtype=torch.float64).tolist(), k) for s, k in zip(seeds, num_steps)]
+
+    def _outcome(self, u: list[float], num_steps: int) -> tuple[bool, int]:
+        """``(dropped, steps to run)`` from a client's three uniform draws."""
         if u[0] < self.dropout:
             return True, 0
         if u[1] < self.straggler:
