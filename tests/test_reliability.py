@@ -263,7 +263,7 @@ def test_the_local_step_batches_do_not_gather_every_step_at_once():
 def test_a_stop_signal_ends_with_a_checkpoint_that_resumes_bitwise(tmp_path, signum, code):
     from tests.test_kill_resume import _assert_equal, _command, _env, _federated_state, _step_of
 
-    config, rounds, slow = ROOT / "configs" / "quickstart.yaml", 5, ("--model.local.steps", "800")
+    config, rounds, slow = ROOT / "configs" / "quickstart.yaml", 4, ("--model.local.steps", "400")
     straight = subprocess.run(_command(config, tmp_path / "straight", extra=slow, rounds=rounds), env=_env(),
                               capture_output=True, text=True, timeout=600)  # fmt: skip
     assert straight.returncode == 0, straight.stderr[-2000:]
