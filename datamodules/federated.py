@@ -17,7 +17,7 @@ from .client_indices import ClientIndices, HeldOutSplit, NoIndices
 from .partition import Dirichlet, Partitioner
 from .sources import SOURCES, DataSource, load_source
 from fl_lightning.core import draws
-from fl_lightning.core.client_data import IGNORE_TARGET, PaddedBatches, Unstackable
+from fl_lightning.core.client_data import IGNORE_TARGET, PaddedBatches, Unstackable, batch_targets
 from fl_lightning.core.participation import Participation, RoundPlan, UniformSampling, derive_seed
 
 _HOLDOUT_STREAM = 0x401D
@@ -41,13 +41,8 @@ def gather_rows(tensor: Tensor, index: Tensor) -> Tensor:
     return tensor.index_select(0, index.reshape(-1)).view(*index.shape, *tensor.shape[1:])
 
 
-def _targets(batch: Any) -> Tensor:
-    """A batch's targets: ``labels`` of a dict batch (text), else its last tensor."""
-    return batch["labels"] if isinstance(batch, dict) else batch[-1]
-
-
 def _with_targets(batch: Any, target: Tensor) -> Any:
-    """``batch`` with ``target`` in place of its targets (``_targets``)."""
+    """``batch`` with ``target`` in place of its targets (``batch_targets``)."""
     return {**batch, "labels": target} if isinstance(batch, dict) else (*batch[:-1], target)
 
 
@@ -454,7 +449,7 @@ class FederatedDataModule(L.LightningDataModule):
         if width > index.shape[2]:  # padded rows: the step's first
             index = torch.cat([index, index[:, :, :1].expand(-1, -1, width - index.shape[2])], 2)
         rows_padded = bool(((real > 0) & (real < width)).any())
-        target = None if not rows_padded else self.source.train.tensors[-1] if in_memory else _targets(self._gather(index.reshape(-1)[:1]))
+        target = None if not rows_padded else self.source.train.tensors[-1] if in_memory else batch_targets(self._gather(index.reshape(-1)[:1]))
         if rows_padded and (target.is_floating_point() or (in_memory and target.dim() != 1)):  # text: a row's tokens masked alike
             raise Unstackable(
                 "clients' batches of unequal size are padded, and padded rows are masked through integer class targets "
@@ -500,7 +495,7 @@ class FederatedDataModule(L.LightningDataModule):
         ``client_batches`` draws them (a padded step is not augmented: it is masked out)."""
         if not isinstance(self.source.train, TensorDataset):  # text: each step padded to its longest sample, as stacked rounds are
             for k, batch in enumerate(self._gather_steps(index, 1)):
-                target = _targets(batch)  # [S, B] class labels, or [S, B, T] token labels: a padded row's all masked
+                target = batch_targets(batch)  # [S, B] class labels, or [S, B, T] token labels: a padded row's all masked
                 real_rows = row_mask[:, k].reshape(*row_mask.shape[::2], *[1] * (target.dim() - 2)).to(target.device)
                 yield _with_targets(batch, target.masked_fill(~real_rows, IGNORE_TARGET))
             return
@@ -568,8 +563,7 @@ class FederatedDataModule(L.LightningDataModule):
         cache = self.__dict__.setdefault("_label_counts", {})
         counts = cache.get(client_id)
         if counts is None:
-            batch = self._gather(self.client_train[client_id])
-            target = batch["labels"] if isinstance(batch, dict) else batch[-1]
+            target = batch_targets(self._gather(self.client_train[client_id]))
             counts = cache[client_id] = torch.bincount(target.reshape(-1).long().cpu(), minlength=self.num_classes)
         return counts
 

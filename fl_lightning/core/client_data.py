@@ -17,6 +17,11 @@ IGNORE_TARGET = -100
 gradient or the accuracy, and the loss is the mean over the real rows (masked stacking)."""
 
 
+def batch_targets(batch: Any) -> Tensor:
+    """A batch's targets: ``labels`` of a dict batch (text), else its last tensor."""
+    return batch["labels"] if isinstance(batch, dict) else batch[-1]
+
+
 class Unstackable(Exception):
     """Clients' batches cannot be stacked on a leading dimension (the message says why)."""
 

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from torch.func import grad_and_value, vmap
 
 from fl_lightning.core import params as P
-from fl_lightning.core.client_data import IGNORE_TARGET
+from fl_lightning.core.client_data import IGNORE_TARGET, batch_targets
 from fl_lightning.core.client_rows import ClientRows, UnsupportedLayer, model_declares
 from fl_lightning.core.local_loss import ClientLoss, ModelOutputs
 from fl_lightning.core.params import TensorDict
@@ -216,7 +216,7 @@ class Objective:
             flat = {k: v.flatten(0, 1) for k, v in batch.items()} if isinstance(batch, dict) else [x.flatten(0, 1) for x in batch]
             with self.rows(params):
                 out, target = self.outputs(flat, features)
-            shape = (batch["labels"] if isinstance(batch, dict) else batch[-1]).shape
+            shape = batch_targets(batch).shape
             z = None if out.features is None else out.features.view(*shape, *out.features.shape[1:])
             return ModelOutputs(out.logits.view(*shape, *out.logits.shape[1:]), z), target.view(shape)
 

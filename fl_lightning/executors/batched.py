@@ -33,7 +33,7 @@ from torch.func import grad_and_value, vmap
 
 from fl_lightning.core import params as P
 from fl_lightning.algorithms.base import ClientContext, ClientIdUnavailable, RoundInfo, declares_capability
-from fl_lightning.core.client_data import Unstackable
+from fl_lightning.core.client_data import Unstackable, batch_targets
 from fl_lightning.core.client_rows import model_declares
 from fl_lightning.executors.dpsgd import client_noise, dp_sampler, private_grad_fn, private_steps
 from fl_lightning.core.errors import FLError, interrupted, one_line
@@ -109,8 +109,7 @@ def _sizes(tasks: Sequence[ClientTask], runtime: ClientRuntime) -> Tensor:
 
 def _stacked_rows(batch: Any) -> int:
     """The rows B of a stacked ``[S, B, ...]`` batch (its target's second dimension)."""
-    target = batch["labels"] if isinstance(batch, dict) else batch[-1]
-    return target.shape[1]
+    return batch_targets(batch).shape[1]
 
 
 def _tensor_leaves(tree: Any) -> list[Any]:

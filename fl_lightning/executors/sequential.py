@@ -16,6 +16,7 @@ import torch
 
 from fl_lightning.core import params as P
 from fl_lightning.algorithms.base import ClientContext, ClientIdUnavailable, RoundInfo
+from fl_lightning.core.client_data import batch_targets
 from fl_lightning.executors.dpsgd import client_noise, dp_sampler, private_grad_fn, private_steps
 from fl_lightning.core.errors import FLError, interrupted
 from fl_lightning.executors.base import ClientRuntime, Executor, check_loss, data_pass_fn, finish_client, seed_client, to_device
@@ -276,5 +277,4 @@ def train_client_compiled(programs: CompiledPrograms, task: ClientTask, info: Ro
 
 def _rows(batch) -> int:
     """The number of samples of a batch (its target's first dimension)."""
-    target = batch["labels"] if isinstance(batch, dict) else batch[-1]
-    return target.shape[0]
+    return batch_targets(batch).shape[0]
