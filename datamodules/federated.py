@@ -24,6 +24,7 @@ _HOLDOUT_STREAM = 0x401D
 _UNSEEN_STREAM = 0x0E5C
 _AUGMENT_STREAM = 0xA06
 GATHER_STEPS = 1024
+ROUND_DRAW_LIMIT = 1 << 22  # indices a sequential round draws at once (``round_client_batches``: 32 MiB of int64)
 """Local steps whose in-memory batches are gathered in one indexing op (bounds the memory of long rounds)."""
 
 
@@ -406,6 +407,42 @@ class FederatedDataModule(L.LightningDataModule):
             return
         for indices in self.client_batch_indices(client_id, seed, batch_size, steps, epochs):
             yield self.augment(self._gather(indices), client_id, generator)
+
+    def round_client_batches(
+        self, client_ids: Sequence[int], seeds: Sequence[int], batch_size: int | None, steps: int | None, epochs: int | None,
+        num_steps: Sequence[int],
+    ) -> list[Iterator[Any]] | None:
+        """``client_batches`` of each of a round's clients (client i's first ``num_steps[i]``), the same batches with
+        every client's draws made in one batched sort, as stacked rounds draw them, instead of one sort per client
+        (sequential execution: ~50 us a client on CPU). Each client's batches are gathered when its iterator starts.
+        None where they are drawn client by client: augmented data, an overridden ``client_batches``, an empty
+        client, or more than ``ROUND_DRAW_LIMIT`` indices for the round."""
+        if not len(client_ids) or self.augments_batches or type(self).client_batches is not FederatedDataModule.client_batches:
+            return None
+        if type(self).client_batch_indices is not FederatedDataModule.client_batch_indices:
+            return None
+        depth = max(num_steps)
+        if depth == 0 or len(client_ids) * depth * (batch_size or int(self.client_sizes.max())) > ROUND_DRAW_LIMIT:
+            return None
+        _, _, sizes = self._clients_flat(client_ids)
+        if int(sizes.min()) == 0:
+            return None
+        index, real = self._padded_index(client_ids, seeds, batch_size, steps, epochs, num_steps)
+        return [self._client_steps(index[i, :k], real[i, :k]) for i, k in enumerate(num_steps)]
+
+    def _client_steps(self, index: Tensor, real: Tensor) -> Iterator[Any]:
+        """The batches of ``index`` ``[K, B]`` (step k's first ``real[k]`` rows): one gather per tensor for all K steps
+        (text: each step padded to its longest sample, in one ``gather_steps`` where every step is whole)."""
+        rows = real.tolist()
+        if isinstance(self._train, TensorDataset):
+            block = [gather_rows(t, index) for t in self._train.tensors]
+            for k, n in enumerate(rows):
+                yield tuple(b[k, :n] for b in block)
+        elif all(n == index.shape[1] for n in rows):
+            yield from self._gather_steps(index, 0)
+        else:
+            for k, n in enumerate(rows):
+                yield self._gather(index[k, :n])
 
     def stacked_client_batches(
         self, client_ids: Sequence[int], seeds: Sequence[int], batch_size: int | None, steps: int

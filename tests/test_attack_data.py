@@ -67,18 +67,24 @@ def test_sequential_and_stacked_batches_are_poisoned_alike(poisoning):
         assert torch.equal(view.client_label_counts(5), data.client_label_counts(5).flip(0))
 
 
-def _module(attack, execution="sequential"):
+def _module(attack, execution="sequential", local=None):
     torch.manual_seed(0)
-    return FederatedModule(MLP(64, 10, hidden=[16]), FedAvg(), LocalTraining(lr=0.1, steps=3, batch_size=8), execution=execution, attack=attack)
+    local = local or LocalTraining(lr=0.1, steps=3, batch_size=8)
+    return FederatedModule(MLP(64, 10, hidden=[16]), FedAvg(), local, execution=execution, attack=attack)
 
 
-def test_a_run_with_an_attack_trains_the_same_sequentially_and_batched(tmp_path):
+@pytest.mark.parametrize("local", [None, LocalTraining(lr=0.1, steps=None, epochs=1, batch_size=40)], ids=["steps", "epochs"])
+def test_a_run_with_an_attack_trains_the_same_sequentially_and_batched(tmp_path, local):
+    """With ``local.epochs`` each client's last batch is short: batched rounds pad and mask (masked stacking), and the
+    malicious clients' padded batches are poisoned as their sequential ones are (their real rows, step by step)."""
     modules = {}
     for execution in ("sequential", "batched"):
-        module = _module(Attack(fraction=0.25, data=Backdoor(target=0), upload=SignFlip(2.0)), execution)
+        module = _module(Attack(fraction=0.25, data=Backdoor(target=0, fraction=0.5), upload=SignFlip(2.0)), execution, local)
         tiny_trainer(tmp_path, 3).fit(module, datamodule=_digits(per_round=8))  # every client, the 2 malicious ones included
         modules[execution] = module
     assert not modules["batched"].executor.fallbacks and modules["batched"].executor.inner.fallbacks == {}  # every round ran stacked
+    if local is not None:
+        assert modules["batched"].executor.inner.stats["padded_work"] > 0  # the rounds were padded
     assert modules["sequential"].attack.malicious == choose_malicious(8, 3, 0.25) and len(choose_malicious(8, 3, 0.25)) == 2
     assert modules["sequential"].trainer.callback_metrics["attack/norm_malicious"] > 0
     for a, b in zip(modules["sequential"].model.parameters(), modules["batched"].model.parameters()):

@@ -111,3 +111,24 @@ def test_bad_settings_are_rejected(assets, tmp_path):
         make(assets, "sst2", files).setup()
     with pytest.raises(ValueError, match="needs columns"):
         make(assets, "qnli", assets.sst2).setup()
+
+
+@pytest.mark.parametrize("local", [(5, 3, None), (4, None, 2), (None, 2, None), (100, 2, None)], ids=["steps", "epochs", "full", "whole"])
+def test_a_rounds_joint_draws_are_each_clients_batches(assets, local):
+    """``round_client_batches`` (sequential execution's one draw for the round) yields each client's ``client_batches``,
+    its first K_i (stragglers), on text (each step padded to its longest) and on tensors."""
+    from tests.conftest import tiny_datamodule
+
+    text = make(assets, "sst2", assets.sst2, num_clients=5, partition=Dirichlet(0.5), max_length=6)
+    for dm in (text, tiny_datamodule(num_clients=5)):
+        dm.setup()
+        clients, seeds = [3, 0, 4, 1], [7, 2**40 + 1, 9, 11]
+        own = [list(dm.client_batches(c, s, *local)) for c, s in zip(clients, seeds)]
+        budgets = [max(1, len(b) - i % 2) for i, b in enumerate(own)]
+        drawn = dm.round_client_batches(clients, seeds, *local, budgets)
+        for batches, expected, k in zip(drawn, own, budgets):
+            got = list(batches)
+            assert len(got) == k
+            for a, b in zip(got, expected[:k]):
+                a, b = (a.values(), b.values()) if isinstance(a, dict) else (a, b)
+                assert all(torch.equal(x, y) for x, y in zip(a, b))

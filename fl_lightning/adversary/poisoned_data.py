@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -10,6 +11,7 @@ from torch import Tensor
 
 from fl_lightning.adversary.base import DataPoisoning, split_batch
 from fl_lightning.adversary.malicious import MaliciousClients
+from fl_lightning.core.client_data import PaddedBatches
 from fl_lightning.core.participation import derive_seed
 
 POISON_STREAM = 0x9015
@@ -31,6 +33,8 @@ class PoisonedData:
     def __getattr__(self, name: str) -> Any:
         if name == "_data":  # not set yet (copy, unpickling): no recursion
             raise AttributeError(name)
+        if name.endswith("_batches"):  # a source of batches this class does not poison is not forwarded: it would train clean
+            raise AttributeError(f"{type(self).__name__} has no {name} (its batches would not be poisoned)")
         return getattr(self._data, name)
 
     def _poison(self, batch: Any, seed: int, step: int) -> tuple[Tensor, Tensor]:
@@ -42,9 +46,7 @@ class PoisonedData:
         self, client_id: int, seed: int, batch_size: int | None, steps: int | None = None, epochs: int | None = None
     ) -> Iterator[Any]:
         batches = self._data.client_batches(client_id, seed, batch_size, steps, epochs)
-        if client_id not in self.malicious:
-            return batches
-        return (self._poison(batch, seed, step) for step, batch in enumerate(batches))
+        return batches if client_id not in self.malicious else self._poisoned(batches, seed)
 
     def stacked_client_batches(
         self, client_ids: Sequence[int], seeds: Sequence[int], batch_size: int | None, steps: int
@@ -58,6 +60,38 @@ class PoisonedData:
             inputs, labels = (t.clone() for t in split_batch(batch))
             for s, seed in rows:
                 inputs[s], labels[s] = self._poison((inputs[s], labels[s]), seed, step)
+            yield inputs, labels
+
+    def round_client_batches(
+        self, client_ids: Sequence[int], seeds: Sequence[int], batch_size: int | None, steps: int | None, epochs: int | None,
+        num_steps: Sequence[int],
+    ) -> list[Iterator[Any]] | None:
+        drawn = getattr(self._data, "round_client_batches", None)
+        drawn = drawn(client_ids, seeds, batch_size, steps, epochs, num_steps) if drawn is not None else None
+        if drawn is None:
+            return None
+        return [self._poisoned(batches, seed) if int(c) in self.malicious else batches for c, seed, batches in zip(client_ids, seeds, drawn)]
+
+    def _poisoned(self, batches: Iterator[Any], seed: int) -> Iterator[Any]:
+        return (self._poison(batch, seed, step) for step, batch in enumerate(batches))
+
+    def padded_client_batches(
+        self, client_ids: Sequence[int], seeds: Sequence[int], batch_size: int | None, steps: int | None, epochs: int | None,
+        num_steps: Sequence[int], min_steps: int = 0, min_rows: int = 0,
+    ) -> PaddedBatches:
+        """The padded batches (masked stacking) with each malicious client's real rows of each of its real steps
+        poisoned as its ``client_batches`` are; padded rows and steps, which train nothing, as they were."""
+        padded = self._data.padded_client_batches(client_ids, seeds, batch_size, steps, epochs, num_steps, min_steps, min_rows)
+        rows = [(s, seed) for s, (c, seed) in enumerate(zip(client_ids, seeds)) if int(c) in self.malicious]
+        return padded if not rows else dataclasses.replace(padded, batches=self._padded(padded.batches, rows, padded.real_rows))
+
+    def _padded(self, batches: Iterator[Any], rows: list[tuple[int, int]], real_rows: Tensor) -> Iterator[Any]:
+        for step, batch in enumerate(batches):
+            inputs, labels = (t.clone() for t in split_batch(batch))
+            for s, seed in rows:
+                n = int(real_rows[s, step])
+                if n:
+                    inputs[s, :n], labels[s, :n] = self._poison((inputs[s, :n], labels[s, :n]), seed, step)
             yield inputs, labels
 
     def client_full_batch(self, client_id: int) -> Any:

@@ -6,11 +6,12 @@ copy is made) and its stored state; no per-client model copies exist.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -68,14 +69,30 @@ class SequentialExecutor(Executor):
         """Every task trained in turn under the client-failure policy (``run_task``)."""
         results, records = [], []
         train = self._train_compiled if self.programs is not None else _train_client
+        drawn = round_draws(tasks, runtime)
         for task in tasks:
-            result = _run_with_policy(task, info, runtime, records, train)
+            result = _run_with_policy(task, info, runtime, records, functools.partial(train, drawn=drawn.get(id(task))))
             if result is not None:
                 results.append(result)
         return _with_means(results, records, info)
 
-    def _train_compiled(self, task: ClientTask, info: RoundInfo, runtime: ClientRuntime, record: StepRecord) -> ClientResult:
-        return _train_compiled_or_eager(self.programs, self.fallbacks, task, info, runtime, record)
+    def _train_compiled(self, task: ClientTask, info: RoundInfo, runtime: ClientRuntime, record: StepRecord, drawn=None) -> ClientResult:
+        return _train_compiled_or_eager(self.programs, self.fallbacks, task, info, runtime, record, drawn)
+
+
+def round_draws(tasks: Sequence[ClientTask], runtime: ClientRuntime) -> dict[int, Iterator]:
+    """Each trained task's batches (by ``id(task)``) from one draw for the round's clients (the data's
+    ``round_client_batches``: the batches ``client_batches`` gives, one batched sort instead of one per client);
+    empty where the data has no such draw (each client then draws its own)."""
+    round_batches = getattr(runtime.data, "round_client_batches", None)
+    trained = [t for t in tasks if not t.warmup]
+    if round_batches is None or runtime.record_privacy is not None or not trained:
+        return {}
+    local = runtime.local
+    drawn = round_batches(
+        [t.client_id for t in trained], [t.seed for t in trained], local.batch_size, local.steps, local.epochs, [t.num_steps for t in trained]
+    )
+    return {} if drawn is None else {id(t): batches for t, batches in zip(trained, drawn)}
 
 
 def run_task(task: ClientTask, info: RoundInfo, runtime: ClientRuntime) -> ClientResult | None:
@@ -132,8 +149,9 @@ def _with_means(results: list[ClientResult], records: list, info: RoundInfo) -> 
     return results
 
 
-def _train_client(task: ClientTask, info: RoundInfo, runtime: ClientRuntime, record: StepRecord) -> ClientResult:
-    """Train one client; its loss and accuracy are in ``record`` (read by ``_with_means``)."""
+def _train_client(task: ClientTask, info: RoundInfo, runtime: ClientRuntime, record: StepRecord, drawn=None) -> ClientResult:
+    """Train one client; its loss and accuracy are in ``record`` (read by ``_with_means``). ``drawn``: its batches,
+    drawn with the round's other clients (``round_draws``), else drawn here."""
     algorithm, objective, data, local, device = runtime.algorithm, runtime.objective, runtime.data, runtime.local, runtime.device
     cid, broadcast = task.client_id, task.broadcast
     seed_client(task.seed, device)
@@ -153,7 +171,7 @@ def _train_client(task: ClientTask, info: RoundInfo, runtime: ClientRuntime, rec
         batches = private_steps(data, [cid], [dp_sampler(dp, cid, task.seed)], task.num_steps, stacked=False)
         noise, denominators = client_noise(dp, [cid], [task.seed])
     else:
-        batches = data.client_batches(cid, task.seed, local.batch_size, local.steps, local.epochs)
+        batches = drawn if drawn is not None else data.client_batches(cid, task.seed, local.batch_size, local.steps, local.epochs)
     for step, batch in zip(range(task.num_steps), batches):  # a straggler's budget stops it early
         if runtime.should_stop():
             raise interrupted(info.round, cid, step, task.num_steps)
@@ -233,13 +251,15 @@ def compiled_unsupported_reason(runtime: ClientRuntime, padded: bool = False, st
 
 
 def _train_compiled_or_eager(
-    programs: CompiledPrograms, fallbacks: Counter, task: ClientTask, info: RoundInfo, runtime: ClientRuntime, record: StepRecord
+    programs: CompiledPrograms, fallbacks: Counter, task: ClientTask, info: RoundInfo, runtime: ClientRuntime, record: StepRecord,
+    drawn: Iterator | None = None,
 ) -> ClientResult:
-    """``_train_client`` with the local steps compiled (``programs.unit``); eager for a declared reason (logged once)."""
+    """``_train_client`` with the local steps compiled (``programs.unit``); eager for a declared reason (logged once),
+    drawing its batches again (the compiled attempt may have read ``drawn``)."""
     reason = compiled_unsupported_reason(runtime, step_unit=programs.step_unit_available)
     if reason is None:
         try:
-            return train_client_compiled(programs, task, info, runtime, record)
+            return train_client_compiled(programs, task, info, runtime, record, drawn)
         except Uncompilable as error:
             reason = str(error)
         except ClientIdUnavailable:  # the program's client is a tensor input (an int would recompile per client)
@@ -248,15 +268,19 @@ def _train_compiled_or_eager(
     return _train_client(task, info, runtime, record)
 
 
-def train_client_compiled(programs: CompiledPrograms, task: ClientTask, info: RoundInfo, runtime: ClientRuntime, record: StepRecord) -> ClientResult:
-    """One client trained by the compiled programs of its local steps (``fl_lightning.executors.compiled``)."""
+def train_client_compiled(
+    programs: CompiledPrograms, task: ClientTask, info: RoundInfo, runtime: ClientRuntime, record: StepRecord, drawn: Iterator | None = None
+) -> ClientResult:
+    """One client trained by the compiled programs of its local steps (``fl_lightning.executors.compiled``); ``drawn``
+    as for ``_train_client``."""
     algorithm, data, local, device = runtime.algorithm, runtime.data, runtime.local, runtime.device
     cid, broadcast, steps = task.client_id, task.broadcast, task.num_steps
     if runtime.should_stop():
         raise interrupted(info.round, cid, 0, steps)
     seed_client(task.seed, device)
     client_state, personal = task.load_state()
-    batches = [to_device(b, device) for b in itertools.islice(data.client_batches(cid, task.seed, local.batch_size, local.steps, local.epochs), steps)]
+    drawn = drawn if drawn is not None else data.client_batches(cid, task.seed, local.batch_size, local.steps, local.epochs)
+    batches = [to_device(b, device) for b in itertools.islice(drawn, steps)]
     short = _rows(batches[0]) < local.batch_size  # a client smaller than the batch: its whole set, a dynamic batch size
     key, unit = (steps, short), None
     if local.steps is None:  # local.epochs: the step program, a pass's short last batch on its dynamic variant
