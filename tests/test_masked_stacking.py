@@ -277,20 +277,23 @@ def test_a_shrinking_stack_sets_the_finished_clients_aside_and_joins_them_back_i
     assert stack.joined(carried)["w"].tolist() == [[3.0, 3.0], [2.0, 2.0], [1.0, 1.0], [1.0, 1.0]]
 
 
-@pytest.mark.parametrize("compiled", [False, True])
-def test_the_masked_stacking_config_stacks_every_round_through_the_cli(tmp_path, monkeypatch, capsys, compiled):
+@pytest.mark.parametrize("variant", ["eager", "compiled", "moon"])
+def test_the_masked_stacking_config_stacks_every_round_through_the_cli(tmp_path, monkeypatch, capsys, variant):
     """``fl-lightning fit --config configs/masked_stacking_digits.yaml``: Dirichlet(0.1) clients, 2 local epochs of
     batch 32, 20% stragglers; every round runs stacked, and the result line reports the stacking (compiled: the
-    shrinking stack's step programs, none of them falling back)."""
+    shrinking stack's step programs, none of them falling back; MOON: a local loss over padded rows)."""
     from pathlib import Path
 
     from fl_lightning.commands.cli import build_cli
 
     monkeypatch.chdir(tmp_path)
+    compiled = variant == "compiled"
     config = Path(__file__).resolve().parents[1] / "configs" / "masked_stacking_digits.yaml"
+    extra = {"eager": [], "compiled": ["--model.execution.init_args.compile", "true", "--model.execution.init_args.backend", "eager"],
+             "moon": ["--model.algorithm", "fl_lightning.algorithms.MOON", "--model.algorithm.init_args.mu", "1.0"]}[variant]  # fmt: skip
     cli = build_cli(["fit", "--config", str(config), "--trainer.max_steps", "3", "--trainer.val_check_interval", "3",
-                     "--trainer.enable_progress_bar", "false",
-                     *(["--model.execution.init_args.compile", "true", "--model.execution.init_args.backend", "eager"] if compiled else [])])  # fmt: skip
+                     "--trainer.enable_progress_bar", "false", *extra])  # fmt: skip
+    assert type(cli.model.algorithm).__name__ == ("MOON" if variant == "moon" else "FedAvg")
     stats = cli.model.executor.stats
     if compiled:
         batched = cli.model.executor.inner  # the CLI's executor wraps the batched one (DDP-ready)

@@ -48,3 +48,17 @@ def test_bad_record_privacy_settings_exit_2_with_one_line(tmp_path, flag, value,
     """(The other constructor checks and refusals exit 2 through the same mapping: test_record_privacy.py checks their lines.)"""
     proc = run_fl_lightning("fit", "--config", CONFIG, *SMALL, flag, value, cwd=tmp_path)
     assert_refused_in_one_line(proc, message, tmp_path / "runs" / "dpsgd_digits" / "version_0")
+
+
+def test_dpsgd_config_with_stragglers_stacks_every_round(tmp_path, monkeypatch):
+    """configs/dpsgd_digits.yaml (batched) with half of the clients stragglers: clients of unequal steps run stacked,
+    their padded steps masked (no round falls back to sequential), and each client's accountant counts its own steps."""
+    from fl_lightning.commands.cli import build_cli
+
+    monkeypatch.chdir(tmp_path)
+    cli = build_cli(["fit", "--config", CONFIG, *SMALL, "--trainer.max_steps", "2", "--trainer.val_check_interval", "2",
+                     "--model.faults.straggler", "0.5"])  # fmt: skip
+    stats, executor = cli.model.executor.stats, cli.model.executor
+    assert stats["rounds"] == stats["stacked_rounds"] == 2 and stats["padded_work"] > 0 and not executor.fallbacks
+    steps = cli.model.record_privacy.accountant.steps
+    assert len(set(steps[steps > 0].tolist())) > 1  # stragglers: unequal steps, each client's own accounted
