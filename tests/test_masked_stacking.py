@@ -351,3 +351,58 @@ def test_shrinking_compiled_rounds_resume_bitwise_with_dropout(tmp_path):
         return module
 
     assert_resumes_bitwise(run, tmp_path, min_clients=0)  # FedAvg keeps no client state
+
+
+def test_batch_norm_over_real_rows_is_batch_norm_of_the_real_rows_alone():
+    """(29.3) against ``F.batch_norm`` on the real rows only, in float64: outputs and the gradients of a loss that
+    reads the real rows (inputs, weight, bias); BatchNorm1d- and 2d-shaped inputs, a row of token targets padding."""
+    from fl_lightning.core.real_rows_norm import masked_batch_norm, real_rows
+
+    g = torch.Generator().manual_seed(0)
+    for shape in [(6, 5), (6, 3, 4, 4)]:
+        x = torch.randn(shape, generator=g, dtype=torch.float64, requires_grad=True)
+        weight = torch.randn(shape[1], generator=g, dtype=torch.float64, requires_grad=True)
+        bias = torch.randn(shape[1], generator=g, dtype=torch.float64, requires_grad=True)
+        target = torch.tensor([2, IGNORE_TARGET, 0, 1, IGNORE_TARGET, 1])
+        real = real_rows(target)
+        assert real.tolist() == [True, False, True, True, False, True]
+        assert real_rows(torch.tensor([[1, IGNORE_TARGET], [IGNORE_TARGET, IGNORE_TARGET]])).tolist() == [True, False]
+        ours = masked_batch_norm(x, real, weight, bias, 1e-5)[real]
+        reference = torch.nn.functional.batch_norm(x[real], None, None, weight, bias, training=True, eps=1e-5)
+        torch.testing.assert_close(ours, reference, rtol=1e-12, atol=1e-12)
+        probe = torch.randn(reference.shape, generator=g, dtype=torch.float64)
+        mine = torch.autograd.grad((ours * probe).sum(), (x, weight, bias))
+        theirs = torch.autograd.grad((reference * probe).sum(), (x, weight, bias))
+        for a, b in zip(mine, theirs):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+        assert float(mine[0][~real].abs().max()) == 0.0  # a padded row changes nothing
+
+
+class _NormMLP(torch.nn.Sequential):
+    """Linear - BatchNorm1d (batch statistics, no running statistics) - ReLU - Linear."""
+
+    def __init__(self):
+        super().__init__(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16, track_running_stats=False), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+
+
+@pytest.mark.parametrize("name,personal,compiled", [("FedAvg", [], False), ("FedSAM", [], False), ("FedSim", ["1.weight", "1.bias"], False),
+                                                    ("FedAvg", [], True)], ids=["fedavg", "fedsam_vmapped", "fedbn", "fedavg_compiled"])  # fmt: skip
+def test_batch_norm_models_stack_padded_rows_as_sequential_execution_trains_them(tmp_path, name, personal, compiled):
+    """BatchNorm with batch statistics on clients' padded batches (local epochs: short last batches, clients smaller than a
+    batch, stragglers): every round runs stacked, its statistics over each client's real rows, and equals sequential
+    execution; FedBN is FedSim with the norm layers personal."""
+    local, straggler = SCENARIOS["epochs"]
+    runs = {}
+    for execution in ("sequential", "batched"):
+        torch.manual_seed(0)
+        executor = BatchedExecutor(compile=True, backend="eager") if compiled and execution == "batched" else execution
+        module = FederatedModule(_NormMLP(), getattr(algorithms, name)(), local, execution=executor, personal=personal,
+                                 faults=ClientFaults(straggler=straggler, straggler_min_fraction=0.3))  # fmt: skip
+        tiny_trainer(tmp_path, 2).fit(module, datamodule=_data())
+        runs[execution] = module
+    stats = runs["batched"].executor.stats
+    assert not runs["batched"].executor.fallbacks and stats["stacked_rounds"] == 2 and stats["padded_work"] > 0
+    if compiled:  # a round with padded rows runs eagerly, for its declared reason
+        assert all("BatchNorm" in reason for reason in runs["batched"].executor.inner.compile_fallbacks)
+        assert runs["batched"].executor.inner.compile_fallbacks
+    _assert_same(runs["sequential"], runs["batched"])

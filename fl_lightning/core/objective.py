@@ -16,6 +16,8 @@ forward (any model).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -30,6 +32,7 @@ from fl_lightning.core.client_data import IGNORE_TARGET, batch_targets
 from fl_lightning.core.client_rows import ClientRows, UnsupportedLayer, model_declares
 from fl_lightning.core.local_loss import ClientLoss, ModelOutputs
 from fl_lightning.core.params import TensorDict
+from fl_lightning.core.real_rows_norm import batch_statistics_layers, real_rows_batch_norm
 
 GradFn = Callable[[TensorDict], tuple[Tensor, TensorDict]]
 
@@ -113,6 +116,7 @@ class Objective:
         self._plain_outputs = self.custom_loss is None  # logits + cross-entropy, until a forward says otherwise
         #: Per-token outputs (a language model): training records keep no per-sample accuracy.
         self.token_level = bool(getattr(model, "token_level", False))
+        self.batch_norms = batch_statistics_layers(model)  # normalised over real rows where a batch holds padded rows
         self.rows: ClientRows | None = None  # stacked clients as rows of one batch (see the module docstring)
         if model_declares(model, "independent_rows"):
             try:
@@ -120,14 +124,15 @@ class Objective:
             except UnsupportedLayer:
                 pass  # a substituted tensor in a layer ClientRows has no rule for: clients are stacked by vmap
 
-    def __call__(self, batch: Any) -> tuple[Tensor, Tensor, Tensor]:
-        """``(loss, outputs, target)`` of the model on ``batch``."""
-        if isinstance(batch, dict):
-            target = batch["labels"]
-            raw = self.model(**{k: v for k, v in batch.items() if k != "labels"})
-        else:
-            *inputs, target = batch
-            raw = self.model(*inputs)
+    def __call__(self, batch: Any, padded_rows: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+        """``(loss, outputs, target)`` of the model on ``batch``. ``padded_rows``: the batch may hold padded rows
+        (target ``IGNORE_TARGET``), which the model's batch-statistics BatchNorm layers then leave out (29.4)."""
+        target = batch_targets(batch)
+        with real_rows_batch_norm(self.batch_norms, target) if padded_rows and self.batch_norms else contextlib.nullcontext():
+            if isinstance(batch, dict):
+                raw = self.model(**{k: v for k, v in batch.items() if k != "labels"})
+            else:
+                raw = self.model(*batch[:-1])
         plain = type(raw) is Tensor
         out = raw if plain else getattr(raw, "logits", raw)
         loss = self.custom_loss(out, target) if self.custom_loss is not None else F.cross_entropy(out, target)
@@ -136,10 +141,10 @@ class Objective:
             loss = loss + penalty
         return loss, out, target
 
-    def at(self, params: TensorDict, batch: Any) -> tuple[Tensor, Tensor, Tensor]:
-        """``self(batch)`` with ``params`` substituted for the model's parameters of those names."""
+    def at(self, params: TensorDict, batch: Any, padded_rows: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+        """``self(batch, padded_rows)`` with ``params`` substituted for the model's parameters of those names."""
         with self.swap(params):
-            return self(batch)
+            return self(batch, padded_rows)
 
     def grad_fn(
         self, batch: Any, weight_decay: float, record: StepRecord | None = None, stacked: bool = False,
@@ -240,6 +245,8 @@ class Objective:
                 return self._as_rows(params, batch, padded_rows)
             except _NotPlainOutputs:
                 self.rows, self._plain_outputs = None, False
+        if padded_rows and self.batch_norms:  # batch statistics over each client's real rows: read from its targets
+            return vmap(functools.partial(self.at, padded_rows=True), randomness="different")(params, batch)
         if self._plain_outputs and not isinstance(batch, dict):
             *inputs, target = batch
 

@@ -466,8 +466,11 @@ class BatchedExecutor(Executor):
                     "the model's own loss reduces over the batch's rows, which padded rows (clients with batches of unequal size) "
                     "would enter (a model whose loss ignores targets -100 declares loss_ignores_padded_rows = True)"
                 )
-            if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in objective.model.modules()):
-                raise Unbatchable("BatchNorm's batch statistics would include padded rows (clients with batches of unequal size)")
+            if objective.batch_norms and defines_local_loss(algorithm):
+                raise Unbatchable(
+                    f"{type(algorithm).__name__}'s local_loss evaluates the model outside the objective, where BatchNorm's batch "
+                    "statistics would include padded rows (clients with batches of unequal size)"
+                )
         return padded
 
     def _run_stacked(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> list[ClientResult]:
@@ -635,6 +638,8 @@ class BatchedExecutor(Executor):
         for a declared reason (logged once)."""
         batches = list(batches)
         reason = compiled_unsupported_reason(runtime, padded=True)
+        if reason is None and self._round.padded_rows and runtime.objective.batch_norms:
+            reason = "BatchNorm's statistics over each client's real rows (padded batches) are not compiled"
         if reason is None:
             if runtime.should_stop():
                 raise interrupted(info.round, int(ids[0]), 0, max(self._round.steps))
@@ -681,7 +686,7 @@ class BatchedExecutor(Executor):
 
         def loss_at(p: TensorDict, batch: Any, bound: Any) -> tuple[Tensor, tuple[Tensor, Tensor, dict]]:
             if bound is None:
-                value, out, target = objective.at(p, batch)
+                value, out, target = objective.at(p, batch, self._round.padded_rows)
                 return value, (out, target, {})
             value, terms, out, target = bound.at(objective, p, batch, self._round.padded_rows)
             return value, (out, target, terms)
