@@ -16,7 +16,6 @@ forward (any model).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 from collections.abc import Callable, Sequence
@@ -128,11 +127,11 @@ class Objective:
         """``(loss, outputs, target)`` of the model on ``batch``. ``padded_rows``: the batch may hold padded rows
         (target ``IGNORE_TARGET``), which the model's batch-statistics BatchNorm layers then leave out (29.4)."""
         target = batch_targets(batch)
-        with real_rows_batch_norm(self.batch_norms, target) if padded_rows and self.batch_norms else contextlib.nullcontext():
-            if isinstance(batch, dict):
-                raw = self.model(**{k: v for k, v in batch.items() if k != "labels"})
-            else:
-                raw = self.model(*batch[:-1])
+        if padded_rows and self.batch_norms:
+            with real_rows_batch_norm(self.batch_norms, target):
+                raw = self._forward(batch)
+        else:
+            raw = self._forward(batch)
         plain = type(raw) is Tensor
         out = raw if plain else getattr(raw, "logits", raw)
         loss = self.custom_loss(out, target) if self.custom_loss is not None else F.cross_entropy(out, target)
@@ -140,6 +139,11 @@ class Objective:
         if penalty is not None:
             loss = loss + penalty
         return loss, out, target
+
+    def _forward(self, batch: Any) -> Any:
+        if isinstance(batch, dict):
+            return self.model(**{k: v for k, v in batch.items() if k != "labels"})
+        return self.model(*batch[:-1])
 
     def at(self, params: TensorDict, batch: Any, padded_rows: bool = False) -> tuple[Tensor, Tensor, Tensor]:
         """``self(batch, padded_rows)`` with ``params`` substituted for the model's parameters of those names."""
@@ -240,13 +244,13 @@ class Objective:
         Plain logits are computed by one ``vmap`` of the forward and cross-entropy runs
         outside it (one kernel for all clients); other models' whole objective runs under vmap.
         """
+        if padded_rows and self.batch_norms:  # batch statistics over each client's real rows: read from its targets
+            return vmap(functools.partial(self.at, padded_rows=True), randomness="different")(params, batch)
         if self.rows is not None and (self._plain_outputs or self.custom_loss is not None):
             try:
                 return self._as_rows(params, batch, padded_rows)
             except _NotPlainOutputs:
                 self.rows, self._plain_outputs = None, False
-        if padded_rows and self.batch_norms:  # batch statistics over each client's real rows: read from its targets
-            return vmap(functools.partial(self.at, padded_rows=True), randomness="different")(params, batch)
         if self._plain_outputs and not isinstance(batch, dict):
             *inputs, target = batch
 
