@@ -31,7 +31,7 @@ from fl_lightning.core.client_data import IGNORE_TARGET, batch_targets
 from fl_lightning.core.client_rows import ClientRows, UnsupportedLayer, model_declares
 from fl_lightning.core.local_loss import ClientLoss, ModelOutputs
 from fl_lightning.core.params import TensorDict
-from fl_lightning.core.real_rows_norm import batch_statistics_layers, real_rows_batch_norm
+from fl_lightning.core.real_rows_norm import RealRowsNorm, batch_statistics_layers, real_rows
 
 GradFn = Callable[[TensorDict], tuple[Tensor, TensorDict]]
 
@@ -115,7 +115,7 @@ class Objective:
         self._plain_outputs = self.custom_loss is None  # logits + cross-entropy, until a forward says otherwise
         #: Per-token outputs (a language model): training records keep no per-sample accuracy.
         self.token_level = bool(getattr(model, "token_level", False))
-        self.batch_norms = batch_statistics_layers(model)  # normalised over real rows where a batch holds padded rows
+        self.batch_norms = RealRowsNorm(batch_statistics_layers(model))  # over real rows where a batch holds padded rows
         self.rows: ClientRows | None = None  # stacked clients as rows of one batch (see the module docstring)
         if model_declares(model, "independent_rows"):
             try:
@@ -127,9 +127,14 @@ class Objective:
         """``(loss, outputs, target)`` of the model on ``batch``. ``padded_rows``: the batch may hold padded rows
         (target ``IGNORE_TARGET``), which the model's batch-statistics BatchNorm layers then leave out (29.4)."""
         target = batch_targets(batch)
-        if padded_rows and self.batch_norms:
-            with real_rows_batch_norm(self.batch_norms, target):
+        if padded_rows and self.batch_norms.layers:
+            if not self.batch_norms.installed:
+                raise RuntimeError("a padded batch on a BatchNorm model is evaluated inside objective.batch_norms.install() only")
+            self.batch_norms.real = real_rows(target)
+            try:
                 raw = self._forward(batch)
+            finally:
+                self.batch_norms.real = None
         else:
             raw = self._forward(batch)
         plain = type(raw) is Tensor
@@ -170,7 +175,7 @@ class Objective:
 
         def evaluate(params: TensorDict) -> tuple[Tensor, tuple[Tensor, dict[str, Tensor] | None, Tensor, Tensor]]:
             if local_loss is None:
-                value, out, target = self.stacked(params, batch, padded_rows) if stacked else self.at(params, batch)
+                value, out, target = self.stacked(params, batch, padded_rows) if stacked else self.at(params, batch, padded_rows)
                 terms = None
             else:
                 value, terms, out, target = local_loss(self, params, batch, padded_rows)
@@ -244,7 +249,7 @@ class Objective:
         Plain logits are computed by one ``vmap`` of the forward and cross-entropy runs
         outside it (one kernel for all clients); other models' whole objective runs under vmap.
         """
-        if padded_rows and self.batch_norms:  # batch statistics over each client's real rows: read from its targets
+        if padded_rows and self.batch_norms.layers:  # batch statistics over each client's real rows: read from its targets
             return vmap(functools.partial(self.at, padded_rows=True), randomness="different")(params, batch)
         if self.rows is not None and (self._plain_outputs or self.custom_loss is not None):
             try:

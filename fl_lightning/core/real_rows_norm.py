@@ -3,7 +3,7 @@ batches (docs/algorithms.md, (29.4)).
 
 A padded batch (``fl_lightning.core.client_data.IGNORE_TARGET`` targets on its padded rows) trains a client as its
 real rows alone would, provided nothing mixes the rows: cross-entropy ignores the padded rows, but a BatchNorm layer's
-batch statistics would average them in. While ``real_rows_batch_norm`` is active, each such layer normalises with the
+batch statistics would average them in. While ``RealRowsNorm`` is installed and given a mask, each such layer normalises with the
 mean and (biased) variance of the real rows only, per channel over the rows and spatial positions, which is
 ``F.batch_norm(x[real], training=True)`` on the real rows; the padded rows' outputs are computed but enter no loss.
 """
@@ -47,14 +47,28 @@ def masked_batch_norm(x: Tensor, real: Tensor, weight: Tensor | None, bias: Tens
     return out
 
 
-@contextmanager
-def real_rows_batch_norm(layers: Sequence[nn.modules.batchnorm._BatchNorm], target: Tensor) -> Iterator[None]:
-    """Within the block, ``layers`` normalise with the statistics of the rows of ``target`` that are not padding."""
-    real = real_rows(target)
-    for layer in layers:
-        layer.forward = lambda x, layer=layer: masked_batch_norm(x, real, layer.weight, layer.bias, layer.eps)
-    try:
-        yield
-    finally:
-        for layer in layers:
-            del layer.forward
+class RealRowsNorm:
+    """(29.4) for a model's batch-statistics BatchNorm ``layers``: while ``installed`` (a forward hook on each layer,
+    whose output replaces the layer's) and ``real`` holds a batch's real-row mask, the layers normalise over those rows;
+    with ``real`` None the hooks leave the layers' outputs as they are. The hooks are installed outside any compiled
+    program (``torch.compile`` traces hooks, not their registration) and ``real`` is set where the batch's targets are
+    known, inside ``vmap`` per client."""
+
+    def __init__(self, layers: Sequence[nn.modules.batchnorm._BatchNorm]) -> None:
+        self.layers, self.real, self.installed = list(layers), None, False
+
+    @contextmanager
+    def install(self) -> Iterator[None]:
+        handles = [layer.register_forward_hook(self._output) for layer in self.layers]
+        self.installed = True
+        try:
+            yield
+        finally:
+            self.installed = False
+            for handle in handles:
+                handle.remove()
+
+    def _output(self, layer: nn.Module, args: tuple, output: Tensor) -> Tensor | None:
+        if self.real is None:
+            return None
+        return masked_batch_norm(args[0], self.real, layer.weight, layer.bias, layer.eps)

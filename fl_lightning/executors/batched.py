@@ -19,6 +19,8 @@ error); if none fails, the batched path is wrong and ``BatchedExecutionError`` s
 
 from __future__ import annotations
 
+import contextlib
+
 import dataclasses
 import functools
 from dataclasses import dataclass
@@ -466,7 +468,7 @@ class BatchedExecutor(Executor):
                     "the model's own loss reduces over the batch's rows, which padded rows (clients with batches of unequal size) "
                     "would enter (a model whose loss ignores targets -100 declares loss_ignores_padded_rows = True)"
                 )
-            if objective.batch_norms and defines_local_loss(algorithm):
+            if objective.batch_norms.layers and defines_local_loss(algorithm):
                 raise Unbatchable(
                     f"{type(algorithm).__name__}'s local_loss evaluates the model outside the objective, where BatchNorm's batch "
                     "statistics would include padded rows (clients with batches of unequal size)"
@@ -526,7 +528,9 @@ class BatchedExecutor(Executor):
         else:
             step_batches = (to_device(batch, runtime.device) for batch in batches)
         loss = client_loss(runtime.algorithm, ids, broadcast, stacked_states, info, runtime.data, runtime.device)
-        params, local_state = rule(runtime, params, stacked_states, ids, broadcast, info, step_batches, record, loss, personal)
+        norms = runtime.objective.batch_norms
+        with norms.install() if rows_padded and norms.layers else contextlib.nullcontext():  # (29.4): BatchNorm over real rows
+            params, local_state = rule(runtime, params, stacked_states, ids, broadcast, info, step_batches, record, loss, personal)
         uploads, new_states = self._finish(runtime, params, local_state, (states, stacked_states), ids, broadcast, info, personal)
         mean_losses, accuracies, terms = self._means(record, masks, len(tasks))
         for client, loss in zip(clients, mean_losses if record.losses else []):
@@ -638,8 +642,6 @@ class BatchedExecutor(Executor):
         for a declared reason (logged once)."""
         batches = list(batches)
         reason = compiled_unsupported_reason(runtime, padded=True)
-        if reason is None and self._round.padded_rows and runtime.objective.batch_norms:
-            reason = "BatchNorm's statistics over each client's real rows (padded batches) are not compiled"
         if reason is None:
             if runtime.should_stop():
                 raise interrupted(info.round, int(ids[0]), 0, max(self._round.steps))
