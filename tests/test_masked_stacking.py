@@ -386,11 +386,12 @@ class _NormMLP(torch.nn.Sequential):
 
 
 @pytest.mark.parametrize("name,personal,compiled", [("FedAvg", [], False), ("FedSAM", [], False), ("FedSim", ["1.weight", "1.bias"], False),
-                                                    ("FedAvg", [], True)], ids=["fedavg", "fedsam_vmapped", "fedbn", "fedavg_compiled"])  # fmt: skip
+                                                    ("FedNTD", [], False), ("FedAvg", [], True)],
+                         ids=["fedavg", "fedsam_vmapped", "fedbn", "fedntd_local_loss", "fedavg_compiled"])  # fmt: skip
 def test_batch_norm_models_stack_padded_rows_as_sequential_execution_trains_them(tmp_path, name, personal, compiled):
     """BatchNorm with batch statistics on clients' padded batches (local epochs: short last batches, clients smaller than a
     batch, stragglers): every round runs stacked, its statistics over each client's real rows, and equals sequential
-    execution; FedBN is FedSim with the norm layers personal."""
+    execution; FedBN is FedSim with the norm layers personal; FedNTD's local loss evaluates the global model too."""
     local, straggler = SCENARIOS["epochs"]
     runs = {}
     for execution in ("sequential", "batched"):

@@ -16,7 +16,6 @@ forward (any model).
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -123,20 +122,10 @@ class Objective:
             except UnsupportedLayer:
                 pass  # a substituted tensor in a layer ClientRows has no rule for: clients are stacked by vmap
 
-    def __call__(self, batch: Any, padded_rows: bool = False) -> tuple[Tensor, Tensor, Tensor]:
-        """``(loss, outputs, target)`` of the model on ``batch``. ``padded_rows``: the batch may hold padded rows
-        (target ``IGNORE_TARGET``), which the model's batch-statistics BatchNorm layers then leave out (29.4)."""
+    def __call__(self, batch: Any) -> tuple[Tensor, Tensor, Tensor]:
+        """``(loss, outputs, target)`` of the model on ``batch``."""
         target = batch_targets(batch)
-        if padded_rows and self.batch_norms.layers:
-            if not self.batch_norms.installed:
-                raise RuntimeError("a padded batch on a BatchNorm model is evaluated inside objective.batch_norms.install() only")
-            self.batch_norms.real = real_rows(target)
-            try:
-                raw = self._forward(batch)
-            finally:
-                self.batch_norms.real = None
-        else:
-            raw = self._forward(batch)
+        raw = self._over_real_rows(target, self._forward, batch)
         plain = type(raw) is Tensor
         out = raw if plain else getattr(raw, "logits", raw)
         loss = self.custom_loss(out, target) if self.custom_loss is not None else F.cross_entropy(out, target)
@@ -150,10 +139,22 @@ class Objective:
             return self.model(**{k: v for k, v in batch.items() if k != "labels"})
         return self.model(*batch[:-1])
 
-    def at(self, params: TensorDict, batch: Any, padded_rows: bool = False) -> tuple[Tensor, Tensor, Tensor]:
-        """``self(batch, padded_rows)`` with ``params`` substituted for the model's parameters of those names."""
+    def _over_real_rows(self, target: Tensor, evaluate: Callable, *args: Any, **kwargs: Any) -> Any:
+        """``evaluate(*args)``; while the batch-statistics BatchNorm layers' real-row hooks are installed (a stacked
+        round with padded rows), with their statistics over the rows of ``target`` that are not padding (29.4)."""
+        norms = self.batch_norms
+        if not norms.installed:
+            return evaluate(*args, **kwargs)
+        norms.real = real_rows(target)
+        try:
+            return evaluate(*args, **kwargs)
+        finally:
+            norms.real = None
+
+    def at(self, params: TensorDict, batch: Any) -> tuple[Tensor, Tensor, Tensor]:
+        """``self(batch)`` with ``params`` substituted for the model's parameters of those names."""
         with self.swap(params):
-            return self(batch, padded_rows)
+            return self(batch)
 
     def grad_fn(
         self, batch: Any, weight_decay: float, record: StepRecord | None = None, stacked: bool = False,
@@ -175,7 +176,7 @@ class Objective:
 
         def evaluate(params: TensorDict) -> tuple[Tensor, tuple[Tensor, dict[str, Tensor] | None, Tensor, Tensor]]:
             if local_loss is None:
-                value, out, target = self.stacked(params, batch, padded_rows) if stacked else self.at(params, batch, padded_rows)
+                value, out, target = self.stacked(params, batch, padded_rows) if stacked else self.at(params, batch)
                 terms = None
             else:
                 value, terms, out, target = local_loss(self, params, batch, padded_rows)
@@ -209,9 +210,9 @@ class Objective:
             *args, target = batch
             kwargs = {}
         if features:  # the representation convention: forward = head(representation(inputs))
-            z = self.model.representation(*args, **kwargs)
+            z = self._over_real_rows(target, self.model.representation, *args, **kwargs)
             return ModelOutputs(self.model.head(z), z), target
-        raw = self.model(*args, **kwargs)
+        raw = self._over_real_rows(target, self.model, *args, **kwargs)
         if type(raw) is Tensor:
             return ModelOutputs(raw), target
         if getattr(raw, "penalty", None) is not None:
@@ -249,8 +250,8 @@ class Objective:
         Plain logits are computed by one ``vmap`` of the forward and cross-entropy runs
         outside it (one kernel for all clients); other models' whole objective runs under vmap.
         """
-        if padded_rows and self.batch_norms.layers:  # batch statistics over each client's real rows: read from its targets
-            return vmap(functools.partial(self.at, padded_rows=True), randomness="different")(params, batch)
+        if self.batch_norms.installed:  # batch statistics over each client's real rows: read from its own targets
+            return vmap(self.at, randomness="different")(params, batch)
         if self.rows is not None and (self._plain_outputs or self.custom_loss is not None):
             try:
                 return self._as_rows(params, batch, padded_rows)

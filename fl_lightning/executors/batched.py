@@ -468,11 +468,6 @@ class BatchedExecutor(Executor):
                     "the model's own loss reduces over the batch's rows, which padded rows (clients with batches of unequal size) "
                     "would enter (a model whose loss ignores targets -100 declares loss_ignores_padded_rows = True)"
                 )
-            if objective.batch_norms.layers and defines_local_loss(algorithm):
-                raise Unbatchable(
-                    f"{type(algorithm).__name__}'s local_loss evaluates the model outside the objective, where BatchNorm's batch "
-                    "statistics would include padded rows (clients with batches of unequal size)"
-                )
         return padded
 
     def _run_stacked(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> list[ClientResult]:
@@ -688,7 +683,7 @@ class BatchedExecutor(Executor):
 
         def loss_at(p: TensorDict, batch: Any, bound: Any) -> tuple[Tensor, tuple[Tensor, Tensor, dict]]:
             if bound is None:
-                value, out, target = objective.at(p, batch, self._round.padded_rows)
+                value, out, target = objective.at(p, batch)
                 return value, (out, target, {})
             value, terms, out, target = bound.at(objective, p, batch, self._round.padded_rows)
             return value, (out, target, terms)
