@@ -61,6 +61,11 @@ def test_sequential_and_stacked_batches_are_poisoned_alike(poisoning):
             assert poisoned == (cid in (2, 5))
     again = list(view.client_batches(2, 102, 8, 3))
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(again, list(view.client_batches(2, 102, 8, 3))))
+    assert view.augments_batches is data.augments_batches  # the data's other attributes are forwarded
+    with pytest.raises(AttributeError, match="would not be poisoned"):
+        view.future_client_batches  # noqa: B018 (a source of batches it does not poison is not)
+    drawn = view.round_client_batches(clients, seeds, 8, 3, None, [3, 3, 3])
+    assert all(torch.equal(a[0], b[0]) for s, (cid, seed) in enumerate(zip(clients, seeds)) for a, b in zip(drawn[s], view.client_batches(cid, seed, 8, 3)))
     full = view.client_full_batch(5)
     if isinstance(poisoning, LabelFlip):
         assert torch.equal(full[1], 9 - data.client_full_batch(5)[1])

@@ -33,7 +33,7 @@ class PoisonedData:
     def __getattr__(self, name: str) -> Any:
         if name == "_data":  # not set yet (copy, unpickling): no recursion
             raise AttributeError(name)
-        if name.endswith("_batches"):  # a source of batches this class does not poison is not forwarded: it would train clean
+        if name.endswith("client_batches"):  # a source of batches this class does not poison is not forwarded: it would train clean
             raise AttributeError(f"{type(self).__name__} has no {name} (its batches would not be poisoned)")
         return getattr(self._data, name)
 
