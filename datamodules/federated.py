@@ -25,6 +25,7 @@ _UNSEEN_STREAM = 0x0E5C
 _AUGMENT_STREAM = 0xA06
 GATHER_STEPS = 1024
 ROUND_DRAW_LIMIT = 1 << 22  # indices a sequential round draws at once (``round_client_batches``: 32 MiB of int64)
+ROUND_GATHER_ROWS = 1024  # samples a client's drawn batches gather at once (``round_client_batches``; CIFAR: 12 MiB)
 """Local steps whose in-memory batches are gathered in one indexing op (bounds the memory of long rounds)."""
 
 
@@ -431,15 +432,20 @@ class FederatedDataModule(L.LightningDataModule):
         return [self._client_steps(index[i, :k], real[i, :k]) for i, k in enumerate(num_steps)]
 
     def _client_steps(self, index: Tensor, real: Tensor) -> Iterator[Any]:
-        """The batches of ``index`` ``[K, B]`` (step k's first ``real[k]`` rows): one gather per tensor for all K steps
-        (text: each step padded to its longest sample, in one ``gather_steps`` where every step is whole)."""
+        """The batches of ``index`` ``[K, B]`` (step k's first ``real[k]`` rows): one gather per tensor for the steps of
+        up to ``ROUND_GATHER_ROWS`` samples (text: each step padded to its longest sample, in one ``gather_steps`` where
+        every step is whole)."""
         rows = real.tolist()
         if isinstance(self._train, TensorDataset):
-            block = [gather_rows(t, index) for t in self._train.tensors]
-            for k, n in enumerate(rows):
-                yield tuple(b[k, :n] for b in block)
+            span = max(1, ROUND_GATHER_ROWS // max(1, index.shape[1]))  # steps a gather holds (bounded memory)
+            for first in range(0, len(rows), span):
+                block = [gather_rows(t, index[first : first + span]) for t in self._train.tensors]
+                for k, n in enumerate(rows[first : first + span]):
+                    yield tuple(b[k, :n] for b in block)
         elif all(n == index.shape[1] for n in rows):
-            yield from self._gather_steps(index, 0)
+            span = max(1, ROUND_GATHER_ROWS // max(1, index.shape[1]))
+            for first in range(0, len(rows), span):
+                yield from self._gather_steps(index[first : first + span], 0)
         else:
             for k, n in enumerate(rows):
                 yield self._gather(index[k, :n])

@@ -113,11 +113,16 @@ def test_bad_settings_are_rejected(assets, tmp_path):
         make(assets, "qnli", assets.sst2).setup()
 
 
+@pytest.mark.parametrize("gather_rows", [1024, 7], ids=["one_gather", "gathered_in_blocks"])
 @pytest.mark.parametrize("local", [(5, 3, None), (4, None, 2), (None, 2, None), (100, 2, None)], ids=["steps", "epochs", "full", "whole"])
-def test_a_rounds_joint_draws_are_each_clients_batches(assets, local):
+def test_a_rounds_joint_draws_are_each_clients_batches(assets, local, gather_rows, monkeypatch):
     """``round_client_batches`` (sequential execution's one draw for the round) yields each client's ``client_batches``,
-    its first K_i (stragglers), on text (each step padded to its longest) and on tensors."""
+    its first K_i (stragglers), on text (each step padded to its longest) and on tensors, gathered at once or in blocks
+    of steps (``ROUND_GATHER_ROWS``)."""
+    import datamodules.federated as federated
     from tests.conftest import tiny_datamodule
+
+    monkeypatch.setattr(federated, "ROUND_GATHER_ROWS", gather_rows)
 
     text = make(assets, "sst2", assets.sst2, num_clients=5, partition=Dirichlet(0.5), max_length=6)
     for dm in (text, tiny_datamodule(num_clients=5)):
