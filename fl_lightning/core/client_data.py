@@ -69,6 +69,10 @@ class ClientData(Protocol):
         """Step k's batches of all the clients stacked ``[S, B, ...]`` (the same samples as
         ``client_batches``); raises ``Unstackable`` before yielding if they cannot be stacked."""
 
+    # Optional (sequential execution): ``round_client_batches(client_ids, seeds, batch_size, steps, epochs, num_steps)
+    # -> list[Iterator] | None``, each client's ``client_batches`` (its first ``num_steps[i]``) from one draw for the
+    # round's clients; None where the data draws client by client.
+
     # Optional (masked stacking): ``padded_client_batches(client_ids, seeds, batch_size, steps, epochs, num_steps,
     # bucket=None) -> PaddedBatches``, the batches of ``client_batches`` (client i's first ``num_steps[i]``) padded
     # to the round's largest K and B (``bucket`` rounds both up); raises ``Unstackable`` if they cannot be padded.
