@@ -24,9 +24,9 @@ _HOLDOUT_STREAM = 0x401D
 _UNSEEN_STREAM = 0x0E5C
 _AUGMENT_STREAM = 0xA06
 GATHER_STEPS = 1024
+"""Local steps whose in-memory batches are gathered in one indexing op (bounds the memory of long rounds)."""
 ROUND_DRAW_LIMIT = 1 << 22  # indices a sequential round draws at once (``round_client_batches``: 32 MiB of int64)
 ROUND_GATHER_ROWS = 1024  # samples a client's drawn batches gather at once (``round_client_batches``; CIFAR: 12 MiB)
-"""Local steps whose in-memory batches are gathered in one indexing op (bounds the memory of long rounds)."""
 
 
 _DTYPES = {None: None, "float32": torch.float32, "float64": torch.float64}
@@ -422,11 +422,8 @@ class FederatedDataModule(L.LightningDataModule):
             return None
         if type(self).client_batch_indices is not FederatedDataModule.client_batch_indices:
             return None
-        depth = max(num_steps)
-        if depth == 0 or len(client_ids) * depth * (batch_size or int(self.client_sizes.max())) > ROUND_DRAW_LIMIT:
-            return None
-        _, _, sizes = self._clients_flat(client_ids)
-        if int(sizes.min()) == 0:
+        depth, sizes = max(num_steps), self.client_sizes[torch.as_tensor(client_ids, dtype=torch.int64)]
+        if depth == 0 or int(sizes.min()) == 0 or len(client_ids) * depth * (batch_size or int(sizes.max())) > ROUND_DRAW_LIMIT:
             return None
         index, real = self._padded_index(client_ids, seeds, batch_size, steps, epochs, num_steps)
         return [self._client_steps(index[i, :k], real[i, :k]) for i, k in enumerate(num_steps)]
@@ -436,14 +433,13 @@ class FederatedDataModule(L.LightningDataModule):
         up to ``ROUND_GATHER_ROWS`` samples (text: each step padded to its longest sample, in one ``gather_steps`` where
         every step is whole)."""
         rows = real.tolist()
+        span = max(1, ROUND_GATHER_ROWS // max(1, index.shape[1]))  # steps a gather holds (bounded memory)
         if isinstance(self._train, TensorDataset):
-            span = max(1, ROUND_GATHER_ROWS // max(1, index.shape[1]))  # steps a gather holds (bounded memory)
             for first in range(0, len(rows), span):
                 block = [gather_rows(t, index[first : first + span]) for t in self._train.tensors]
                 for k, n in enumerate(rows[first : first + span]):
                     yield tuple(b[k, :n] for b in block)
         elif all(n == index.shape[1] for n in rows):
-            span = max(1, ROUND_GATHER_ROWS // max(1, index.shape[1]))
             for first in range(0, len(rows), span):
                 yield from self._gather_steps(index[first : first + span], 0)
         else:

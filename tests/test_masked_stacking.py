@@ -354,7 +354,7 @@ def test_shrinking_compiled_rounds_resume_bitwise_with_dropout(tmp_path):
 
 
 def test_batch_norm_over_real_rows_is_batch_norm_of_the_real_rows_alone():
-    """(29.3) against ``F.batch_norm`` on the real rows only, in float64: outputs and the gradients of a loss that
+    """(29.4) against ``F.batch_norm`` on the real rows only, in float64: outputs and the gradients of a loss that
     reads the real rows (inputs, weight, bias); BatchNorm1d- and 2d-shaped inputs, a row of token targets padding."""
     from fl_lightning.core.real_rows_norm import masked_batch_norm, real_rows
 

@@ -52,14 +52,22 @@ class PoisonedData:
         self, client_ids: Sequence[int], seeds: Sequence[int], batch_size: int | None, steps: int
     ) -> Iterator[Any]:
         batches = self._data.stacked_client_batches(client_ids, seeds, batch_size, steps)  # raises Unstackable here
-        rows = [(s, seed) for s, (c, seed) in enumerate(zip(client_ids, seeds)) if int(c) in self.malicious]
+        rows = self._malicious_rows(client_ids, seeds)
         return batches if not rows else self._stacked(batches, rows)
 
-    def _stacked(self, batches: Iterator[Any], rows: list[tuple[int, int]]) -> Iterator[Any]:
+    def _malicious_rows(self, client_ids: Sequence[int], seeds: Sequence[int]) -> list[tuple[int, int]]:
+        """``(row, round seed)`` of the malicious clients among stacked ``client_ids``."""
+        return [(s, seed) for s, (c, seed) in enumerate(zip(client_ids, seeds)) if int(c) in self.malicious]
+
+    def _stacked(self, batches: Iterator[Any], rows: list[tuple[int, int]], real_rows: Tensor | None = None) -> Iterator[Any]:
+        """Stacked batches with the malicious ``rows`` poisoned step by step: their first ``real_rows[s, step]`` samples
+        (masked stacking's real rows; None: all of them)."""
         for step, batch in enumerate(batches):
             inputs, labels = (t.clone() for t in split_batch(batch))
             for s, seed in rows:
-                inputs[s], labels[s] = self._poison((inputs[s], labels[s]), seed, step)
+                n = inputs.shape[1] if real_rows is None else int(real_rows[s, step])
+                if n:
+                    inputs[s, :n], labels[s, :n] = self._poison((inputs[s, :n], labels[s, :n]), seed, step)
             yield inputs, labels
 
     def round_client_batches(
@@ -82,17 +90,8 @@ class PoisonedData:
         """The padded batches (masked stacking) with each malicious client's real rows of each of its real steps
         poisoned as its ``client_batches`` are; padded rows and steps, which train nothing, as they were."""
         padded = self._data.padded_client_batches(client_ids, seeds, batch_size, steps, epochs, num_steps, min_steps, min_rows)
-        rows = [(s, seed) for s, (c, seed) in enumerate(zip(client_ids, seeds)) if int(c) in self.malicious]
-        return padded if not rows else dataclasses.replace(padded, batches=self._padded(padded.batches, rows, padded.real_rows))
-
-    def _padded(self, batches: Iterator[Any], rows: list[tuple[int, int]], real_rows: Tensor) -> Iterator[Any]:
-        for step, batch in enumerate(batches):
-            inputs, labels = (t.clone() for t in split_batch(batch))
-            for s, seed in rows:
-                n = int(real_rows[s, step])
-                if n:
-                    inputs[s, :n], labels[s, :n] = self._poison((inputs[s, :n], labels[s, :n]), seed, step)
-            yield inputs, labels
+        rows = self._malicious_rows(client_ids, seeds)
+        return padded if not rows else dataclasses.replace(padded, batches=self._stacked(padded.batches, rows, padded.real_rows))
 
     def client_full_batch(self, client_id: int) -> Any:
         batch = self._data.client_full_batch(client_id)

@@ -124,8 +124,8 @@ class Objective:
 
     def __call__(self, batch: Any) -> tuple[Tensor, Tensor, Tensor]:
         """``(loss, outputs, target)`` of the model on ``batch``."""
-        target = batch_targets(batch)
-        raw = self._over_real_rows(target, self._forward, batch)
+        args, kwargs, target = _split(batch)
+        raw = self._over_real_rows(target, self.model, *args, **kwargs)
         plain = type(raw) is Tensor
         out = raw if plain else getattr(raw, "logits", raw)
         loss = self.custom_loss(out, target) if self.custom_loss is not None else F.cross_entropy(out, target)
@@ -133,11 +133,6 @@ class Objective:
         if penalty is not None:
             loss = loss + penalty
         return loss, out, target
-
-    def _forward(self, batch: Any) -> Any:
-        if isinstance(batch, dict):
-            return self.model(**{k: v for k, v in batch.items() if k != "labels"})
-        return self.model(*batch[:-1])
 
     def _over_real_rows(self, target: Tensor, evaluate: Callable, *args: Any, **kwargs: Any) -> Any:
         """``evaluate(*args)``; while the batch-statistics BatchNorm layers' real-row hooks are installed (a stacked
@@ -204,11 +199,7 @@ class Objective:
     # ---- outputs for a local loss (fl_lightning.core.local_loss) ---------------------------------------
     def outputs(self, batch: Any, features: bool = False) -> tuple[ModelOutputs, Tensor]:
         """The model's outputs on ``batch`` (with its representation where ``features``) and the target."""
-        if isinstance(batch, dict):
-            target, args, kwargs = batch["labels"], (), {k: v for k, v in batch.items() if k != "labels"}
-        else:
-            *args, target = batch
-            kwargs = {}
+        args, kwargs, target = _split(batch)
         if features:  # the representation convention: forward = head(representation(inputs))
             z = self._over_real_rows(target, self.model.representation, *args, **kwargs)
             return ModelOutputs(self.model.head(z), z), target
@@ -299,6 +290,13 @@ class Objective:
             return torch.stack([self.custom_loss(o, t) for o, t in zip(out, target)]), out, target
         per_sample = F.cross_entropy(out, target.flatten(), reduction="none")
         return _row_mean(per_sample.view(target.shape), target, padded_rows), out.view(*target.shape, *out.shape[1:]), target
+
+
+def _split(batch: Any) -> tuple[tuple, dict[str, Any], Tensor]:
+    """``(positional inputs, keyword inputs, target)`` of a tuple batch ``(inputs..., target)`` or a dict batch with ``labels``."""
+    if isinstance(batch, dict):
+        return (), {k: v for k, v in batch.items() if k != "labels"}, batch["labels"]
+    return tuple(batch[:-1]), {}, batch[-1]
 
 
 def _row_mean(per_sample: Tensor, target: Tensor, padded_rows: bool) -> Tensor:

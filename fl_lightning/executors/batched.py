@@ -20,7 +20,6 @@ error); if none fails, the batched path is wrong and ``BatchedExecutionError`` s
 from __future__ import annotations
 
 import contextlib
-
 import dataclasses
 import functools
 from dataclasses import dataclass
