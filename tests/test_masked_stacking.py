@@ -406,3 +406,20 @@ def test_batch_norm_models_stack_padded_rows_as_sequential_execution_trains_them
     if compiled:
         assert not runs["batched"].executor.inner.compile_fallbacks
     _assert_same(runs["sequential"], runs["batched"])
+
+
+def test_the_fedbn_config_stacks_padded_rounds_through_the_cli(tmp_path, monkeypatch):
+    """``fl-lightning fit --config configs/pfl_fedbn_digits.yaml`` batched with one local epoch (Dirichlet(0.1) clients:
+    short last batches): every round runs stacked over padded rows, its BatchNorm over each client's real rows."""
+    from pathlib import Path
+
+    from fl_lightning.commands.cli import build_cli
+
+    monkeypatch.chdir(tmp_path)
+    config = Path(__file__).resolve().parents[1] / "configs" / "pfl_fedbn_digits.yaml"
+    cli = build_cli(["fit", "--config", str(config), "--model.execution", "batched", "--model.local.steps", "null",
+                     "--model.local.epochs", "1", "--trainer.max_steps", "2", "--trainer.val_check_interval", "2",
+                     "--trainer.enable_progress_bar", "false"])  # fmt: skip
+    stats = cli.model.executor.stats
+    assert cli.model.objective.batch_norms.layers and not cli.model.objective.batch_norms.installed
+    assert stats["rounds"] == stats["stacked_rounds"] == 2 and stats["padded_work"] > 0 and not cli.model.executor.fallbacks
