@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from collections.abc import Iterator, Sequence
@@ -46,6 +47,13 @@ def gather_rows(tensor: Tensor, index: Tensor) -> Tensor:
 def _with_targets(batch: Any, target: Tensor) -> Any:
     """``batch`` with ``target`` in place of its targets (``batch_targets``)."""
     return {**batch, "labels": target} if isinstance(batch, dict) else (*batch[:-1], target)
+
+
+def _leading_clients(batch: Any, count: int) -> Any:
+    """A stacked batch's first ``count`` clients (views)."""
+    if isinstance(batch, dict):
+        return {k: v[:count] for k, v in batch.items()}
+    return tuple(v[:count] for v in batch)
 
 
 PLAN_BLOCK = 32  # rounds planned at once (``Participation.plans``: equal plans, one seed derivation per block)
@@ -497,7 +505,8 @@ class FederatedDataModule(L.LightningDataModule):
         # a padded step is a copy of the client's first batch (rows and row mask): finite, and masked out as a step
         filled = torch.where(real > 0, real, real[:, :1])
         row_mask = torch.arange(width).view(1, 1, width) < filled.unsqueeze(-1)
-        return PaddedBatches(self._padded_steps(index, row_mask, real, client_ids, seeds), real > 0, real, depth, width)
+        steps = functools.partial(self._padded_steps, index, row_mask, real, client_ids, seeds)
+        return PaddedBatches(steps(), real > 0, real, depth, width, leading=steps)
 
     def _padded_index(
         self, client_ids: Sequence[int], seeds: Sequence[int], batch_size: int | None, steps: int | None, epochs: int | None,
@@ -528,15 +537,22 @@ class FederatedDataModule(L.LightningDataModule):
         positions = torch.where((real > 0).unsqueeze(-1), positions, positions[:, :1])  # padded steps: the first step
         return gather_rows(flat, positions + starts.view(-1, 1, 1)), real
 
-    def _padded_steps(self, index: Tensor, row_mask: Tensor, real: Tensor, client_ids: Sequence[int], seeds: Sequence[int]) -> Iterator[Any]:
+    def _padded_steps(
+        self, index: Tensor, row_mask: Tensor, real: Tensor, client_ids: Sequence[int], seeds: Sequence[int], clients: Sequence[int] | None = None
+    ) -> Iterator[Any]:
         """Step by step, the ``[S, B, ...]`` batches of ``index`` with padded rows' targets ``IGNORE_TARGET``;
         where the data augments, each client's real batches go through ``augment`` in order, drawn as
-        ``client_batches`` draws them (a padded step is not augmented: it is masked out)."""
+        ``client_batches`` draws them (a padded step is not augmented: it is masked out). ``clients``
+        (``PaddedBatches.leading``): step k's batch holds its first ``clients[k]`` clients only (in-memory tensors
+        gather only theirs; text, padded to the step's longest sample of every client, is cut after its gather)."""
+        size = len(client_ids)
+        cut = [size] * index.shape[1] if clients is None else [min(size, n) for n in clients]
         if not isinstance(self.source.train, TensorDataset):  # text: each step padded to its longest sample, as stacked rounds are
             for k, batch in enumerate(self._gather_steps(index, 1)):
                 target = batch_targets(batch)  # [S, B] class labels, or [S, B, T] token labels: a padded row's all masked
                 real_rows = row_mask[:, k].reshape(*row_mask.shape[::2], *[1] * (target.dim() - 2)).to(target.device)
-                yield _with_targets(batch, target.masked_fill(~real_rows, IGNORE_TARGET))
+                batch = _with_targets(batch, target.masked_fill(~real_rows, IGNORE_TARGET))
+                yield batch if cut[k] == size else _leading_clients(batch, cut[k])
             return
         generators = [self.augment_generator(s) for s in seeds] if self.augments_batches else None
         *features, targets = self.source.train.tensors
@@ -544,12 +560,13 @@ class FederatedDataModule(L.LightningDataModule):
         targets = gather_rows(targets, steps_first).masked_fill(~masks.to(targets.device), IGNORE_TARGET)  # every step's at once: small
         first: list[Any] = [None] * len(client_ids)  # each client's augmented first batch (its padded steps' copy)
         for k in range(steps_first.shape[0]):
-            inputs, target = [gather_rows(t, steps_first[k]) for t in features], targets[k]
+            running = cut[k]
+            inputs, target = [gather_rows(t, steps_first[k, :running]) for t in features], targets[k, :running]
             if generators is None:
                 yield (*inputs, target)
                 continue
             views = []
-            for i, (c, g) in enumerate(zip(client_ids, generators)):
+            for i, (c, g) in enumerate(zip(client_ids[:running], generators)):
                 n, width = int(real[i, k]), target.shape[1]
                 if n:
                     out = self.augment((*(x[i, :n] for x in inputs), target[i, :n]), c, g)[:-1]

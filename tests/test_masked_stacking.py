@@ -330,6 +330,56 @@ def test_augmented_padded_batches_are_drawn_as_sequential_execution_draws_them(t
     assert not torch.allclose(next(plain.model.parameters()), next(runs["batched"].model.parameters()))
 
 
+@pytest.mark.parametrize("augmented", [False, True])
+def test_padded_batches_cut_to_the_running_clients_are_the_whole_batches_leading_clients(augmented):
+    """``PaddedBatches.leading(sizes)``: step k's batch is the first min(S, sizes[k]) clients of the whole step k
+    batch (augmented data: each client's batches drawn from its own generator as before)."""
+    data = _NoisyData(
+        dataset="synthetic", dataset_args={"num_samples": 300, "num_features": 8, "num_classes": 3, "seed": 1}, num_clients=8,
+        partition=Dirichlet(0.3, min_size=5), participation=tiny_datamodule().participation,
+    ) if augmented else _data()  # fmt: skip
+    data.setup()
+    clients, seeds, steps = [2, 3, 6, 1], [11, 12, 13, 14], [6, 4, 2, 1]  # decreasing K, as a shrinking stack orders them
+    sizes = M.stack_sizes(steps, 4, bucket=int)
+    padded = data.padded_client_batches(clients, seeds, 16, None, 2, steps)
+    whole, cut = list(padded.batches), list(padded.leading(sizes))
+    assert sizes == [4, 3, 2, 2, 1, 1] and len(cut) == len(whole) == 6
+    for k, (full, part) in enumerate(zip(whole, cut)):
+        assert all(len(t) == sizes[k] for t in part)
+        assert all(torch.equal(a[: sizes[k]], b) for a, b in zip(full, part))
+    assert [len(b[-1]) for b in padded.leading([8] * 6)] == [4] * 6  # compiled buckets above S: every client
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_shrinking_stack_gathers_only_its_running_clients_rows(tmp_path, monkeypatch, compiled):
+    """Eager and compiled (from the round after the step program first ran) shrinking stacks draw each step's
+    batch for its running clients only, with sequential execution's results."""
+    from datamodules import FederatedDataModule
+
+    drawn = []  # the clients of each step batch a stack read through ``leading``
+    original = FederatedDataModule.padded_client_batches
+
+    def spy(self, *args, **kwargs):
+        padded = original(self, *args, **kwargs)
+        leading = padded.leading
+
+        def counted(sizes):
+            for batch in leading(sizes):
+                drawn.append((len(batch[-1]), len(args[0])))
+                yield batch
+
+        padded.leading = counted
+        return padded
+
+    monkeypatch.setattr(FederatedDataModule, "padded_client_batches", spy)
+    local, straggler = SCENARIOS["epochs"]
+    executor = BatchedExecutor(compile=True, backend="eager") if compiled else BatchedExecutor()
+    bat = _fit(tmp_path, "FedAvg", executor, local, straggler, rounds=3)
+    assert not executor.fallbacks and not executor.compile_fallbacks and executor.stats["stacked_rounds"] == 3
+    assert drawn and any(running < clients for running, clients in drawn)
+    _assert_same(_fit(tmp_path, "FedAvg", "sequential", local, straggler, rounds=3), bat)
+
+
 def test_shrinking_compiled_rounds_resume_bitwise_with_dropout(tmp_path):
     """4 rounds straight == 2 rounds + checkpoint + a fresh executor resumed to 4, local epochs and stragglers under
     compiled batched execution with dropout: the resumed run compiles its ladder of stack sizes at its first round

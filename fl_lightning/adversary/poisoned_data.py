@@ -65,6 +65,8 @@ class PoisonedData:
         for step, batch in enumerate(batches):
             inputs, labels = (t.clone() for t in split_batch(batch))
             for s, seed in rows:
+                if s >= len(inputs):  # a shrunk stack's step: the client is done (``PaddedBatches.leading``)
+                    continue
                 n = inputs.shape[1] if real_rows is None else int(real_rows[s, step])
                 if n:
                     inputs[s, :n], labels[s, :n] = self._poison((inputs[s, :n], labels[s, :n]), seed, step)
@@ -91,7 +93,12 @@ class PoisonedData:
         poisoned as its ``client_batches`` are; padded rows and steps, which train nothing, as they were."""
         padded = self._data.padded_client_batches(client_ids, seeds, batch_size, steps, epochs, num_steps, min_steps, min_rows)
         rows = self._malicious_rows(client_ids, seeds)
-        return padded if not rows else dataclasses.replace(padded, batches=self._stacked(padded.batches, rows, padded.real_rows))
+        if not rows:
+            return padded
+        leading = padded.leading
+        if leading is not None:
+            leading = lambda clients: self._stacked(padded.leading(clients), rows, padded.real_rows)  # noqa: E731
+        return dataclasses.replace(padded, batches=self._stacked(padded.batches, rows, padded.real_rows), leading=leading)
 
     def client_full_batch(self, client_id: int) -> Any:
         batch = self._data.client_full_batch(client_id)

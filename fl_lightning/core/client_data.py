@@ -33,6 +33,10 @@ class PaddedBatches:
     ``batches`` yields step k's ``[S, rows, ...]`` batch (padded rows' targets ``IGNORE_TARGET``);
     ``step_mask`` (bool ``[S, steps]``) is False at a client's padded steps, which change nothing;
     ``real_rows`` (int64 ``[S, steps]``) holds each step's real rows (0 at a padded step).
+    ``leading`` (optional), called with ``clients[k]`` for each step, yields the same batches with step k's cut
+    to its first ``clients[k]`` clients, never gathering the others' rows: a stack of clients in decreasing K
+    that shrinks as they finish (``fl_lightning.executors.masking.stack_sizes``) reads only those. Each call
+    draws afresh (``batches`` is one iteration); None where the data cuts nothing.
     """
 
     batches: Iterator[Any]
@@ -40,6 +44,7 @@ class PaddedBatches:
     real_rows: Tensor
     steps: int
     rows: int
+    leading: Callable[[Sequence[int]], Iterator[Any]] | None = None
 
 
 @runtime_checkable

@@ -108,6 +108,11 @@ def _sizes(tasks: Sequence[ClientTask], runtime: ClientRuntime) -> Tensor:
     return runtime.data.client_sizes[torch.tensor([t.client_id for t in tasks], dtype=torch.int64)]
 
 
+def _stacked_clients(batch: Any) -> int:
+    """The clients S of a stacked ``[S, B, ...]`` batch."""
+    return batch_targets(batch).shape[0]
+
+
 def _stacked_rows(batch: Any) -> int:
     """The rows B of a stacked ``[S, B, ...]`` batch (its target's second dimension)."""
     return batch_targets(batch).shape[1]
@@ -479,6 +484,7 @@ class BatchedExecutor(Executor):
         steps = [t.num_steps for t in tasks]
         dp = runtime.record_privacy
         masks, rows_padded = None, False  # (step mask [S, K], real rows [S, K] or None) of a padded round; whether real batches hold padded rows
+        leading = None  # the padded batches cut to a shrinking stack's running clients (``PaddedBatches.leading``)
         if dp is not None:  # record-level DP-SGD: each client's own draws, padded to the step's largest (fl_lightning.executors.dpsgd)
             if not declares_capability(runtime.algorithm, "elementwise"):
                 raise Unbatchable(f"record-level DP-SGD runs {type(runtime.algorithm).__name__}'s rule (not elementwise) client by client")
@@ -496,7 +502,7 @@ class BatchedExecutor(Executor):
             raise Unbatchable("the round's clients run unequal local work (steps or batch sizes), and execution.masked_stacking is false")
         else:
             padded = self._padded(tasks, runtime)
-            batches, masks = padded.batches, (padded.step_mask, padded.real_rows)
+            batches, masks, leading = padded.batches, (padded.step_mask, padded.real_rows), padded.leading
             rows_padded = bool(((padded.real_rows > 0) & (padded.real_rows < padded.rows)).any())
             real = int(padded.real_rows.sum())
             self._count(real, len(tasks) * padded.steps * padded.rows - real)
@@ -517,10 +523,8 @@ class BatchedExecutor(Executor):
             log_fallback(self.compile_fallbacks, "the clients receive different x (heterogeneous LoRA ranks)", log)
         elif self.programs is not None:
             rule = functools.partial(self._compiled_rule, rule)
-        if dp is not None:
-            step_batches = (b.to(runtime.device) for b in batches)
-        else:
-            step_batches = (to_device(batch, runtime.device) for batch in batches)
+        device = runtime.device
+        step_batches = M.StepBatches(batches, (lambda b: b.to(device)) if dp is not None else (lambda b: to_device(b, device)), leading)
         loss = client_loss(runtime.algorithm, ids, broadcast, stacked_states, info, runtime.data, runtime.device)
         norms = runtime.objective.batch_norms
         with norms.install() if rows_padded and norms.layers else contextlib.nullcontext():  # (29.4): BatchNorm over real rows
@@ -587,6 +591,8 @@ class BatchedExecutor(Executor):
         mask, padded_rows = self._round.mask, self._round.padded_rows
         sizes = self._shrinking_sizes(len(ids), local_state, dp)
         stack = None if sizes is None else M.ShrinkingStack(sizes, len(ids))
+        if stack is not None and isinstance(batches, M.StepBatches):
+            batches = batches.cut(sizes)  # the finished clients' rows are not gathered
         for step, batch in enumerate(batches):
             if runtime.should_stop():
                 raise interrupted(info.round, int(ids[0]), step, max(self._round.steps))
@@ -634,8 +640,7 @@ class BatchedExecutor(Executor):
         padding repeats the last client and is cut off: a bounded number of variants; the broadcast parameters
         are copied out of their stride-0 views, so padded and unpadded rounds share a program); ``eager_rule``
         for a declared reason (logged once)."""
-        batches = list(batches)
-        reason = compiled_unsupported_reason(runtime, padded=True)
+        reason, listed, cut = compiled_unsupported_reason(runtime, padded=True), None, False
         if reason is None:
             if runtime.should_stop():
                 raise interrupted(info.round, int(ids[0]), 0, max(self._round.steps))
@@ -648,23 +653,36 @@ class BatchedExecutor(Executor):
             sizes = None
             if mask is not None and unit == "step":  # clients in decreasing K (``_buckets``): the stack shrinks as they finish
                 sizes = M.stack_sizes(self._round.steps, padded, functools.partial(padded_clients, cohort=self._cohort(runtime)))
+            # Once the step program has run (a rule reading the step index runs the round program, on whole batches),
+            # step k's batch is drawn for its sizes[k] running clients only, padded as ``pad`` pads a whole batch
+            cut = sizes is not None and isinstance(batches, M.StepBatches) and batches.cuts and self._step_program_ran
+            if cut:
+                listed = [_pad_clients(n - _stacked_clients(b), b) for n, b in zip(sizes, batches.cut(sizes))]
+            else:
+                listed = list(batches)
             try:
                 new_params, local_state, evaluations = self.programs(
-                    (len(batches), padded, False, mask is not None, _stacked_rows(batches[0])), False, runtime.algorithm, runtime.objective, runtime.local.weight_decay,
+                    (len(listed), padded, False, mask is not None, _stacked_rows(listed[0])), False, runtime.algorithm, runtime.objective, runtime.local.weight_decay,
                     pad({k: v.contiguous() for k, v in params.items()}), pad(client_state), pad(ids), tensor_lr(info), broadcast,
-                    pad(personal or {}), pad(batches), pad(None if loss is None else loss.label_counts), *masked, unit=unit, sizes=sizes,
+                    pad(personal or {}), listed if cut else pad(listed), pad(None if loss is None else loss.label_counts), *masked, unit=unit, sizes=sizes,
                 )  # fmt: skip
             except Uncompilable as error:
                 reason = str(error)
             else:
                 if sizes is not None and not self.programs.step_unavailable:  # the steps of clients set aside were not computed
-                    self._count(0, -_stacked_rows(batches[0]) * M.set_aside(sizes, size))
+                    self._count(0, -_stacked_rows(listed[0]) * M.set_aside(sizes, size))
                 for value, out, target, terms in evaluations:  # a shrunk stack's steps evaluate fewer clients: cut, not padded
                     value, out, target, terms = M.leading_rows((value, out, target, terms), 0, size)
                     record.add(value, out, target, terms or None)
                 return unpad(new_params), unpad(local_state)
         log_fallback(self.compile_fallbacks, reason, log)
-        return eager_rule(runtime, params, client_state, ids, broadcast, info, iter(batches), record, loss, personal)
+        rest = batches if listed is None or cut else iter(listed)  # a cut draw left the whole batches undrawn
+        return eager_rule(runtime, params, client_state, ids, broadcast, info, rest, record, loss, personal)
+
+    @property
+    def _step_program_ran(self) -> bool:
+        """Whether a stacked step program has run (then the rule does not read the step index)."""
+        return any(key[0] == "step" for key in self.programs.variants)
 
     def _cohort(self, runtime: ClientRuntime) -> int | None:
         """The most clients a stacked program runs when the number sampled per round is fixed

@@ -12,7 +12,7 @@ the padded steps of the clients that are done are not computed at all.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -237,3 +237,27 @@ def masked_term_means(terms: list[dict[str, Tensor]], step_mask: Tensor) -> list
         return []
     means = {k: masked_round_means([t[k] for t in terms], step_mask).tolist() for k in terms[0]}
     return [{k: column[i] for k, column in means.items()} for i in range(step_mask.shape[0])]
+
+
+class StepBatches:
+    """A stacked round's step batches, each moved to the device as it is drawn (``move``), iterated once.
+
+    A stack that shrinks as its clients finish (``stack_sizes``) reads them through ``cut`` instead: step k's
+    batch holds only its first ``sizes[k]`` clients, where the data can cut (``PaddedBatches.leading``), so the
+    rows of the clients that are done are never gathered; else the whole batches, which the stack cuts itself.
+    """
+
+    def __init__(self, batches: Iterator[Any], move: Callable[[Any], Any], leading: Callable[[Sequence[int]], Iterator[Any]] | None = None):
+        self._batches, self._move, self._leading = batches, move, leading
+
+    @property
+    def cuts(self) -> bool:
+        """Whether ``cut`` draws only the running clients' rows."""
+        return self._leading is not None
+
+    def __iter__(self) -> Iterator[Any]:
+        return map(self._move, self._batches)
+
+    def cut(self, sizes: Sequence[int]) -> Iterator[Any]:
+        """The batches, step k's cut to at most its first ``sizes[k]`` clients where the data can (a fresh draw)."""
+        return iter(self) if self._leading is None else map(self._move, self._leading(sizes))
