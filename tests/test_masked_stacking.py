@@ -32,12 +32,11 @@ SCENARIOS = {  # local training, stragglers: every one gives clients of a round 
     "stragglers": (LocalTraining(lr=0.1, steps=3, batch_size=4), 0.5),  # equal batches: only steps are masked
     "full_batch": (LocalTraining(lr=0.1, steps=2, batch_size=None), 0.5),  # every client's whole set each step
 }
-# Rules that may run sequentially, for their declared reason: a full gradient in the local steps (FedALA), and a
-# schedule on ctx.num_steps in the local steps where a stack's clients run different numbers of steps (FedAlt; a round
-# split into buckets of equal K stacks). Local losses (MOON, FedNTD, FedLC, FedRS, FedDecorr, FedRoD, FedProto) leave
-# padded rows out (local_loss_ignores_padded_rows) and stack in every scenario.
-# FedAvgSVRG needs every client to run snapshots * inner_steps steps (no stragglers, no epochs): not swept.
-REASONS = {"FedALA": "full local gradients", "FedAlt": "ctx.num_steps"}
+# Rules that may run sequentially, for their declared reason: a full gradient in the local steps (FedALA). A schedule
+# on ctx.num_steps in the local steps (FedAlt) stacks the clients of equal K together. Local losses (MOON, FedNTD,
+# FedLC, FedRS, FedDecorr, FedRoD, FedProto) leave padded rows out (local_loss_ignores_padded_rows) and stack in every
+# scenario. FedAvgSVRG needs every client to run snapshots * inner_steps steps (no stragglers, no epochs): not swept.
+REASONS = {"FedALA": "full local gradients"}
 
 def _fit(tmp_path, name, execution, local, straggler, rounds=2):
     torch.manual_seed(0)
@@ -76,8 +75,9 @@ def test_unequal_local_work_stacked_equals_sequential(tmp_path, name, scenario):
     assert stats["rounds"] == stats["stacked_rounds"] == 2
     # eager, an elementwise rule's stack shrinks to the clients still running: stragglers (equal batches) pad nothing;
     # FedLADA's local state holds the broadcast shift, shared by the clients, so its stack keeps every client (masked)
+    # FedAlt (ctx.num_steps in its local steps) runs one stack per K: equal batches pad nothing either
     shrinks = declares_capability(getattr(algorithms, name)(), "elementwise") and name != "FedLADA"
-    assert (stats["padded_work"] == 0) == (scenario == "stragglers" and shrinks)
+    assert (stats["padded_work"] == 0) == (scenario == "stragglers" and (shrinks or name == "FedAlt"))
 
 def test_padded_batches_are_the_sequential_batches_with_masked_padding():
     """Client i's real rows of step k are sequential execution's batch k; padded rows repeat a sample with
@@ -234,6 +234,20 @@ def test_every_kind_of_rule_through_the_shrinking_compiled_stack_equals_sequenti
     _assert_same(_fit(tmp_path, name, "sequential", local, straggler), bat)
     assert executor.stats["stacked_rounds"] == 2 and not executor.fallbacks and not executor.compile_fallbacks
     assert min(v[1] for v in executor.programs.variants) < 4  # the stack shrank
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_rule_reading_its_k_in_the_local_steps_stacks_the_clients_of_equal_k(tmp_path, compiled):
+    """FedAlt's phase switch at K_i // 2 reads ctx.num_steps in the local steps: each round runs one stack per
+    distinct K (no fallback to sequential) with sequential execution's results; compiled execution runs those
+    stacks eagerly, for that declared reason."""
+    local, straggler = SCENARIOS["epochs"]
+    executor = BatchedExecutor(compile=True, backend="eager") if compiled else BatchedExecutor()
+    bat = _fit(tmp_path, "FedAlt", executor, local, straggler, rounds=3)
+    _assert_same(_fit(tmp_path, "FedAlt", "sequential", local, straggler, rounds=3), bat)
+    assert executor.stats["stacked_rounds"] == 3 and not executor.fallbacks and type(bat.algorithm) in executor._equal_steps
+    if compiled:
+        assert executor.compile_fallbacks and all("ctx.num_steps" in reason for reason in executor.compile_fallbacks)
 
 
 @pytest.mark.parametrize("scenario", ["stragglers", "epochs"])

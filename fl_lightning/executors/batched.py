@@ -55,6 +55,10 @@ class Unbatchable(Exception):
     """A declared reason to run a round's clients one after another (the message says which)."""
 
 
+class StepsUnequal(Unbatchable):
+    """The rule reads ``ctx.num_steps`` in its local steps, and the stacked clients run different numbers of steps."""
+
+
 class BatchedExecutionError(FLError, RuntimeError):
     """The batched path raised where the same clients train sequentially without error."""
 
@@ -67,6 +71,7 @@ class _RoundSteps:
     steps: list[int]
     mask: Tensor | None
     padded_rows: bool
+    padded: bool = False  # the batches were padded (``_padded``): a round of unequal work
 
     @property
     def equal(self) -> bool:
@@ -128,11 +133,11 @@ def _tensor_leaves(tree: Any) -> list[Any]:
 
 class _UnequalStepsContext(ClientContext):
     """The context of stacked clients that run different numbers of steps: ``ctx.num_steps`` is not one
-    number, so a rule reading it in its local steps runs sequentially (a declared reason)."""
+    number, so a rule reading it in its local steps runs in stacks of clients of equal K (``StepsUnequal``)."""
 
     @property
     def num_steps(self) -> int:
-        raise Unbatchable("the rule reads ctx.num_steps in its local steps, and the round's clients run different numbers of steps")
+        raise StepsUnequal("the rule reads ctx.num_steps in its local steps, and the round's clients run different numbers of steps")
 
     @num_steps.setter
     def num_steps(self, value: int) -> None:
@@ -331,6 +336,7 @@ class BatchedExecutor(Executor):
         self.compile_fallbacks: Counter[str] = Counter()  # compiled execution: stacked rounds run eagerly, by reason
         self.fallbacks: Counter[str] = Counter()  # rounds run sequentially, by reason
         self._finish_per_client: set[type] = set()  # rules whose client_finish reads ctx.client_id
+        self._equal_steps: set[type] = set()  # rules whose local steps read ctx.num_steps: stacks of clients of equal K
         self._smallest: tuple[Tensor, int] | None = None  # (client_sizes, its minimum): ``_smallest_client``
 
     def run(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> list[ClientResult]:
@@ -343,7 +349,15 @@ class BatchedExecutor(Executor):
         if reason is None:
             self._work = [0, 0]  # the round's real and padded work, counted once it has run stacked
             try:
-                results = self._run_groups(tasks, info, runtime)
+                try:
+                    results = self._run_groups(tasks, info, runtime)
+                except StepsUnequal:
+                    if type(runtime.algorithm) in self._equal_steps:
+                        raise
+                    self._equal_steps.add(type(runtime.algorithm))  # from now on its stacks hold clients of equal K
+                    log.info("batched execution stacks %s's clients in groups of equal K: its local steps read ctx.num_steps", type(runtime.algorithm).__name__)
+                    self._work = [0, 0]
+                    results = self._run_groups(tasks, info, runtime)
                 self.stats["stacked_rounds"] += 1
                 self.stats["real_work"] += self._work[0]
                 self.stats["padded_work"] += self._work[1]
@@ -408,6 +422,9 @@ class BatchedExecutor(Executor):
     def _buckets(self, tasks: Sequence[ClientTask], runtime: ClientRuntime) -> list[list[int]]:
         if self._idealised(tasks, runtime) or not self.masked_stacking:
             return [list(range(len(tasks)))]
+        if type(runtime.algorithm) in self._equal_steps:  # one stack per K, the largest first
+            steps = [t.num_steps for t in tasks]
+            return [[i for i, own in enumerate(steps) if own == k] for k in sorted(set(steps), reverse=True)]
         shrinks = self._one_masked_program or (
             self.programs is None and declares_capability(runtime.algorithm, "elementwise") and all(t.broadcast is tasks[0].broadcast for t in tasks)
         )  # per-client broadcasts (heterogeneous LoRA ranks) keep every client in the stack: buckets then waste less
@@ -455,7 +472,7 @@ class BatchedExecutor(Executor):
         if self._one_masked_program:  # one step program for every K: only the rows are bucketed
             rows = _row_bucket(local.batch_size, rows if local.batch_size is None else max(rows, local.batch_size))
         elif self.programs is not None:  # buckets: a bounded number of compiled programs
-            steps, rows = M.power_of_two(steps), _row_bucket(local.batch_size, rows)
+            steps, rows = M.power_of_two(steps) if type(algorithm) not in self._equal_steps else steps, _row_bucket(local.batch_size, rows)
         padded = padded_batches(
             [t.client_id for t in tasks], [t.seed for t in tasks], local.batch_size, local.steps, local.epochs,
             [t.num_steps for t in tasks], min_steps=steps, min_rows=rows,
@@ -484,7 +501,7 @@ class BatchedExecutor(Executor):
         steps = [t.num_steps for t in tasks]
         dp = runtime.record_privacy
         masks, rows_padded = None, False  # (step mask [S, K], real rows [S, K] or None) of a padded round; whether real batches hold padded rows
-        leading = None  # the padded batches cut to a shrinking stack's running clients (``PaddedBatches.leading``)
+        padded, leading = None, None  # a round of unequal work's padded batches; them cut to a shrinking stack's running clients
         if dp is not None:  # record-level DP-SGD: each client's own draws, padded to the step's largest (fl_lightning.executors.dpsgd)
             if not declares_capability(runtime.algorithm, "elementwise"):
                 raise Unbatchable(f"record-level DP-SGD runs {type(runtime.algorithm).__name__}'s rule (not elementwise) client by client")
@@ -517,7 +534,7 @@ class BatchedExecutor(Executor):
         self._seeds = seeds  # the clients' round seeds (record-level DP-SGD's noise)
         self._per_client_x = per_client  # the broadcast's entries are stacked: each client's own (per-client finish takes its row)
         step_mask = None if masks is None or bool(masks[0].all()) else masks[0].to(runtime.device)
-        self._round = _RoundSteps(steps, step_mask, rows_padded)
+        self._round = _RoundSteps(steps, step_mask, rows_padded, padded=padded is not None)
         rule = self._elementwise_rule if declares_capability(runtime.algorithm, "elementwise") else self._vmapped_rule
         if self.programs is not None and per_client:  # the compiled programs capture one broadcast for all clients
             log_fallback(self.compile_fallbacks, "the clients receive different x (heterogeneous LoRA ranks)", log)
@@ -641,6 +658,11 @@ class BatchedExecutor(Executor):
         are copied out of their stride-0 views, so padded and unpadded rounds share a program); ``eager_rule``
         for a declared reason (logged once)."""
         reason, listed, cut = compiled_unsupported_reason(runtime, padded=True), None, False
+        if reason is None and self._round.padded and type(runtime.algorithm) in self._equal_steps:
+            reason = (
+                f"{type(runtime.algorithm).__name__} reads ctx.num_steps in its local steps: in rounds of unequal work its stacks of "
+                "equal K run eagerly (compiled, each K would be a program of its own)"
+            )
         if reason is None:
             if runtime.should_stop():
                 raise interrupted(info.round, int(ids[0]), 0, max(self._round.steps))
