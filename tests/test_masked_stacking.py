@@ -32,11 +32,12 @@ SCENARIOS = {  # local training, stragglers: every one gives clients of a round 
     "stragglers": (LocalTraining(lr=0.1, steps=3, batch_size=4), 0.5),  # equal batches: only steps are masked
     "full_batch": (LocalTraining(lr=0.1, steps=2, batch_size=None), 0.5),  # every client's whole set each step
 }
-# Rules that may run sequentially, for their declared reason: a full gradient in the local steps (FedALA). A schedule
-# on ctx.num_steps in the local steps (FedAlt) stacks the clients of equal K together. Local losses (MOON, FedNTD,
-# FedLC, FedRS, FedDecorr, FedRoD, FedProto) leave padded rows out (local_loss_ignores_padded_rows) and stack in every
-# scenario. FedAvgSVRG needs every client to run snapshots * inner_steps steps (no stragglers, no epochs): not swept.
-REASONS = {"FedALA": "full local gradients"}
+# Rules that may run sequentially, for their declared reason: none. A schedule on ctx.num_steps in the local steps
+# (FedAlt) stacks the clients of equal K together; full gradients (FedALA) get the clients' padded whole sets. Local
+# losses (MOON, FedNTD, FedLC, FedRS, FedDecorr, FedRoD, FedProto) leave padded rows out (local_loss_ignores_padded_rows)
+# and stack in every scenario. FedAvgSVRG needs every client to run snapshots * inner_steps steps (no stragglers, no
+# epochs): not swept (tests/test_fedavg_svrg.py).
+REASONS: dict[str, str] = {}
 
 def _fit(tmp_path, name, execution, local, straggler, rounds=2):
     torch.manual_seed(0)
@@ -71,7 +72,6 @@ def test_unequal_local_work_stacked_equals_sequential(tmp_path, name, scenario):
     if fallbacks:
         assert name in REASONS and all(REASONS[name] in reason for reason in fallbacks), fallbacks
         return
-    assert name != "FedALA"
     assert stats["rounds"] == stats["stacked_rounds"] == 2
     # eager, an elementwise rule's stack shrinks to the clients still running: stragglers (equal batches) pad nothing;
     # FedLADA's local state holds the broadcast shift, shared by the clients, so its stack keeps every client (masked)
@@ -248,6 +248,25 @@ def test_a_rule_reading_its_k_in_the_local_steps_stacks_the_clients_of_equal_k(t
     assert executor.stats["stacked_rounds"] == 3 and not executor.fallbacks and type(bat.algorithm) in executor._equal_steps
     if compiled:
         assert executor.compile_fallbacks and all("ctx.num_steps" in reason for reason in executor.compile_fallbacks)
+
+
+@pytest.mark.parametrize("name", ["FedAvgSVRG", "FedALA"])
+def test_full_gradients_stack_over_the_clients_padded_whole_sets(tmp_path, name):
+    """ctx.full_grad stacked: each client's gradient on its whole set (7 to 54 samples, padded to the largest with
+    masked rows), in FedAvg-SVRG's snapshot steps and FedALA's client_init, equals sequential execution's; every round
+    stacked (the first runs again once the rule is found to read full gradients)."""
+    local = LocalTraining(lr=0.1, steps=4, batch_size=4)
+    make = (lambda: algorithms.FedAvgSVRG(snapshots=2, inner_steps=2)) if name == "FedAvgSVRG" else algorithms.FedALA
+    runs = {}
+    for execution in ("batched", "sequential"):
+        torch.manual_seed(0)
+        module = FederatedModule(MLP(8, 3, hidden=[16]), make(), local, execution=execution)
+        tiny_trainer(tmp_path, 3).fit(module, datamodule=_data())
+        runs[execution] = module
+    _assert_same(runs["sequential"], runs["batched"])
+    executor = runs["batched"].executor.inner
+    assert executor.stats["rounds"] == executor.stats["stacked_rounds"] == 3 and not executor.fallbacks
+    assert type(runs["batched"].algorithm) in executor._full_gradients
 
 
 @pytest.mark.parametrize("scenario", ["stragglers", "epochs"])

@@ -129,15 +129,18 @@ def test_without_weight_learning_it_is_fedavg():
     assert difference < 1e-6
 
 
-def test_batched_execution_falls_back_to_sequential_with_its_reason(caplog):
-    reason = "full local gradients need sequential execution (clients differ in size)"
-    with caplog.at_level(logging.WARNING, logger="fl_lightning.executors.batched"):
+def test_batched_execution_stacks_the_weight_learning_over_the_clients_whole_sets(caplog):
+    """(25.11.2)'s full gradients stacked (each client's whole set padded, its padded rows masked): every round
+    stacked, sequential execution's models and stored (theta_i, W_i) to float tolerance."""
+    with caplog.at_level(logging.INFO, logger="fl_lightning.executors.batched"):
         batched, _, _ = _fit(FedALA(ala_steps=5), "batched")
-    assert f"batched execution falls back to sequential: {reason}" in caplog.text
-    assert dict(batched.executor.inner.fallbacks) == {reason: ROUNDS}
+    assert "runs FedALA's rounds again" in caplog.text and not batched.executor.inner.fallbacks
+    assert batched.executor.inner.stats["stacked_rounds"] == ROUNDS
     sequential, _, _ = _fit(FedALA(ala_steps=5))
-    assert sequential.store.equal(batched.store)
-    assert _max_diff(_global(batched), _global(sequential)) == 0.0
+    difference = max(_max_diff(_global(batched), _global(sequential)),
+                     *(_max_diff(batched.store.get(c, dict)[key], sequential.store.get(c, dict)[key]) for c in range(CLIENTS) for key in ("model", "weights")))  # fmt: skip
+    print(f"FedALA batched (stacked, ala_steps=5) vs sequential: max difference {difference:.2e}")
+    assert difference < 1e-5
 
 
 def test_without_weight_learning_the_rule_runs_stacked_like_sequential():

@@ -41,9 +41,19 @@ def test_check_batched_passes_the_honest_declaration_and_builtins():
         assert result.stacked_rule == "elementwise" and result.max_difference < 1e-6
 
 
+class SequentialOnly(FedAvg):
+    batchable = False  # a declared reason to run every round client by client
+
+
 def test_check_batched_refuses_a_vacuous_comparison():
-    with pytest.raises(ValueError, match="fell back to sequential .*full local gradients"):
-        check_batched(FedALA(), local=LocalTraining(lr=0.1, steps=3, batch_size=8))
+    with pytest.raises(ValueError, match="fell back to sequential .*declares batchable = False"):
+        check_batched(SequentialOnly(), local=LocalTraining(lr=0.1, steps=3, batch_size=8))
+
+
+def test_check_batched_compares_full_gradients_stacked():
+    """FedALA's weight learning reads full local gradients: stacked over the clients' padded whole sets."""
+    result = check_batched(FedALA(), local=LocalTraining(lr=0.1, steps=3, batch_size=8))
+    assert result.stacked_rule == "vmap" and result.max_difference < 1e-5
 
 
 def test_one_round_on_a_hand_worked_fedavg_round():

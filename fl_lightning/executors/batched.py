@@ -59,6 +59,14 @@ class StepsUnequal(Unbatchable):
     """The rule reads ``ctx.num_steps`` in its local steps, and the stacked clients run different numbers of steps."""
 
 
+FULL_BATCH_ROWS = 1 << 16
+"""The most rows (clients x the largest client's samples) of a stack's whole sets for ``ctx.full_grad``."""
+
+
+class FullGradients(Unbatchable):
+    """The rule reads ``ctx.full_grad`` (the gradient on the client's whole training set), which the stack was not given."""
+
+
 class BatchedExecutionError(FLError, RuntimeError):
     """The batched path raised where the same clients train sequentially without error."""
 
@@ -208,7 +216,7 @@ def _unpad_clients(extra: int, tree: Any) -> Any:
 
 
 def _no_full_grad(params: TensorDict) -> TensorDict:
-    raise Unbatchable("full local gradients need sequential execution (clients differ in size)")
+    raise FullGradients("full local gradients (ctx.full_grad) in an elementwise rule's stacked steps run client by client")
 
 
 def _no_data_pass(params: TensorDict) -> Any:
@@ -337,6 +345,7 @@ class BatchedExecutor(Executor):
         self.fallbacks: Counter[str] = Counter()  # rounds run sequentially, by reason
         self._finish_per_client: set[type] = set()  # rules whose client_finish reads ctx.client_id
         self._equal_steps: set[type] = set()  # rules whose local steps read ctx.num_steps: stacks of clients of equal K
+        self._full_gradients: set[type] = set()  # rules reading ctx.full_grad: the stack gets its clients' whole sets
         self._smallest: tuple[Tensor, int] | None = None  # (client_sizes, its minimum): ``_smallest_client``
 
     def run(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> list[ClientResult]:
@@ -351,11 +360,12 @@ class BatchedExecutor(Executor):
             try:
                 try:
                     results = self._run_groups(tasks, info, runtime)
-                except StepsUnequal:
-                    if type(runtime.algorithm) in self._equal_steps:
+                except (StepsUnequal, FullGradients) as error:  # a need found by running: run the round again to meet it
+                    needs = self._equal_steps if isinstance(error, StepsUnequal) else self._full_gradients
+                    if type(runtime.algorithm) in needs:
                         raise
-                    self._equal_steps.add(type(runtime.algorithm))  # from now on its stacks hold clients of equal K
-                    log.info("batched execution stacks %s's clients in groups of equal K: its local steps read ctx.num_steps", type(runtime.algorithm).__name__)
+                    needs.add(type(runtime.algorithm))  # from now on: stacks of clients of equal K; the clients' whole sets given
+                    log.info("batched execution runs %s's rounds again: %s", type(runtime.algorithm).__name__, error)
                     self._work = [0, 0]
                     results = self._run_groups(tasks, info, runtime)
                 self.stats["stacked_rounds"] += 1
@@ -544,7 +554,8 @@ class BatchedExecutor(Executor):
         step_batches = M.StepBatches(batches, (lambda b: b.to(device)) if dp is not None else (lambda b: to_device(b, device)), leading)
         loss = client_loss(runtime.algorithm, ids, broadcast, stacked_states, info, runtime.data, runtime.device)
         norms = runtime.objective.batch_norms
-        with norms.install() if rows_padded and norms.layers else contextlib.nullcontext():  # (29.4): BatchNorm over real rows
+        over_real_rows = rows_padded or type(runtime.algorithm) in self._full_gradients  # (the whole sets are padded)
+        with norms.install() if over_real_rows and norms.layers else contextlib.nullcontext():  # (29.4): BatchNorm over real rows
             params, local_state = rule(runtime, params, stacked_states, ids, broadcast, info, step_batches, record, loss, personal)
         uploads, new_states = self._finish(runtime, params, local_state, (states, stacked_states), ids, broadcast, info, personal)
         mean_losses, accuracies, terms = self._means(record, masks, len(tasks))
@@ -589,13 +600,16 @@ class BatchedExecutor(Executor):
         read = dict(zip(columns, values))
         return read.get("loss", nan), read.get("acc", nan), terms
 
-    def _context(self, ids: Tensor, broadcast: Payload, state: Any, info: RoundInfo, runtime: ClientRuntime, num_steps: int | None = None, **kw) -> ClientContext:
+    def _context(
+        self, ids: Tensor, broadcast: Payload, state: Any, info: RoundInfo, runtime: ClientRuntime, num_steps: int | None = None,
+        full_grad=_no_full_grad, **kw,
+    ) -> ClientContext:
         """The stacked clients' context (``num_steps``: one client's K, where the context is that client's)."""
         steps = self._round.steps
         if num_steps is None and not self._round.equal:
-            return _UnequalStepsContext(ids, broadcast, state, info, 0, full_grad=_no_full_grad, data_pass=_no_data_pass, **kw)
+            return _UnequalStepsContext(ids, broadcast, state, info, 0, full_grad=full_grad, data_pass=_no_data_pass, **kw)
         num_steps = steps[0] if num_steps is None else num_steps
-        return ClientContext(ids, broadcast, state, info, num_steps, full_grad=_no_full_grad, data_pass=_no_data_pass, **kw)
+        return ClientContext(ids, broadcast, state, info, num_steps, full_grad=full_grad, data_pass=_no_data_pass, **kw)
 
     def _elementwise_rule(self, runtime, params, client_state, ids, broadcast, info, batches, record, loss=None, personal=None):
         """The rule applied once to all clients' stacked tensors (no vmap around it)."""
@@ -720,15 +734,29 @@ class BatchedExecutor(Executor):
         algorithm, objective, weight_decay = runtime.algorithm, runtime.objective, runtime.local.weight_decay
         counts = None if loss is None else loss.label_counts
 
-        def loss_at(p: TensorDict, batch: Any, bound: Any) -> tuple[Tensor, tuple[Tensor, Tensor, dict]]:
+        def loss_at(p: TensorDict, batch: Any, bound: Any, padded_rows: bool = self._round.padded_rows) -> tuple[Tensor, tuple[Tensor, Tensor, dict]]:
             if bound is None:
                 value, out, target = objective.at(p, batch)
                 return value, (out, target, {})
-            value, terms, out, target = bound.at(objective, p, batch, self._round.padded_rows)
+            value, terms, out, target = bound.at(objective, p, batch, padded_rows)
             return value, (out, target, terms)
 
+        def full_grad_fn(full: Any, bound: Any):
+            """(one client's) ``ctx.full_grad``: sequential execution's gradient on its whole set, the mean over its real rows."""
+            if full is None:
+                return _no_full_grad
+
+            def full_grad(p: TensorDict) -> TensorDict:
+                g, _ = grad_and_value(loss_at, has_aux=True)(p, full, bound, True)
+                return P.add(g, p, weight_decay) if weight_decay else g
+
+            return full_grad
+
+        full_batches = self._full_batches(runtime, ids) if type(algorithm) in self._full_gradients else None
+        full_dim = None if full_batches is None else 0
+
         def step_fn(step: int):
-            def one_client(params: TensorDict, local_state: Any, state: Any, cid: Tensor, batch: Any, counts: Any, own: TensorDict):
+            def one_client(params: TensorDict, local_state: Any, state: Any, cid: Tensor, batch: Any, counts: Any, own: TensorDict, full: Any):
                 first: list[tuple] = []  # the step's first evaluation: (loss, outputs, targets, terms)
                 bound = None if loss is None else dataclasses.replace(loss, client=cid, client_state=state, label_counts=counts)
 
@@ -740,28 +768,43 @@ class BatchedExecutor(Executor):
                         first.append((value, out, target, terms))
                     return value, g
 
-                ctx = self._context(cid, broadcast, state, info, runtime, grad=grad, step=step, personal=own)
+                ctx = self._context(cid, broadcast, state, info, runtime, grad=grad, step=step, personal=own, full_grad=full_grad_fn(full, bound))
                 new_params, new_local = algorithm.client_step(params, local_state, ctx)
-                return new_params, new_local, first[0]
+                return new_params, new_local, first[0] if first else ()  # () : a step without ctx.grad (FedAvg-SVRG's snapshot)
 
-            return vmap(one_client, in_dims=(0, 0, 0, 0, 0, None if counts is None else 0, 0), randomness="different")
+            return vmap(one_client, in_dims=(0, 0, 0, 0, 0, None if counts is None else 0, 0, full_dim), randomness="different")
 
-        def init(p: TensorDict, state: Any, cid: Tensor, own: TensorDict) -> Any:
-            return algorithm.client_init(p, self._context(cid, broadcast, state, info, runtime, personal=own))
+        def init(p: TensorDict, state: Any, cid: Tensor, own: TensorDict, counts: Any, full: Any) -> Any:
+            bound = None if loss is None else dataclasses.replace(loss, client=cid, client_state=state, label_counts=counts)
+            return algorithm.client_init(p, self._context(cid, broadcast, state, info, runtime, personal=own, full_grad=full_grad_fn(full, bound)))
 
         personal = personal or {}
-        local_state = vmap(init, randomness="different")(params, client_state, ids, personal)
+        init_dims = (0, 0, 0, 0, None if counts is None else 0, full_dim)
+        local_state = vmap(init, in_dims=init_dims, randomness="different")(params, client_state, ids, personal, counts, full_batches)
         mask = self._round.mask
         for step, batch in enumerate(batches):
             if runtime.should_stop():
                 raise interrupted(info.round, int(ids[0]), step, max(self._round.steps))
-            new_params, new_state, (value, out, target, terms) = step_fn(step)(params, local_state, client_state, ids, batch, counts, personal)
+            new_params, new_state, evaluation = step_fn(step)(params, local_state, client_state, ids, batch, counts, personal, full_batches)
             if mask is None:
                 params, local_state = new_params, new_state
             else:  # a client's padded step changes nothing
                 params, local_state = M.keep_where(mask[:, step], (new_params, new_state), (params, local_state))
-            record.add(value, out, target, terms if loss is not None else None)
+            if evaluation:  # as in sequential execution, a step records its first ctx.grad's evaluation, if any
+                value, out, target, terms = evaluation
+                record.add(value, out, target, terms if loss is not None else None)
         return params, local_state
+
+    def _full_batches(self, runtime: ClientRuntime, ids: Tensor) -> tuple[Tensor, ...]:
+        """The stacked clients' whole training sets (``client_full_batch``, as sequential ``ctx.full_grad`` reads them),
+        padded to the largest (``masking.padded_full_batches``), on the device."""
+        objective, clients = runtime.objective, ids.tolist()
+        if objective.custom_loss is not None and not model_declares(objective.model, "loss_ignores_padded_rows"):
+            raise Unbatchable("full gradients over clients' padded whole sets: the model's own loss reduces over padded rows too")
+        sizes = runtime.data.client_sizes[ids]
+        if len(clients) * int(sizes.max()) > FULL_BATCH_ROWS:
+            raise Unbatchable(f"the stacked clients' whole sets would hold more than {FULL_BATCH_ROWS} rows (full gradients run client by client)")
+        return to_device(M.padded_full_batches([runtime.data.client_full_batch(c) for c in clients]), runtime.device)
 
     def _finish_stacked(self, runtime, params, local_state, stacked_state, ids, broadcast, info, personal) -> tuple[list[Payload], list[Any]]:
         """An elementwise rule's finish once on the stacked tensors. Where the clients ran different numbers of steps

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from fl_lightning.core.client_data import IGNORE_TARGET
 from fl_lightning.core.objective import predicted
 
 
@@ -261,3 +262,22 @@ class StepBatches:
     def cut(self, sizes: Sequence[int]) -> Iterator[Any]:
         """The batches, step k's cut to at most its first ``sizes[k]`` clients where the data can (a fresh draw)."""
         return iter(self) if self._leading is None else map(self._move, self._leading(sizes))
+
+
+def padded_full_batches(batches: Sequence[tuple[Tensor, ...]]) -> tuple[Tensor, ...]:
+    """Clients' whole training sets (``client_full_batch``: ``(inputs..., targets)`` of n_i rows each) as one
+    ``[S, max n_i, ...]`` batch: a padded row repeats the client's first sample with target ``IGNORE_TARGET``,
+    so each client's loss is the mean over its own rows (the stacked full gradients of ``ctx.full_grad``).
+    Raises ``Unmaskable`` where the targets are not integer class labels (the row mask rides on them)."""
+    if any(not isinstance(b, tuple | list) or b[-1].is_floating_point() or b[-1].dim() != 1 for b in batches):
+        raise Unmaskable("full gradients stack in-memory batches of integer class targets only (the padded rows' mask rides on them)")
+    width = max(len(b[-1]) for b in batches)
+
+    def padded(b: tuple[Tensor, ...]) -> list[Tensor]:
+        extra = width - len(b[-1])
+        if not extra:
+            return list(b)
+        *inputs, target = b
+        return [*(torch.cat([x, x[:1].expand(extra, *x.shape[1:])]) for x in inputs), torch.cat([target, target.new_full((extra,), IGNORE_TARGET)])]
+
+    return tuple(torch.stack(parts) for parts in zip(*(padded(b) for b in batches)))
