@@ -216,7 +216,8 @@ def _unpad_clients(extra: int, tree: Any) -> Any:
 
 
 def _no_full_grad(params: TensorDict) -> TensorDict:
-    raise FullGradients("full local gradients (ctx.full_grad) in an elementwise rule's stacked steps run client by client")
+    raise FullGradients("the rule reads full local gradients (ctx.full_grad), each client's whole set: stacked under vmap "
+                        "(a rule run per client), client by client for an elementwise rule's stacked steps")
 
 
 def _no_data_pass(params: TensorDict) -> Any:
