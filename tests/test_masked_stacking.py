@@ -491,6 +491,42 @@ def test_batch_norm_models_stack_padded_rows_as_sequential_execution_trains_them
     _assert_same(runs["sequential"], runs["batched"])
 
 
+def test_padded_full_batches_mask_only_where_rows_are_padded():
+    """Whole sets of unequal size: padded rows repeat the first sample with target IGNORE_TARGET; of equal size:
+    stacked as they are, float (regression) targets too; unequal float targets cannot carry the mask."""
+    a, b = (torch.arange(6.0).view(3, 2), torch.tensor([0, 1, 2])), (torch.ones(1, 2), torch.tensor([2]))
+    x, y = M.padded_full_batches([a, b])
+    assert torch.equal(x[1], torch.ones(3, 2)) and y.tolist() == [[0, 1, 2], [2, IGNORE_TARGET, IGNORE_TARGET]]
+    regression = [(torch.ones(2, 1), torch.zeros(2)), (torch.zeros(2, 1), torch.ones(2))]
+    assert [t.shape for t in M.padded_full_batches(regression)] == [(2, 2, 1), (2, 2)]
+    with pytest.raises(M.Unmaskable, match="integer class targets"):
+        M.padded_full_batches([regression[0], (torch.ones(1, 1), torch.ones(1))])
+
+
+@pytest.mark.parametrize("config, extra", [
+    ("svrg_least_squares.yaml", []),  # FedAvg-SVRG's snapshots; regression targets, clients of equal size: nothing padded
+    ("pfl_fedala_digits.yaml", ["--model.local.steps", "null", "--model.local.epochs", "1"]),  # Dirichlet clients: padded
+], ids=["fedavg_svrg", "fedala_epochs"])  # fmt: skip
+def test_full_gradient_configs_stack_every_round_through_the_cli(tmp_path, monkeypatch, config, extra):
+    """The FedAvg-SVRG and FedALA configs batched from the CLI: every round stacked with the clients' whole sets, the
+    global model of the same config run sequentially (float tolerance)."""
+    from pathlib import Path
+
+    from fl_lightning.commands.cli import build_cli
+
+    path = Path(__file__).resolve().parents[1] / "configs" / config
+    models = {}
+    for execution in ("batched", "sequential"):
+        monkeypatch.chdir(tmp_path / execution if (tmp_path / execution).mkdir() is None else tmp_path)
+        cli = build_cli(["fit", "--config", str(path), "--model.execution", execution, *extra, "--trainer.max_steps", "3",
+                         "--trainer.val_check_interval", "3", "--trainer.enable_progress_bar", "false"])  # fmt: skip
+        models[execution] = cli.model
+    stats = models["batched"].executor.stats
+    assert stats["rounds"] == stats["stacked_rounds"] > 0 and not models["batched"].executor.fallbacks
+    for a, b in zip(models["sequential"].model.parameters(), models["batched"].model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_the_fedbn_config_stacks_padded_rounds_through_the_cli(tmp_path, monkeypatch):
     """``fl-lightning fit --config configs/pfl_fedbn_digits.yaml`` batched with one local epoch (Dirichlet(0.1) clients:
     short last batches): every round runs stacked over padded rows, its BatchNorm over each client's real rows."""

@@ -555,7 +555,7 @@ class BatchedExecutor(Executor):
         step_batches = M.StepBatches(batches, (lambda b: b.to(device)) if dp is not None else (lambda b: to_device(b, device)), leading)
         loss = client_loss(runtime.algorithm, ids, broadcast, stacked_states, info, runtime.data, runtime.device)
         norms = runtime.objective.batch_norms
-        over_real_rows = rows_padded or type(runtime.algorithm) in self._full_gradients  # (the whole sets are padded)
+        over_real_rows = rows_padded or type(runtime.algorithm) in self._full_gradients  # (the whole sets may be padded)
         with norms.install() if over_real_rows and norms.layers else contextlib.nullcontext():  # (29.4): BatchNorm over real rows
             params, local_state = rule(runtime, params, stacked_states, ids, broadcast, info, step_batches, record, loss, personal)
         uploads, new_states = self._finish(runtime, params, local_state, (states, stacked_states), ids, broadcast, info, personal)
@@ -748,12 +748,12 @@ class BatchedExecutor(Executor):
                 return _no_full_grad
 
             def full_grad(p: TensorDict) -> TensorDict:
-                g, _ = grad_and_value(loss_at, has_aux=True)(p, full, bound, True)
+                g, _ = grad_and_value(loss_at, has_aux=True)(p, full, bound, full_padded)
                 return P.add(g, p, weight_decay) if weight_decay else g
 
             return full_grad
 
-        full_batches = self._full_batches(runtime, ids) if type(algorithm) in self._full_gradients else None
+        full_batches, full_padded = self._full_batches(runtime, ids) if type(algorithm) in self._full_gradients else (None, False)
         full_dim = None if full_batches is None else 0
 
         def step_fn(step: int):
@@ -796,16 +796,17 @@ class BatchedExecutor(Executor):
                 record.add(value, out, target, terms if loss is not None else None)
         return params, local_state
 
-    def _full_batches(self, runtime: ClientRuntime, ids: Tensor) -> tuple[Tensor, ...]:
+    def _full_batches(self, runtime: ClientRuntime, ids: Tensor) -> tuple[tuple[Tensor, ...], bool]:
         """The stacked clients' whole training sets (``client_full_batch``, as sequential ``ctx.full_grad`` reads them),
-        padded to the largest (``masking.padded_full_batches``), on the device."""
+        padded to the largest (``masking.padded_full_batches``), on the device; and whether rows were padded."""
         objective, clients = runtime.objective, ids.tolist()
-        if objective.custom_loss is not None and not model_declares(objective.model, "loss_ignores_padded_rows"):
-            raise Unbatchable("full gradients over clients' padded whole sets: the model's own loss reduces over padded rows too")
         sizes = runtime.data.client_sizes[ids]
+        padded = bool((sizes != sizes[0]).any())
+        if padded and objective.custom_loss is not None and not model_declares(objective.model, "loss_ignores_padded_rows"):
+            raise Unbatchable("full gradients over clients' padded whole sets: the model's own loss reduces over padded rows too")
         if len(clients) * int(sizes.max()) > FULL_BATCH_ROWS:
             raise Unbatchable(f"the stacked clients' whole sets would hold more than {FULL_BATCH_ROWS} rows (full gradients run client by client)")
-        return to_device(M.padded_full_batches([runtime.data.client_full_batch(c) for c in clients]), runtime.device)
+        return to_device(M.padded_full_batches([runtime.data.client_full_batch(c) for c in clients]), runtime.device), padded
 
     def _finish_stacked(self, runtime, params, local_state, stacked_state, ids, broadcast, info, personal) -> tuple[list[Payload], list[Any]]:
         """An elementwise rule's finish once on the stacked tensors. Where the clients ran different numbers of steps

@@ -268,10 +268,13 @@ def padded_full_batches(batches: Sequence[tuple[Tensor, ...]]) -> tuple[Tensor, 
     """Clients' whole training sets (``client_full_batch``: ``(inputs..., targets)`` of n_i rows each) as one
     ``[S, max n_i, ...]`` batch: a padded row repeats the client's first sample with target ``IGNORE_TARGET``,
     so each client's loss is the mean over its own rows (the stacked full gradients of ``ctx.full_grad``).
-    Raises ``Unmaskable`` where the targets are not integer class labels (the row mask rides on them)."""
-    if any(not isinstance(b, tuple | list) or b[-1].is_floating_point() or b[-1].dim() != 1 for b in batches):
-        raise Unmaskable("full gradients stack in-memory batches of integer class targets only (the padded rows' mask rides on them)")
+    Raises ``Unmaskable`` where rows are padded and the targets are not integer class labels (the row mask rides
+    on them); clients of equal size are stacked as they are, whatever their targets."""
+    if any(not isinstance(b, tuple | list) for b in batches):
+        raise Unmaskable("full gradients stack in-memory batches (tuples of tensors) only")
     width = max(len(b[-1]) for b in batches)
+    if any(len(b[-1]) != width and (b[-1].is_floating_point() or b[-1].dim() != 1) for b in batches):
+        raise Unmaskable("full gradients over clients of unequal size pad rows, whose mask rides on integer class targets; these are not")
 
     def padded(b: tuple[Tensor, ...]) -> list[Tensor]:
         extra = width - len(b[-1])
