@@ -167,7 +167,16 @@ def load_split(
     if cache.exists():
         tensors = load_file(str(cache))
         return tensors["images"], tensors["labels"]
-    ds = _open_split(spec, split, path, data_files, cache_dir, revision)
+    try:
+        ds = _open_split(spec, split, path, data_files, cache_dir, revision)
+    except OSError as error:  # not downloaded and no network (datasets' ConnectionError), or no such dataset or file
+        from fl_lightning.core.hub import hub_error
+
+        setting, value = ("data.init_args.dataset_args.data_files", data_files) if data_files else ("data.init_args.dataset_args.path", path or spec.hub_id)
+        raise hub_error(
+            setting, value, f"{name} dataset", error,
+            "a local copy (a datasets save_to_disk folder), or set data.init_args.dataset_args.data_files to local files",
+        ) from error
     images, labels = decode_images(ds, spec, label_column)
     root.mkdir(parents=True, exist_ok=True)
     tmp = cache.with_suffix(f".tmp{os.getpid()}")

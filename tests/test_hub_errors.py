@@ -42,3 +42,16 @@ def test_missing_tokenizer_and_dataset_name_their_settings():
                       "TextDataModule(task='sst2', dataset_path='no-such-org/no-such-data')._load_raw()")  # fmt: skip
     assert dataset.startswith("ValueError: data.init_args.dataset_path='no-such-org/no-such-data': cannot load the sst2 dataset")
     assert "data.init_args.data_files" in dataset and "HF_HUB_OFFLINE" in dataset
+
+
+def test_missing_image_dataset_is_one_line_naming_the_setting(tmp_path):
+    """An image config offline (CIFAR-10 not downloaded): one line naming data.init_args.dataset_args.path and the
+    offline switch, exit code 2, not datasets' ConnectionError traceback."""
+    proc, seconds = _python("-m", "fl_lightning.commands.cli", "fit", "--config", str(ROOT / "configs" / "fadam_cifar10.yaml"),
+                            "--trainer.max_steps", "1", "--trainer.default_root_dir", str(tmp_path),
+                            "--data.init_args.dataset_args", '{"path": "no-such-org/no-such-images", "cache_dir": "' + str(tmp_path) + '"}')  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("fl-lightning: error: data.init_args.dataset_args.path='no-such-org/no-such-images': cannot load the cifar10 dataset")
+    assert "HF_HUB_OFFLINE" in line and "data_files" in line
+    assert seconds < 60
