@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from datamodules import IID
-from fl_lightning import FedAvg, LocalTraining
+from fl_lightning import FedAvg, FederatedModule, LocalTraining
 from fl_lightning.algorithms import ClientContext, FedAvgSVRG, RoundInfo
+from models import MLP
 from tests.conftest import tiny_datamodule, tiny_module, tiny_trainer
 
 
@@ -77,10 +78,15 @@ def test_svrg_with_one_inner_step_and_full_batches_is_gradient_descent(tmp_path)
         assert torch.equal(a, b)
 
 
-def test_local_steps_must_equal_snapshots_times_inner_steps(tmp_path):
-    module = tiny_module(FedAvgSVRG(snapshots=2, inner_steps=3), LocalTraining(lr=0.1, steps=5, batch_size=4))
-    with pytest.raises(ValueError, match=r"snapshots \* inner_steps = 2 \* 3 = 6 .* set local.steps = 6"):
+@pytest.mark.parametrize("execution", ["sequential", "batched"])
+@pytest.mark.parametrize("local, given", [(dict(steps=5), "local.steps=5"), (dict(steps=None, epochs=1), "local.epochs=1")])
+def test_local_steps_must_equal_snapshots_times_inner_steps(tmp_path, local, given, execution):
+    """Refused before any round runs (no client trained, no batched fallback logged), naming the setting."""
+    module = FederatedModule(MLP(8, 3, hidden=[16]), FedAvgSVRG(snapshots=2, inner_steps=3), LocalTraining(lr=0.1, batch_size=4, **local),
+                             execution=execution)  # fmt: skip
+    with pytest.raises(ValueError, match=rf"snapshots \* inner_steps = 2 \* 3 = 6 local steps per client, but {given}; set local.steps = 6"):
         tiny_trainer(tmp_path, rounds=1).fit(module, datamodule=tiny_datamodule(num_clients=4, clients_per_round=2))
+    assert module._rounds_run == 0 and not getattr(module.executor.inner, "fallbacks", None)
 
 
 @pytest.mark.parametrize("kwargs, message", [({"snapshots": 0}, "snapshots"), ({"inner_steps": 0}, "inner_steps")])

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -201,6 +202,10 @@ class Algorithm:
         if not global_lr > 0:
             raise ValueError(f"algorithm global_lr must be > 0, got {global_lr}")
         self.global_lr = global_lr
+
+    def check_local(self, local: Any) -> None:
+        """Refuse local training (``LocalTraining``) this rule cannot run, before any training: a one-line
+        ``ValueError`` naming the setting (default: every local training is fine)."""
 
     # ---- state declarations -------------------------------------------------
     def client_state_init(self, x: TensorDict) -> NestedState:

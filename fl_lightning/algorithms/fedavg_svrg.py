@@ -39,6 +39,15 @@ class FedAvgSVRG(Algorithm):
             raise ValueError(f"FedAvgSVRG inner_steps (M) must be >= 1, got {inner_steps}")
         self.snapshots, self.inner_steps = snapshots, inner_steps
 
+    def check_local(self, local) -> None:
+        """Every client runs S * M steps: ``local.steps`` = S * M, no ``local.epochs`` (K would follow each client's size)."""
+        if local.epochs is not None or local.steps != self.snapshots * self.inner_steps:
+            given = f"local.epochs={local.epochs}" if local.epochs is not None else f"local.steps={local.steps}"
+            raise ValueError(
+                f"FedAvgSVRG runs snapshots * inner_steps = {self.snapshots} * {self.inner_steps} = {self.snapshots * self.inner_steps} "
+                f"local steps per client, but {given}; set local.steps = {self.snapshots * self.inner_steps} (and no local.epochs)"
+            )
+
     def client_init(self, params: TensorDict, ctx: ClientContext) -> NestedState:
         if ctx.num_steps != self.snapshots * self.inner_steps:
             raise ValueError(

@@ -293,6 +293,7 @@ class FederatedModule(AsyncServer, L.LightningModule):
                 f"trainer.val_check_interval must be > 0 (rounds between evaluations, or a fraction in (0, 1]), got {interval}"
             )
         self._check_local_work()
+        self.algorithm.check_local(self.local)
         if self.asynchronous is not None:
             self.asynchronous.check_population(self.datamodule.num_clients)
         check_label_counts(self.algorithm, self.datamodule)
