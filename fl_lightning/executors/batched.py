@@ -692,7 +692,7 @@ class BatchedExecutor(Executor):
                 sizes = M.stack_sizes(self._round.steps, padded, functools.partial(padded_clients, cohort=self._cohort(runtime)))
             # Once the step program has run (a rule reading the step index runs the round program, on whole batches),
             # step k's batch is drawn for its sizes[k] running clients only, padded as ``pad`` pads a whole batch
-            cut = sizes is not None and isinstance(batches, M.StepBatches) and batches.cuts and self._step_program_ran
+            cut = sizes is not None and isinstance(batches, M.StepBatches) and batches.cuts and self._step_program_ran and not self.programs.step_unavailable
             if cut:
                 listed = [_pad_clients(n - _stacked_clients(b), b) for n, b in zip(sizes, batches.cut(sizes))]
             else:
