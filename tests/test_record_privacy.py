@@ -430,7 +430,8 @@ def test_what_has_no_stated_guarantee_is_refused_before_training(tmp_path, make,
 
 
 def test_full_gradient_algorithms_are_refused(tmp_path):
-    module = _module(A.FedAvgSVRG(), RecordPrivacy())
+    svrg = A.FedAvgSVRG(snapshots=1, inner_steps=LOCAL.steps)  # local work it can run: refused for record-level DP alone
+    module = _module(svrg, RecordPrivacy())
     with pytest.raises(ValueError, match="record_privacy: FedAvgSVRG does not declare record_level_dp"):
         _fit(tmp_path, module, rounds=1)
 
