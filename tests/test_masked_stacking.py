@@ -51,6 +51,17 @@ def _fit(tmp_path, name, execution, local, straggler, rounds=2):
     return module
 
 
+def _fit_both(tmp_path, make, local, rounds):
+    """The same run (``make()``'s algorithm on ``_data()``) batched and sequentially: ``{execution: module}``."""
+    runs = {}
+    for execution in ("batched", "sequential"):
+        torch.manual_seed(0)
+        module = FederatedModule(MLP(8, 3, hidden=[16]), make(), local, execution=execution)
+        tiny_trainer(tmp_path, rounds).fit(module, datamodule=_data())
+        runs[execution] = module
+    return runs
+
+
 def _assert_same(seq, bat):
     for a, b in zip(seq.model.parameters(), bat.model.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
@@ -255,14 +266,8 @@ def test_full_gradients_stack_over_the_clients_padded_whole_sets(tmp_path, name)
     """ctx.full_grad stacked: each client's gradient on its whole set (7 to 54 samples, padded to the largest with
     masked rows), in FedAvg-SVRG's snapshot steps and FedALA's client_init, equals sequential execution's; every round
     stacked (the first runs again once the rule is found to read full gradients)."""
-    local = LocalTraining(lr=0.1, steps=4, batch_size=4)
     make = (lambda: algorithms.FedAvgSVRG(snapshots=2, inner_steps=2)) if name == "FedAvgSVRG" else algorithms.FedALA
-    runs = {}
-    for execution in ("batched", "sequential"):
-        torch.manual_seed(0)
-        module = FederatedModule(MLP(8, 3, hidden=[16]), make(), local, execution=execution)
-        tiny_trainer(tmp_path, 3).fit(module, datamodule=_data())
-        runs[execution] = module
+    runs = _fit_both(tmp_path, make, LocalTraining(lr=0.1, steps=4, batch_size=4), rounds=3)
     _assert_same(runs["sequential"], runs["batched"])
     executor = runs["batched"].executor.inner
     assert executor.stats["rounds"] == executor.stats["stacked_rounds"] == 3 and not executor.fallbacks
@@ -489,6 +494,22 @@ def test_batch_norm_models_stack_padded_rows_as_sequential_execution_trains_them
     if compiled:
         assert not runs["batched"].executor.inner.compile_fallbacks
     _assert_same(runs["sequential"], runs["batched"])
+
+
+class _MeanSquaredALA(algorithms.FedALA):
+    """FedALA with a local loss that averages over every row, padded ones included (no declaration)."""
+
+    def local_loss(self, out, target, ctx):
+        return {"squared_logits": out.logits.square().mean()}
+
+
+def test_full_gradients_refuse_a_local_loss_over_padded_rows(tmp_path):
+    """Clients of unequal size pad their whole sets; a local loss that does not leave padded rows out would take them
+    into ctx.full_grad: the rounds run sequentially for that declared reason (sequential execution's results)."""
+    runs = _fit_both(tmp_path, _MeanSquaredALA, LocalTraining(lr=0.1, steps=2, batch_size=4), rounds=2)  # equal batches: only the whole sets are padded
+    _assert_same(runs["sequential"], runs["batched"])
+    fallbacks = runs["batched"].executor.inner.fallbacks
+    assert fallbacks and all("local_loss reduces over the batch's rows" in reason for reason in fallbacks), fallbacks
 
 
 def test_padded_full_batches_mask_only_where_rows_are_padded():

@@ -215,6 +215,21 @@ def _unpad_clients(extra: int, tree: Any) -> Any:
     return tree[:-extra]
 
 
+def _check_losses_ignore_padded_rows(algorithm: Any, objective: Any) -> None:
+    """``Unbatchable`` unless every loss the clients' batches go through leaves padded rows (target -100) out: the
+    rule's own ``local_loss`` and the model's own loss must declare it."""
+    if defines_local_loss(algorithm) and not declares_capability(algorithm, "local_loss_ignores_padded_rows"):
+        raise Unbatchable(
+            f"{type(algorithm).__name__}'s local_loss reduces over the batch's rows, which padded rows (clients with "
+            "batches of unequal size) would enter (a local_loss that leaves them out declares local_loss_ignores_padded_rows = True)"
+        )
+    if objective.custom_loss is not None and not model_declares(objective.model, "loss_ignores_padded_rows"):
+        raise Unbatchable(
+            "the model's own loss reduces over the batch's rows, which padded rows (clients with batches of unequal size) "
+            "would enter (a model whose loss ignores targets -100 declares loss_ignores_padded_rows = True)"
+        )
+
+
 def _no_full_grad(params: TensorDict) -> TensorDict:
     raise FullGradients("the rule reads full local gradients (ctx.full_grad), each client's whole set: stacked under vmap "
                         "(a rule run per client), client by client for an elementwise rule's stacked steps")
@@ -490,16 +505,7 @@ class BatchedExecutor(Executor):
         )  # fmt: skip
         real = padded.real_rows
         if bool(((real > 0) & (real < padded.rows)).any()):  # some real batch holds padded rows
-            if defines_local_loss(algorithm) and not declares_capability(algorithm, "local_loss_ignores_padded_rows"):
-                raise Unbatchable(
-                    f"{type(algorithm).__name__}'s local_loss reduces over the batch's rows, which padded rows (clients with "
-                    "batches of unequal size) would enter (a local_loss that leaves them out declares local_loss_ignores_padded_rows = True)"
-                )
-            if objective.custom_loss is not None and not model_declares(objective.model, "loss_ignores_padded_rows"):
-                raise Unbatchable(
-                    "the model's own loss reduces over the batch's rows, which padded rows (clients with batches of unequal size) "
-                    "would enter (a model whose loss ignores targets -100 declares loss_ignores_padded_rows = True)"
-                )
+            _check_losses_ignore_padded_rows(algorithm, objective)
         return padded
 
     def _run_stacked(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> list[ClientResult]:
@@ -512,7 +518,7 @@ class BatchedExecutor(Executor):
         steps = [t.num_steps for t in tasks]
         dp = runtime.record_privacy
         masks, rows_padded = None, False  # (step mask [S, K], real rows [S, K] or None) of a padded round; whether real batches hold padded rows
-        padded, leading = None, None  # a round of unequal work's padded batches; them cut to a shrinking stack's running clients
+        padded = None  # a round of unequal work's padded batches
         if dp is not None:  # record-level DP-SGD: each client's own draws, padded to the step's largest (fl_lightning.executors.dpsgd)
             if not declares_capability(runtime.algorithm, "elementwise"):
                 raise Unbatchable(f"record-level DP-SGD runs {type(runtime.algorithm).__name__}'s rule (not elementwise) client by client")
@@ -530,7 +536,7 @@ class BatchedExecutor(Executor):
             raise Unbatchable("the round's clients run unequal local work (steps or batch sizes), and execution.masked_stacking is false")
         else:
             padded = self._padded(tasks, runtime)
-            batches, masks, leading = padded.batches, (padded.step_mask, padded.real_rows), padded.leading
+            batches, masks = padded.batches, (padded.step_mask, padded.real_rows)
             rows_padded = bool(((padded.real_rows > 0) & (padded.real_rows < padded.rows)).any())
             real = int(padded.real_rows.sum())
             self._count(real, len(tasks) * padded.steps * padded.rows - real)
@@ -552,7 +558,8 @@ class BatchedExecutor(Executor):
         elif self.programs is not None:
             rule = functools.partial(self._compiled_rule, rule)
         device = runtime.device
-        step_batches = M.StepBatches(batches, (lambda b: b.to(device)) if dp is not None else (lambda b: to_device(b, device)), leading)
+        move = (lambda b: b.to(device)) if dp is not None else (lambda b: to_device(b, device))
+        step_batches = M.StepBatches(batches, move, None if padded is None else padded.leading)  # leading: a shrinking stack's cut draws
         loss = client_loss(runtime.algorithm, ids, broadcast, stacked_states, info, runtime.data, runtime.device)
         norms = runtime.objective.batch_norms
         over_real_rows = rows_padded or type(runtime.algorithm) in self._full_gradients  # (the whole sets may be padded)
@@ -756,10 +763,14 @@ class BatchedExecutor(Executor):
         full_batches, full_padded = self._full_batches(runtime, ids) if type(algorithm) in self._full_gradients else (None, False)
         full_dim = None if full_batches is None else 0
 
+        def bind(cid: Tensor, state: Any, counts: Any) -> Any:
+            """The local loss bound to one client (None: the model's own loss)."""
+            return None if loss is None else dataclasses.replace(loss, client=cid, client_state=state, label_counts=counts)
+
         def step_fn(step: int):
             def one_client(params: TensorDict, local_state: Any, state: Any, cid: Tensor, batch: Any, counts: Any, own: TensorDict, full: Any):
                 first: list[tuple] = []  # the step's first evaluation: (loss, outputs, targets, terms)
-                bound = None if loss is None else dataclasses.replace(loss, client=cid, client_state=state, label_counts=counts)
+                bound = bind(cid, state, counts)
 
                 def grad(p: TensorDict) -> tuple[Tensor, TensorDict]:
                     g, (value, (out, target, terms)) = grad_and_value(loss_at, has_aux=True)(p, batch, bound)
@@ -776,8 +787,7 @@ class BatchedExecutor(Executor):
             return vmap(one_client, in_dims=(0, 0, 0, 0, 0, None if counts is None else 0, 0, full_dim), randomness="different")
 
         def init(p: TensorDict, state: Any, cid: Tensor, own: TensorDict, counts: Any, full: Any) -> Any:
-            bound = None if loss is None else dataclasses.replace(loss, client=cid, client_state=state, label_counts=counts)
-            return algorithm.client_init(p, self._context(cid, broadcast, state, info, runtime, personal=own, full_grad=full_grad_fn(full, bound)))
+            return algorithm.client_init(p, self._context(cid, broadcast, state, info, runtime, personal=own, full_grad=full_grad_fn(full, bind(cid, state, counts))))
 
         personal = personal or {}
         init_dims = (0, 0, 0, 0, None if counts is None else 0, full_dim)
@@ -799,11 +809,10 @@ class BatchedExecutor(Executor):
     def _full_batches(self, runtime: ClientRuntime, ids: Tensor) -> tuple[tuple[Tensor, ...], bool]:
         """The stacked clients' whole training sets (``client_full_batch``, as sequential ``ctx.full_grad`` reads them),
         padded to the largest (``masking.padded_full_batches``), on the device; and whether rows were padded."""
-        objective, clients = runtime.objective, ids.tolist()
-        sizes = runtime.data.client_sizes[ids]
+        clients, sizes = ids.tolist(), runtime.data.client_sizes[ids]
         padded = bool((sizes != sizes[0]).any())
-        if padded and objective.custom_loss is not None and not model_declares(objective.model, "loss_ignores_padded_rows"):
-            raise Unbatchable("full gradients over clients' padded whole sets: the model's own loss reduces over padded rows too")
+        if padded:  # the whole sets are padded like a round's batches: the same losses must leave the padded rows out
+            _check_losses_ignore_padded_rows(runtime.algorithm, runtime.objective)
         if len(clients) * int(sizes.max()) > FULL_BATCH_ROWS:
             raise Unbatchable(f"the stacked clients' whole sets would hold more than {FULL_BATCH_ROWS} rows (full gradients run client by client)")
         return to_device(M.padded_full_batches([runtime.data.client_full_batch(c) for c in clients]), runtime.device), padded
