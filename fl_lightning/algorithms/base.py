@@ -287,7 +287,7 @@ class Algorithm:
         Must be additive over disjoint sets of clients (DDP adds the processes' partial sums) and
         have the same names and shapes for any set of clients, zeros for none.
         """
-        return {"delta": weighted_sum_or_zeros([u["delta"] for u in uploads], weights, x)}
+        return {"delta": weighted_sum_or_zeros(P.part(uploads, "delta"), weights, x)}
 
     def aggregate_sum(
         self, x: TensorDict, sums: Payload, server_state: NestedState, info: RoundInfo, local_steps: Sequence[int]

@@ -57,7 +57,7 @@ class FedDyn(Algorithm):
         return {"delta": delta}, {"l": P.add(ctx.client_state["l"], delta, -self.alpha)}
 
     def upload_sum(self, x: TensorDict, uploads: Sequence[Payload], weights: Sequence[float] | Tensor, info: RoundInfo) -> Payload:
-        deltas = [u["delta"] for u in uploads]
+        deltas = P.part(uploads, "delta")
         mean = weighted_sum_or_zeros(deltas, [1.0 / info.num_clients] * len(deltas), x)
         return {"delta_over_n": mean, "delta": weighted_sum_or_zeros(deltas, weights, x)}
 

@@ -62,5 +62,5 @@ class FedNova(Algorithm):
         norms = [norm_a(k, self.momentum) for k in local_steps]
         w = [float(wi) for wi in weights]
         tau_eff = sum(wi * a for wi, a in zip(w, norms))
-        normalized = P.weighted_sum([u["delta"] for u in uploads], [wi / a for wi, a in zip(w, norms)])
+        normalized = P.weighted_sum(P.part(uploads, "delta"), [wi / a for wi, a in zip(w, norms)])
         return P.scale(normalized, -tau_eff), server_state

@@ -49,7 +49,7 @@ class SCAFFOLD(Algorithm):
         return {"delta": P.sub(params, x), "delta_c": P.sub(c_new, c_i)}, {"c": c_new}
 
     def upload_sum(self, x: TensorDict, uploads: Sequence[Payload], weights: Sequence[float] | Tensor, info: RoundInfo) -> Payload:
-        dc = weighted_sum_or_zeros([u["delta_c"] for u in uploads], [1.0 / info.num_clients] * len(uploads), x)
+        dc = weighted_sum_or_zeros(P.part(uploads, "delta_c"), [1.0 / info.num_clients] * len(uploads), x)
         return {**super().upload_sum(x, uploads, weights, info), "delta_c": dc}
 
     def aggregate_sum(

@@ -61,7 +61,7 @@ class ScaffoldP(FedAvgP):
     ) -> tuple[TensorDict, NestedState]:
         pseudo_grad, _ = super().aggregate(x, uploads, weights, server_state, info, local_steps)
         n = info.num_clients
-        c = P.add(server_state["c"], P.weighted_sum([u["delta_c"] for u in uploads], [1.0 / n] * len(uploads)))
+        c = P.add(server_state["c"], P.weighted_sum(P.part(uploads, "delta_c"), [1.0 / n] * len(uploads)))
         return pseudo_grad, {"c": c}
 
     def client_warmup(self, params: TensorDict, ctx: ClientContext) -> tuple[Payload, NestedState]:
@@ -72,4 +72,4 @@ class ScaffoldP(FedAvgP):
     def server_warmup(
         self, x: TensorDict, uploads: Sequence[Payload], server_state: NestedState, info: RoundInfo
     ) -> NestedState:
-        return {"c": P.mean([u["c"] for u in uploads])}
+        return {"c": P.mean(P.part(uploads, "c"))}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -23,7 +23,7 @@ def local_consistency(deltas: Sequence[TensorDict]) -> float:
     if not deltas:
         return 0.0
     total = 0.0  # float64, as a Python float: the same sums and quotient as a float64 tensor, fewer ops
-    for name in deltas[0]:
+    for name in P.names(deltas):
         parts = P.across(deltas, name)
         if len(parts) == 1 and len(deltas) > 1:
             spread = (parts[0] - parts[0].mean(0)).reshape(-1)
@@ -92,7 +92,7 @@ def round_metrics(
     if upload_bytes is None:
         upload_bytes = [payload_bytes(u) for u in uploads]
     if consistency is None:  # an upload without a model delta (FedProto's prototypes) adds no tensor to it
-        consistency = local_consistency([u.get("delta", {}) for u in uploads])
+        consistency = local_consistency(P.part(uploads, "delta", default={}))
     bytes_down, bytes_up = count_message_bytes(totals, broadcast, upload_bytes, broadcast_bytes)
     known = [a for a in accuracies if not math.isnan(a)]
     return {
@@ -109,12 +109,11 @@ def round_metrics(
     }
 
 
-def loss_term_means(terms: Sequence[dict[str, float]]) -> dict[str, float]:
+def loss_term_means(terms: Mapping[str, Sequence[float]]) -> dict[str, float]:
     """``train/loss/<term>``: each named term of an algorithm's local loss (``local_loss``), averaged
-    over the round's clients as ``train/loss`` is (the terms of a client sum to its loss)."""
-    if not terms or not terms[0]:
-        return {}
-    return {f"train/loss/{k}": sum(t[k] for t in terms) / len(terms) for k in terms[0]}
+    over the round's clients as ``train/loss`` is (the terms of a client sum to its loss); ``terms``
+    holds each term's values, one per client that has named terms (``RoundResults.loss_terms``)."""
+    return {f"train/loss/{k}": sum(values) / len(values) for k, values in terms.items() if values}
 
 
 def cep_radius(points: Tensor) -> float:

@@ -348,16 +348,15 @@ class StepRecord:
     def samples(self) -> int:
         return sum(t.shape[-1] for t in self.targets)
 
-    def term_means(self) -> list[dict[str, float]] | dict[str, float]:
-        """The mean over steps of each named loss term: ``{term: mean}``, or for stacked clients one
-        such dict per client ({} where the loss has no named terms)."""
+    def term_means(self) -> dict[str, float] | dict[str, list[float]]:
+        """The mean over steps of each named loss term: ``{term: mean}``, or for stacked clients
+        ``{term: [each client's mean]}`` ({} where the loss has no named terms)."""
         if not self.terms:
             return {}
         means = {k: torch.stack([t[k] for t in self.terms]).mean(0) for k in self.terms[0]}
         if next(iter(means.values())).dim() == 0:
             return {k: float(v) for k, v in means.items()}
-        columns = {k: v.tolist() for k, v in means.items()}
-        return [{k: column[i] for k, column in columns.items()} for i in range(len(next(iter(columns.values()))))]
+        return {k: v.tolist() for k, v in means.items()}
 
 
 def predicted(out: Tensor) -> Tensor:

@@ -72,7 +72,7 @@ def weighted_sum(dicts: Sequence[TensorDict], weights: Sequence[float] | Tensor)
     weights = weights.tolist() if isinstance(weights, Tensor) else [float(w) for w in weights]  # a tensor: one read, not one per client
     weight_tensors: dict[tuple, Tensor] = {}  # one per dtype and device, not one per tensor name
     out = {}
-    for k in dicts[0]:
+    for k in names(dicts):
         parts = across(dicts, k)
         if len(parts) == 1 and len(dicts) > 1:
             stacked = parts[0]
@@ -107,6 +107,9 @@ it the per-tensor ops' arithmetic outweighs their dispatch and stacking would co
 
 def across(dicts: Sequence[TensorDict], name: str) -> list[Tensor]:
     """Tensor ``name`` of every dict: as one stacked ``[S, ...]`` tensor if small, else one per dict."""
+    if isinstance(dicts, StackedDicts):  # already stacked: that tensor (or its rows, as above when large)
+        stacked = dicts.stacked[name]
+        return [stacked] if 1 < len(dicts) and stacked.numel() <= STACK_LIMIT else list(stacked.unbind(0))
     tensors = [d[name] for d in dicts]
     if len(tensors) > 1 and tensors[0].numel() * len(tensors) <= STACK_LIMIT:
         source = getattr(dicts[0], "stacked", None)
@@ -139,3 +142,34 @@ def unstack_rows(stacked: TensorDict, num_rows: int) -> list[TensorDict]:
         rows.append(row)
     return rows
 
+
+
+class StackedDicts(Sequence):
+    """``size`` tensor dicts held as one dict of stacked ``[size, ...]`` tensors (a stacked round's uploads):
+    ``across`` and ``weighted_sum`` read the stacked tensors; dict ``i`` (``unstack_rows``' row ``i``) is made
+    only where a reader indexes it."""
+
+    def __init__(self, stacked: TensorDict, size: int) -> None:
+        self.stacked, self._size, self._rows = stacked, size, None
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __getitem__(self, index):
+        if self._rows is None:
+            self._rows = unstack_rows(self.stacked, self._size)
+        return self._rows[index]
+
+
+def names(dicts: Sequence[TensorDict]) -> Iterable[str]:
+    """The tensor names of ``dicts`` (its first dict's; a ``StackedDicts``' without making a row)."""
+    return dicts.stacked if isinstance(dicts, StackedDicts) else dicts[0]
+
+
+def part(payloads: Sequence[dict[str, TensorDict]], name: str, default: TensorDict | None = None) -> Sequence[TensorDict]:
+    """Part ``name`` of every payload, ``[p[name] for p in payloads]`` (``p.get(name, default)`` with a ``default``);
+    stacked payloads (``StackedPayloads``) give their stacked part instead, without a dict per client."""
+    own = getattr(payloads, "part", None)
+    if own is not None:
+        return own(name, default)
+    return [p[name] for p in payloads] if default is None else [p.get(name, default) for p in payloads]

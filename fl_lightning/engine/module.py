@@ -47,6 +47,7 @@ from fl_lightning.robust.record import KeptRecord
 from fl_lightning.core.params import TensorDict
 from fl_lightning.core.participation import RoundPlan, derive_seed, derive_seeds
 from fl_lightning.core.state import ClientStore, NestedState, flatten_state, unflatten_state
+from fl_lightning.core.round_results import RoundResults
 from fl_lightning.core.tasks import PERSONAL, ClientState, ClientTask, Payload, SummedRound
 
 log = logging.getLogger(__name__)
@@ -499,7 +500,7 @@ class FederatedModule(AsyncServer, L.LightningModule):
         runtime = self._runtime(weights if linear else None)
         try:
             summed = self.executor.run_summed(tasks, info, runtime) if linear else None
-            results = summed.results if summed is not None else self.executor.run(tasks, info, runtime)
+            results = RoundResults.of(summed.results if summed is not None else self.executor.run(tasks, info, runtime))
         except DivergenceError as error:  # a client's loss (the built-in executors check it)
             raise self._diverged(str(error)) from error
         if self.record_privacy is not None:  # every dispatched task's K_i: the steps that touched its records
@@ -521,20 +522,21 @@ class FederatedModule(AsyncServer, L.LightningModule):
         if self.lora is not None and self.lora.heterogeneous:  # a rank-r_i client sends its factors' first r_i components
             for result in results:
                 result.upload = self.lora.mask_upload(result.upload, result.client_id)
-        for result in results:  # any executor's: NaN may also mean "no loss recorded", infinity may not
-            if math.isinf(result.mean_loss):
-                raise self._diverged(f"round {plan.round}: client {result.client_id}'s training loss is non-finite ({result.mean_loss})")
-        self._check_loss_growth(plan.round, [r.mean_loss for r in results])
+        losses = results.mean_losses
+        if any(map(math.isinf, losses)):  # any executor's: NaN may also mean "no loss recorded", infinity may not
+            client, loss = next((c, loss) for c, loss in zip(results.client_ids, losses) if math.isinf(loss))
+            raise self._diverged(f"round {plan.round}: client {client}'s training loss is non-finite ({loss})")
+        self._check_loss_growth(plan.round, losses)
         too_few = self.robust.violation(len(results)) if self.robust is not None else None
         if too_few is not None:  # dropouts or failures left fewer clients than the rule's assumption on f
             log.warning("round %d: skipped (nothing aggregated, no client state kept): %s", plan.round, too_few)
             self._empty_round(plan, broadcast, {**extra_metrics, "robust/skipped": 1})
             return
-        local_steps = [r.num_steps for r in results]
+        local_steps = results.num_steps
         if summed is not None:
             uploads, (pseudo_grad, self.server_state) = [], self._aggregate_summed(plan, x, summed, server_state, info, local_steps)
         else:
-            uploads = [r.upload for r in results]
+            uploads = results.uploads
             pseudo_grad, self.server_state = self._aggregate(plan, x, results, server_state, info, local_steps)
         extra_metrics.update({f"algo/{k}": v for k, v in self.algorithm.metrics(self.server_state, info).items()})
         if self._robust_round is not None:
@@ -550,10 +552,10 @@ class FederatedModule(AsyncServer, L.LightningModule):
             param.grad = pseudo_grad[name].to(param.dtype)
         optimizer.step()
         if self.lora is not None and self.lora.method.needs_clients:  # the method's new factors and fold (fl_lightning/lora)
-            ids = [r.client_id for r in results]
+            ids = results.client_ids
             weights = survivor_weights(plan.clients, plan.weights, ids)
             extra_metrics["comm/round_bytes_fold"] = self.lora.finish_round(
-                x_round, [r.upload["delta"] for r in results], ids, weights, self.datamodule.seed, plan.round
+                x_round, list(P.part(results.uploads, "delta")), ids, weights, self.datamodule.seed, plan.round
             )
         bad = None if all_finite([{"x": self.global_params()}]) else first_non_finite({"x": self.global_params()})
         if bad is not None:
@@ -585,12 +587,10 @@ class FederatedModule(AsyncServer, L.LightningModule):
         """Move the clock to the round's end (27.4) from the bytes each reporting client actually sent."""
         from fl_lightning.clock.rounds import round_end
 
-        if summed is not None:
-            sizes = summed.upload_bytes
-        else:
-            sizes = [r.upload_bytes if r.upload_bytes is not None else payload_bytes(r.upload) for r in results]
+        results = RoundResults.of(results)
+        sizes = summed.upload_bytes if summed is not None else results.upload_bytes
         cut, missed = times.cut, times.missed
-        reported = [(r.client_id, r.num_steps, up) for r, up in zip(results, sizes)]
+        reported = list(zip(results.client_ids, results.num_steps, sizes))
         devices = self.clock.devices(self.datamodule.num_clients)
         self.sim_time = round_end(self.clock, devices, self.sim_time, times, reported, self._bytes_down(broadcast, broadcast_bytes), bool(cut or missed))
         metrics = {"time/sim_s": self.sim_time}
@@ -625,23 +625,23 @@ class FederatedModule(AsyncServer, L.LightningModule):
 
     def _aggregate(self, plan, x, results, server_state, info, local_steps) -> tuple[TensorDict, NestedState]:
         """The pseudo-gradient and new server state from every client's upload."""
-        uploads = [r.upload for r in results]
+        uploads = results.uploads
         if not all_finite(uploads):
-            for result in results:
-                bad = first_non_finite(result.upload)
+            for client, upload in zip(results.client_ids, uploads):
+                bad = first_non_finite(upload)
                 if bad is not None:
-                    raise self._diverged(f"round {plan.round}: client {result.client_id} sent a non-finite update ({bad})")
+                    raise self._diverged(f"round {plan.round}: client {client} sent a non-finite update ({bad})")
         if self.robust is not None:  # the rule's r stands for every upload (fl_lightning/robust/aggregation.py)
             return self._aggregate_robust(plan, x, results, server_state, info, local_steps)
         if self.messages.aggregate is not None:  # an aggregate stage: fixed weights and its extra upload in the sum
             sums = self.algorithm.upload_sum(x, uploads, self.messages.aggregation_weights(info)(uploads), info)
             return self.algorithm.aggregate_sum(x, self._with_extra(x, sums, info), server_state, info, local_steps)
-        weights = survivor_weights(plan.clients, plan.weights, [r.client_id for r in results])
+        weights = survivor_weights(plan.clients, plan.weights, results.client_ids)
         return self.algorithm.aggregate(x, uploads, weights, server_state, info, local_steps)
 
     def _aggregate_robust(self, plan, x, results, server_state, info, local_steps) -> tuple[TensorDict, NestedState]:
         """Clip and compress (client stages, already applied) -> the robust rule -> the aggregate stage's noise."""
-        uploads, ids = [r.upload for r in results], [r.client_id for r in results]
+        uploads, ids = results.uploads, results.client_ids
         if self.messages.aggregate is not None:
             weights = self.messages.aggregation_weights(info)(uploads)
         else:
@@ -786,19 +786,20 @@ class FederatedModule(AsyncServer, L.LightningModule):
         self, plan: RoundPlan, broadcast: Payload, uploads, results, extra_metrics: dict[str, int], summed: SummedRound | None = None,
         broadcast_bytes: int | None = None,
     ) -> None:
-        losses, accuracies = [r.mean_loss for r in results], [r.accuracy for r in results]
+        results = RoundResults.of(results)
+        losses, accuracies = results.mean_losses, results.accuracies
         from_sums = {}
         if summed is not None:  # the same numbers from the uploads' sizes and sums (to float tolerance)
             consistency = consistency_from_sums(summed.delta_sum, summed.delta_sq_sum, len(summed.results))
             from_sums = {"upload_bytes": summed.upload_bytes, "consistency": consistency}
-        elif any(r.upload_bytes is not None for r in results):  # message stages' encoded sizes
-            from_sums = {"upload_bytes": [r.upload_bytes if r.upload_bytes is not None else payload_bytes(r.upload) for r in results]}
+        elif results:  # message stages' encoded sizes, or the bytes of each upload's tensors
+            from_sums = {"upload_bytes": results.upload_bytes}
         if broadcast_bytes is not None:
             from_sums["broadcast_bytes"] = broadcast_bytes
         metrics = round_metrics(
             plan.round, self.local.lr_at(plan.round), losses, uploads, broadcast, self.comm_totals, accuracies, **from_sums
         )
-        metrics.update(loss_term_means([r.loss_terms for r in results if r.loss_terms]))
+        metrics.update(loss_term_means(results.loss_terms))
         metrics.update({k: float(v) for k, v in extra_metrics.items()})
         metrics["time/round_s"] = time.perf_counter() - self._round_started
         compile_s = getattr(self.executor.inner, "compile_seconds", None)  # compiled execution: seconds compiling so far

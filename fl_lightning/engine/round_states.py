@@ -14,6 +14,7 @@ from torch import Tensor
 
 from fl_lightning.core.params import TensorDict
 from fl_lightning.core.state import ClientStore, NestedState
+from fl_lightning.core.round_results import RoundResults
 from fl_lightning.core.tasks import PERSONAL, ClientResult, ClientState
 
 
@@ -50,7 +51,13 @@ class RoundStates:
 
 def store_results(store: ClientStore, results: Sequence[ClientResult]) -> None:
     """Each result's new client state into the store (as ``put`` client by client), in one ``scatter``
-    where every state holds the same tensors' shapes and dtypes."""
+    where every state holds the same tensors' shapes and dtypes (stacked results: their stacked states)."""
+    results = RoundResults.of(results)
+    stacked = results.stacked_states
+    if stacked is not None:
+        if any(stacked.values()):
+            store.scatter(torch.tensor(results.client_ids, dtype=torch.int64), {n: {k: v.detach() for k, v in td.items()} for n, td in stacked.items()})
+        return
     states = [r.client_state for r in results]
     if len(states) > 1 and states[0] and all(_alike(states[0], s) for s in states[1:]):
         ids = torch.tensor([r.client_id for r in results], dtype=torch.int64)

@@ -60,8 +60,9 @@ class Executor:
     wraps any executor to split tasks over the processes of a DDP run.
     """
 
-    def run(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> list[ClientResult]:
-        """Results of the tasks that completed, in task order (a failed client has none)."""
+    def run(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> Sequence[ClientResult]:
+        """Results of the tasks that completed, in task order (a failed client has none): a list, or
+        ``RoundResults`` columns (``fl_lightning.core.round_results``: stacked, no object per client)."""
         raise NotImplementedError
 
     def run_summed(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> SummedRound | None:

@@ -46,6 +46,8 @@ from fl_lightning.core.local_loss import client_loss, defines_local_loss
 from fl_lightning.core.objective import StepRecord
 from fl_lightning.core.participation import UniformSampling
 from fl_lightning.core.params import TensorDict
+from fl_lightning.core.round_results import RoundResults, merged
+from fl_lightning.core.state import NestedState
 from fl_lightning.core.tasks import ClientResult, ClientTask, Payload
 
 log = logging.getLogger(__name__)
@@ -160,27 +162,24 @@ def _stack(states: list[Any]) -> Any:
     return torch.stack(states)
 
 
-def _load_states(tasks: Sequence[ClientTask]) -> tuple[list[Any], Any, Any]:
-    """The clients' states (one view per client, and stacked) and personal tensors (stacked): one ``gather``
-    from the round's state table where the tasks share one, else client by client."""
+def _load_states(tasks: Sequence[ClientTask]) -> tuple[list[Any] | None, Any, Any]:
+    """The clients' states (one per client where they were loaded client by client, else None; and stacked) and
+    personal tensors (stacked): one ``gather`` from the round's state table where the tasks share one, else client
+    by client."""
     table = tasks[0].states
     if table is not None and all(t.states is table for t in tasks):
         loaded = table.gather(torch.tensor([t.client_id for t in tasks], dtype=torch.int64))
         if loaded is not None:
-            return _unstack(loaded.algorithm, len(tasks)), loaded.algorithm, loaded.personal
+            return None, loaded.algorithm, loaded.personal
     loaded = [task.load_state() for task in tasks]
     states = [state.algorithm for state in loaded]
     return states, _stack(states), _stack([state.personal for state in loaded])
 
 
-def _unstack(state: Any, num_clients: int, rows: bool = False) -> list[Any]:
-    """The inverse of ``_stack``: one view per client (``unbind``: one op per tensor, not per client).
-    ``rows`` (the uploads): each dict of tensors becomes ``P.unstack_rows``' rows, which aggregation and
-    metrics read back as the stacked tensors without stacking the clients' views again (``P.across``)."""
-    if rows and isinstance(state, dict) and state and all(isinstance(v, Tensor) for v in state.values()):
-        return P.unstack_rows(state, num_clients)
+def _unstack(state: Any, num_clients: int) -> list[Any]:
+    """The inverse of ``_stack``: one view per client (``unbind``: one op per tensor, not per client)."""
     if isinstance(state, dict):
-        per_key = {k: _unstack(v, num_clients, rows) for k, v in state.items()}
+        per_key = {k: _unstack(v, num_clients) for k, v in state.items()}
         return [{k: parts[i] for k, parts in per_key.items()} for i in range(num_clients)]
     return list(state.unbind(0))
 
@@ -364,7 +363,7 @@ class BatchedExecutor(Executor):
         self._full_gradients: set[type] = set()  # rules reading ctx.full_grad: the stack gets its clients' whole sets
         self._smallest: tuple[Tensor, int] | None = None  # (client_sizes, its minimum): ``_smallest_client``
 
-    def run(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> list[ClientResult]:
+    def run(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> Sequence[ClientResult]:
         if not tasks:
             return []
         if any(task.warmup for task in tasks):  # a pass over every client, once: not worth stacking
@@ -425,19 +424,17 @@ class BatchedExecutor(Executor):
         return None
 
     # ---- the round ---------------------------------------------------------------------------
-    def _run_groups(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> list[ClientResult]:
+    def _run_groups(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> RoundResults:
         """The tasks stacked in groups: clients of similar work together where one stack would waste more
         than ``max_padding_waste`` on padding (``masking.buckets``), each in consecutive groups of at most
         ``max_stacked_clients``; the results in task order."""
         size = self.max_stacked_clients or len(tasks)
-        results: dict[int, ClientResult] = {}
+        parts = []
         for bucket in self._buckets(tasks, runtime):
             chosen = [tasks[i] for i in bucket]
             for start in range(0, len(chosen), size):
-                group = chosen[start : start + size]
-                for i, result in zip(bucket[start : start + size], self._run_stacked(group, info, runtime)):
-                    results[i] = result
-        return [results[i] for i in range(len(tasks))]
+                parts.append((bucket[start : start + size], self._run_stacked(chosen[start : start + size], info, runtime)))
+        return merged(parts, len(tasks))
 
     @property
     def _one_masked_program(self) -> bool:
@@ -508,7 +505,7 @@ class BatchedExecutor(Executor):
             _check_losses_ignore_padded_rows(algorithm, objective)
         return padded
 
-    def _run_stacked(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> list[ClientResult]:
+    def _run_stacked(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> RoundResults:
         local, broadcast, per_client = runtime.local, tasks[0].broadcast, any(t.broadcast is not tasks[0].broadcast for t in tasks)
         if per_client:  # clients of different LoRA ranks receive their own x (fl_lightning/lora/server.py)
             if not declares_capability(runtime.algorithm, "elementwise"):
@@ -569,18 +566,20 @@ class BatchedExecutor(Executor):
         mean_losses, accuracies, terms = self._means(record, masks, len(tasks))
         for client, loss in zip(clients, mean_losses if record.losses else []):
             check_loss(info.round, client, loss)
-        return [
-            ClientResult(c, uploads[i], new_states[i], steps[i], mean_losses[i], accuracies[i], terms[i])
-            for i, c in enumerate(clients)
-        ]
+        if isinstance(uploads, dict):  # the finish ran once on the stacked tensors: the results stay stacked
+            return RoundResults.stacked(clients, steps, mean_losses, accuracies, uploads, new_states, terms)
+        rows = [{k: v[i] for k, v in terms.items()} for i in range(len(clients))]
+        return RoundResults.of(
+            [ClientResult(c, uploads[i], new_states[i], steps[i], mean_losses[i], accuracies[i], rows[i]) for i, c in enumerate(clients)]
+        )
 
     def _count(self, real: int, padding: int) -> None:
         self._work[0] += real
         self._work[1] += padding
 
     @staticmethod
-    def _means(record: StepRecord, masks: tuple[Tensor, Tensor | None] | None, size: int) -> tuple[list[float], list[float], list[dict]]:
-        """Each client's mean loss, accuracy and loss terms over its real steps and rows.
+    def _means(record: StepRecord, masks: tuple[Tensor, Tensor | None] | None, size: int) -> tuple[list[float], list[float], dict[str, list[float]]]:
+        """Each client's mean loss, accuracy and loss terms (each term's per-client means) over its real steps and rows.
 
         The loss and accuracy are ``[S]`` tensors read back together: one host transfer (``.tolist()`` of
         their stack, exact in float64) for the round, not one per metric or client."""
@@ -592,7 +591,7 @@ class BatchedExecutor(Executor):
             correct = record.correct()
             if correct is not None:
                 columns["acc"] = correct / record.samples()
-            terms = record.term_means() or [{}] * size
+            terms = record.term_means() or {}
         else:
             step_mask, real = masks
             if record.losses and len(record.losses) != step_mask.shape[1]:
@@ -601,7 +600,7 @@ class BatchedExecutor(Executor):
                 columns["loss"] = M.masked_round_means(record.losses, step_mask)
             if record.outputs:  # real rows are given wherever outputs are recorded (not record-level DP-SGD's steps)
                 columns["acc"] = M.masked_correct(record.outputs, record.targets, step_mask).cpu() / real.sum(1)
-            terms = M.masked_term_means(record.terms, step_mask) or [{}] * size
+            terms = M.masked_term_means(record.terms, step_mask)
         if not columns:
             return nan, nan, terms
         values = torch.stack([c.detach().to("cpu", torch.float64) for c in columns.values()]).tolist()
@@ -817,39 +816,41 @@ class BatchedExecutor(Executor):
             raise Unbatchable(f"the stacked clients' whole sets would hold more than {FULL_BATCH_ROWS} rows (full gradients run client by client)")
         return to_device(M.padded_full_batches([runtime.data.client_full_batch(c) for c in clients]), runtime.device), padded
 
-    def _finish_stacked(self, runtime, params, local_state, stacked_state, ids, broadcast, info, personal) -> tuple[list[Payload], list[Any]]:
-        """An elementwise rule's finish once on the stacked tensors. Where the clients ran different numbers of steps
-        and the finish reads ``ctx.num_steps`` or ``ctx.step`` (e.g. SCAFFOLD's control variate), it runs once per
-        distinct K, each client taking its own K's rows (the same values as client by client)."""
+    def _finish_stacked(self, runtime, params, local_state, stacked_state, ids, broadcast, info, personal) -> tuple[Payload, NestedState]:
+        """An elementwise rule's finish once on the stacked tensors: the stacked uploads and new states. Where the
+        clients ran different numbers of steps and the finish reads ``ctx.num_steps`` or ``ctx.step`` (e.g. SCAFFOLD's
+        control variate), it runs once per distinct K, each client taking its own K's rows (the same values as
+        client by client)."""
         steps, size = self._round.steps, len(ids)
-        uploads: list[Any] = [None] * size
-        new_states: list[Any] = [None] * size
+        chosen = None
         for k in sorted(set(steps)):
             context = _FinishContext(ids, broadcast, stacked_state, info, k, full_grad=_no_full_grad, data_pass=_no_data_pass, personal=personal)
             context.step = k - 1
-            upload, new_state = finish_client(runtime.algorithm, params, local_state, context)
-            ups, sts = _unstack(upload, size, rows=True), _unstack(new_state, size)
+            output = finish_client(runtime.algorithm, params, local_state, context)
+            _check_stacked(output, size)
             if not context.read:  # the same finish for every K
-                return ups, sts
-            for i in (i for i, own in enumerate(steps) if own == k):
-                uploads[i], new_states[i] = ups[i], sts[i]
-        return uploads, new_states
+                return output
+            own = torch.tensor([s == k for s in steps])
+            chosen = output if chosen is None else _take_rows(own, output, chosen)
+        return chosen
 
-    def _finish(self, runtime, params, local_state, states, ids, broadcast, info, personal=None) -> tuple[list[Payload], list[Any]]:
+    def _finish(self, runtime, params, local_state, states, ids, broadcast, info, personal=None) -> tuple[Any, Any]:
         """Every client's (upload, new state): once on the stacked tensors for an elementwise rule that
-        does not read ``ctx.client_id``, else client by client on the final tensors (once a round: cheap).
+        does not read ``ctx.client_id`` (stacked ``[S, ...]``), else client by client on the final tensors (once a
+        round: cheap; one list per client).
 
         ``states`` is (the clients' states, the same stacked); ``ctx.step`` is the last step, as in sequential execution.
         With personal tensors (``personal``, stacked), ``client_finish`` sees the shared tensors only and each
         client keeps ``personal_finish``'s values under ``PERSONAL``, as in sequential execution.
         """
         algorithm, (states, stacked_state), steps = runtime.algorithm, states, self._round.steps
-        personal, last = personal or {}, steps[0] - 1
+        personal = personal or {}
         if declares_capability(algorithm, "elementwise") and type(algorithm) not in self._finish_per_client:
             try:
                 return self._finish_stacked(runtime, params, local_state, stacked_state, ids, broadcast, info, personal)
             except ClientIdUnavailable:
                 self._finish_per_client.add(type(algorithm))
+        states = states if states is not None else _unstack(stacked_state, len(ids))  # each client's view
         if not self._round.equal and any(isinstance(v, Tensor) and (v.dim() == 0 or v.shape[0] != len(states)) for v in _tensor_leaves(local_state)):
             raise Unbatchable("the rule's client_finish runs client by client, and its stacked local state holds a tensor shared by the clients")
         views, local_views = _unstack(params, len(states)), _unstack(local_state, len(states))
@@ -861,6 +862,24 @@ class BatchedExecutor(Executor):
             ctx.data_pass = data_pass_fn(runtime, int(c))  # client by client here: its whole set, as sequential execution reads it
             outputs.append(finish_client(algorithm, views[i], local_views[i], ctx))
         return [u for u, _ in outputs], [s for _, s in outputs]
+
+
+def _check_stacked(output: tuple[Payload, NestedState], size: int) -> None:
+    """``Unstackable`` unless every tensor of a stacked finish's (upload, new state) holds one row per client."""
+    for tree in output:
+        for name, td in tree.items():
+            if not isinstance(td, dict) or any(not isinstance(v, Tensor) or v.dim() == 0 or v.shape[0] != size for v in td.values()):
+                raise Unstackable(f"the rule's client_finish returns {name} not stacked over the clients (one row per client)")
+
+
+def _take_rows(own: Tensor, new: tuple[Payload, NestedState], old: tuple[Payload, NestedState]) -> tuple[Payload, NestedState]:
+    """``old`` with the rows where ``own`` is true taken from ``new`` (the same tensors in both)."""
+    if any(a.keys() != b.keys() or any(a[n].keys() != b[n].keys() for n in a) for a, b in zip(new, old)):
+        raise Unstackable("the rule's client_finish returns different tensors for clients of different K")
+    return tuple(
+        {n: {k: torch.where(own.to(v.device).view(-1, *[1] * (v.dim() - 1)), v, before[n][k]) for k, v in td.items()} for n, td in after.items()}
+        for after, before in zip(new, old)
+    )
 
 
 def _unstack_broadcast(broadcast: Payload, i: int) -> Payload:

@@ -232,12 +232,11 @@ def masked_correct(outputs: list[Tensor], targets: list[Tensor], step_mask: Tens
     return torch.where(step_mask.t().to(correct.device), correct, torch.zeros_like(correct)).sum(0)
 
 
-def masked_term_means(terms: list[dict[str, Tensor]], step_mask: Tensor) -> list[dict[str, float]]:
-    """``StepRecord.term_means`` over each client's real steps."""
+def masked_term_means(terms: list[dict[str, Tensor]], step_mask: Tensor) -> dict[str, list[float]]:
+    """``StepRecord.term_means`` over each client's real steps: each term's per-client means."""
     if not terms:
-        return []
-    means = {k: masked_round_means([t[k] for t in terms], step_mask).tolist() for k in terms[0]}
-    return [{k: column[i] for k, column in means.items()} for i in range(step_mask.shape[0])]
+        return {}
+    return {k: masked_round_means([t[k] for t in terms], step_mask).tolist() for k in terms[0]}
 
 
 class StepBatches:

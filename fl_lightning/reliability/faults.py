@@ -24,6 +24,7 @@ from fl_lightning.core import params as P
 from fl_lightning.core.errors import FLError, one_line
 from fl_lightning.core.params import TensorDict
 from fl_lightning.core.participation import derive_seed, derive_seeds
+from fl_lightning.core.round_results import StackedPayloads
 
 _FAULT_STREAM = 0xFA17
 
@@ -160,6 +161,8 @@ def all_finite(payloads: Sequence[dict[str, TensorDict]]) -> bool:
 
     The per-tensor scan of ``first_non_finite`` then only runs to name a culprit.
     """
+    if isinstance(payloads, StackedPayloads):  # a stacked round's uploads: each stacked tensor once
+        return all(is_finite(t) for td in payloads.stacked.values() for t in td.values())
     return all(is_finite(t) for name, tds in _by_tensor(payloads) for t in P.across(tds, name))
 
 
