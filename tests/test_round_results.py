@@ -112,15 +112,34 @@ def test_stacked_new_states_are_stored_as_the_same_states_client_by_client():
 @pytest.mark.parametrize("name", ["FedAvg", "SCAFFOLD", "FedDyn"])
 @pytest.mark.parametrize("scenario", ["epochs", "stragglers"])
 def test_a_stacked_round_makes_no_client_result(tmp_path, monkeypatch, name, scenario):
-    """An elementwise rule's stacked rounds hand the module columns: not one ``ClientResult`` is made (SCAFFOLD's
+    """An elementwise rule's stacked rounds run columns of tasks and hand the module columns of results: not one
+    ``ClientTask`` or ``ClientResult`` is made (SCAFFOLD's
     finish reads K: it runs once per K and each client takes its own K's rows), and the run equals sequential's."""
     made = []
-    init = tasks.ClientResult.__init__
-    monkeypatch.setattr(tasks.ClientResult, "__init__", lambda self, *a, **k: made.append(1) or init(self, *a, **k))
+    for kind in (tasks.ClientResult, tasks.ClientTask):  # neither the results nor the tasks, one per client
+        monkeypatch.setattr(kind, "__init__", lambda self, *a, _init=kind.__init__, **k: made.append(type(self).__name__) or _init(self, *a, **k))
     local, straggler = SCENARIOS[scenario]
     batched = _fit(tmp_path, name, "batched", local, straggler, rounds=3)
     assert batched.executor.stats["stacked_rounds"] == 3 and not made
     sequential = _fit(tmp_path, name, "sequential", local, straggler, rounds=3)
-    assert made  # the counter counts: sequential execution makes one per client
+    assert {"ClientTask", "ClientResult"} <= set(made)  # the counter counts: sequential execution makes them per client
     _assert_same(sequential, batched)
     assert getattr(algorithms, name).elementwise
+
+
+def test_round_tasks_are_columns_whose_tasks_are_made_where_read():
+    loaded = []
+    shared, own = {"x": {"w": torch.zeros(2)}}, {"x": {"w": torch.ones(1)}}
+    columns = tasks.TaskColumns([4, 8, 1, 6], [40, 80, 10, 60], [3, 1, 2, 3])
+    round_tasks = tasks.RoundTasks(columns, shared, lambda cid: loaded.append(cid) or cid, load_message_state=lambda cid: -cid, own_broadcasts={2: own})
+    assert tasks.task_columns(round_tasks) is columns and not round_tasks.shared_broadcast
+    task = round_tasks[2]
+    assert (task.client_id, task.seed, task.num_steps, task.broadcast, task.warmup) == (1, 10, 2, own, False)
+    assert round_tasks[2] is task and round_tasks[0].broadcast is shared and round_tasks[-1].client_id == 6
+    assert task.load_state() == 1 and task.load_message_state() == -1 and loaded == [1]
+    chosen = tasks.subset(round_tasks, [3, 2])
+    assert tasks.task_columns(chosen) == ([6, 1], [60, 10], [3, 2]) and chosen[1].broadcast is own and chosen[0].broadcast is shared
+    assert tasks.shares_broadcast(tasks.subset(round_tasks, [0, 1, 3]))
+    listed = list(round_tasks)
+    assert tasks.task_columns(listed) == columns and [t.client_id for t in tasks.subset(listed, [1, 0])] == [8, 4]
+    assert not tasks.shares_broadcast(listed) and tasks.shares_broadcast(listed[:2])

@@ -2,14 +2,16 @@
 
 Each round the module turns the round plan into client tasks once: the client's id,
 its round seed, its local step budget K (the only place K is computed), the
-broadcast, and a loader of its persistent state. Executors run tasks and return
-results; they never see the module, the plan or the store.
+broadcast, and a loader of its persistent state; a round's tasks come as columns
+(``RoundTasks``), a ``ClientTask`` made only where an executor takes one client at a time.
+Executors run tasks and return results; they never see the module, the plan or the store.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
@@ -58,6 +60,89 @@ class ClientTask:
     warmup: bool = False
     load_message_state: Callable[[], NestedState] | None = None  # the message stages' stored state (``fl_lightning.pipeline.messages``)
     states: StateTable | None = None  # the round's table of client states (``load_state`` of many clients at once)
+
+
+class TaskColumns(NamedTuple):
+    """The tasks' clients, round seeds and local step budgets, in task order."""
+
+    client_ids: list[int]
+    seeds: list[int]
+    num_steps: list[int]
+
+
+class RoundTasks(Sequence):
+    """A round's client tasks as columns (``TaskColumns``) and what the clients share: an executor that stacks
+    them reads the columns; a ``ClientTask`` is made only where a reader takes one client at a time.
+
+    ``broadcast`` is every client's, unless ``own_broadcasts`` gives some clients (by task position) their
+    own (heterogeneous LoRA ranks). ``load_state`` and ``load_message_state`` take a client's id.
+    """
+
+    def __init__(
+        self, columns: TaskColumns, broadcast: Payload, load_state: Callable[[int], ClientState], warmup: bool = False,
+        load_message_state: Callable[[int], NestedState] | None = None, states: StateTable | None = None,
+        own_broadcasts: dict[int, Payload] | None = None,
+    ) -> None:
+        self.columns, self.broadcast, self.warmup, self.states = columns, broadcast, warmup, states
+        self._load_state, self._load_message_state, self._own = load_state, load_message_state, own_broadcasts or {}
+        self._tasks: list[ClientTask | None] = [None] * len(columns.client_ids)
+
+    @property
+    def shared_broadcast(self) -> bool:
+        """Whether every client receives ``broadcast`` itself."""
+        return not self._own
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        task = self._tasks[index]
+        if task is None:
+            c = self.columns
+            cid = c.client_ids[index]
+            load_messages = None if self._load_message_state is None else functools.partial(self._load_message_state, cid)
+            task = ClientTask(
+                cid, c.seeds[index], c.num_steps[index], self._own.get(index % len(self), self.broadcast),
+                functools.partial(self._load_state, cid), self.warmup, load_messages, self.states,
+            )  # fmt: skip
+            self._tasks[index] = task
+        return task
+
+    def subset(self, positions: Sequence[int]) -> RoundTasks:
+        """The tasks at ``positions``, in that order (columns still)."""
+        c = self.columns
+        chosen = TaskColumns([c.client_ids[p] for p in positions], [c.seeds[p] for p in positions], [c.num_steps[p] for p in positions])
+        own = {i: self._own[p] for i, p in enumerate(positions) if p in self._own}
+        return RoundTasks(chosen, self.broadcast, self._load_state, self.warmup, self._load_message_state, self.states, own)
+
+
+def task_columns(tasks: Sequence[ClientTask]) -> TaskColumns:
+    """The tasks' ``TaskColumns`` (read off ``RoundTasks``, or from each task of a list)."""
+    if isinstance(tasks, RoundTasks):
+        return tasks.columns
+    return TaskColumns([t.client_id for t in tasks], [t.seed for t in tasks], [t.num_steps for t in tasks])
+
+
+def subset(tasks: Sequence[ClientTask], positions: Sequence[int]) -> Sequence[ClientTask]:
+    """The tasks at ``positions``, in that order (``RoundTasks`` stay columns)."""
+    return tasks.subset(positions) if isinstance(tasks, RoundTasks) else [tasks[p] for p in positions]
+
+
+def shares_broadcast(tasks: Sequence[ClientTask]) -> bool:
+    """Whether every task carries the first task's broadcast itself."""
+    if isinstance(tasks, RoundTasks):
+        return tasks.shared_broadcast
+    return all(t.broadcast is tasks[0].broadcast for t in tasks)
+
+
+def shared_states(tasks: Sequence[ClientTask]) -> StateTable | None:
+    """The round's table of client states where every task shares one, else None."""
+    if isinstance(tasks, RoundTasks):
+        return tasks.states
+    table = tasks[0].states if tasks else None
+    return table if table is not None and all(t.states is table for t in tasks) else None
 
 
 @dataclass

@@ -48,7 +48,7 @@ from fl_lightning.core.params import TensorDict
 from fl_lightning.core.participation import RoundPlan, derive_seed, derive_seeds
 from fl_lightning.core.state import ClientStore, NestedState, flatten_state, unflatten_state
 from fl_lightning.core.round_results import RoundResults
-from fl_lightning.core.tasks import PERSONAL, ClientState, ClientTask, Payload, SummedRound
+from fl_lightning.core.tasks import PERSONAL, ClientState, ClientTask, Payload, RoundTasks, SummedRound, TaskColumns
 
 log = logging.getLogger(__name__)
 _CKPT_KEY = "federated"
@@ -504,7 +504,7 @@ class FederatedModule(AsyncServer, L.LightningModule):
         except DivergenceError as error:  # a client's loss (the built-in executors check it)
             raise self._diverged(str(error)) from error
         if self.record_privacy is not None:  # every dispatched task's K_i: the steps that touched its records
-            extra_record = self.record_privacy.account([t.client_id for t in tasks], [t.num_steps for t in tasks])
+            extra_record = self.record_privacy.account(tasks.columns.client_ids, tasks.columns.num_steps)
         self.faults.check_failures(plan.round, len(tasks) - len(results), len(tasks))
         self._rounds_run, self._clients_trained = self._rounds_run + 1, self._clients_trained + len(results)
         extra_metrics = {"faults/dropped": len(plan.clients) - len(tasks), "faults/failed": len(tasks) - len(results)}
@@ -718,40 +718,43 @@ class FederatedModule(AsyncServer, L.LightningModule):
 
     def _tasks(
         self, clients: list[int], seeds: list[int], broadcast: Payload, round_idx: int, warmup: bool = False, allowed=None
-    ) -> tuple[list[ClientTask], int]:
-        """The client tasks (each client's K computed here, and only here) and the number of stragglers.
+    ) -> tuple[RoundTasks, int]:
+        """The client tasks as columns (each client's K computed here, and only here) and the number of stragglers.
 
         In a round, ``self.faults`` drops clients and cuts stragglers' budgets, drawn from their round seeds;
         ``allowed`` (the clock's deadline, ``fl_lightning.clock.rounds``) caps each client's steps (0: dropped).
         """
         data, local = self.datamodule, self.local
-        tasks, stragglers = [], 0
+        kept = TaskColumns([], [], [])
+        stragglers = 0
         init = functools.partial(self.algorithm.client_state_init, broadcast["x"])
         states = RoundStates(self.store, init, self._initial_personal, self.device, is_message_state)
         faults = self.faults.active and not warmup  # the same for every client: read once, not per client
-        message_states = bool(self.messages.client_stages)
         full = _local_steps(data, clients, local)
         drawn = self.faults.draws(seeds, full) if faults else None  # every client's draw at once
-        for i, (cid, seed) in enumerate(zip(clients, seeds)):
-            steps = budget = full[i]
-            if drawn is not None:
-                dropped, budget = drawn[i]
-                if dropped:
-                    log.warning("round %d: client %d dropped out (never reported)", round_idx, cid)
-                    continue
-                stragglers += budget < steps
-            if allowed is not None and allowed[cid] < budget:
-                if not allowed[cid]:
-                    log.info("round %d: client %d misses the deadline (never reports)", round_idx, cid)
-                    continue
-                budget = allowed[cid]
-            own = broadcast
-            if self.lora is not None and self.lora.client_rank(cid) < self.lora.rank:  # zero-padded to its rank
-                own = self.lora.client_broadcast(broadcast, cid)
-            load_state = functools.partial(self.client_state, cid, broadcast["x"])
-            load_messages = functools.partial(self.message_state, cid) if message_states else None
-            tasks.append(ClientTask(cid, seed, budget, own, load_state, warmup, load_messages, states))
-        return tasks, stragglers
+        if drawn is None and allowed is None:
+            kept = TaskColumns(list(clients), list(seeds), list(full))
+        else:
+            for i, (cid, seed) in enumerate(zip(clients, seeds)):
+                steps = budget = full[i]
+                if drawn is not None:
+                    dropped, budget = drawn[i]
+                    if dropped:
+                        log.warning("round %d: client %d dropped out (never reported)", round_idx, cid)
+                        continue
+                    stragglers += budget < steps
+                if allowed is not None and allowed[cid] < budget:
+                    if not allowed[cid]:
+                        log.info("round %d: client %d misses the deadline (never reports)", round_idx, cid)
+                        continue
+                    budget = allowed[cid]
+                kept.client_ids.append(cid), kept.seeds.append(seed), kept.num_steps.append(budget)
+        own = {}
+        if self.lora is not None:  # a client of a lower rank gets the broadcast zero-padded to its rank
+            own = {i: self.lora.client_broadcast(broadcast, cid) for i, cid in enumerate(kept.client_ids) if self.lora.client_rank(cid) < self.lora.rank}
+        load_state = functools.partial(self.client_state, x=broadcast["x"])
+        load_messages = self.message_state if self.messages.client_stages else None
+        return RoundTasks(kept, broadcast, load_state, warmup, load_messages, states, own), stragglers
 
     def _empty_round(self, plan: RoundPlan, broadcast: Payload, extra_metrics: dict[str, int]) -> None:
         """No client reported (possible under Bernoulli activation): x, the server state and the

@@ -48,7 +48,7 @@ from fl_lightning.core.participation import UniformSampling
 from fl_lightning.core.params import TensorDict
 from fl_lightning.core.round_results import RoundResults, merged
 from fl_lightning.core.state import NestedState
-from fl_lightning.core.tasks import ClientResult, ClientTask, Payload
+from fl_lightning.core.tasks import ClientResult, ClientTask, Payload, RoundTasks, shared_states, shares_broadcast, subset, task_columns
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ class _FinishContext(ClientContext):
 
 def _sizes(tasks: Sequence[ClientTask], runtime: ClientRuntime) -> Tensor:
     """The tasks' clients' training sizes (int64 ``[S]``), in one gather."""
-    return runtime.data.client_sizes[torch.tensor([t.client_id for t in tasks], dtype=torch.int64)]
+    return runtime.data.client_sizes[torch.tensor(task_columns(tasks).client_ids, dtype=torch.int64)]
 
 
 def _stacked_clients(batch: Any) -> int:
@@ -166,9 +166,9 @@ def _load_states(tasks: Sequence[ClientTask]) -> tuple[list[Any] | None, Any, An
     """The clients' states (one per client where they were loaded client by client, else None; and stacked) and
     personal tensors (stacked): one ``gather`` from the round's state table where the tasks share one, else client
     by client."""
-    table = tasks[0].states
-    if table is not None and all(t.states is table for t in tasks):
-        loaded = table.gather(torch.tensor([t.client_id for t in tasks], dtype=torch.int64))
+    table = shared_states(tasks)
+    if table is not None:
+        loaded = table.gather(torch.tensor(task_columns(tasks).client_ids, dtype=torch.int64))
         if loaded is not None:
             return None, loaded.algorithm, loaded.personal
     loaded = [task.load_state() for task in tasks]
@@ -366,7 +366,7 @@ class BatchedExecutor(Executor):
     def run(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> Sequence[ClientResult]:
         if not tasks:
             return []
-        if any(task.warmup for task in tasks):  # a pass over every client, once: not worth stacking
+        if tasks.warmup if isinstance(tasks, RoundTasks) else any(task.warmup for task in tasks):  # a pass over every client, once: not worth stacking
             return self.sequential.run(tasks, info, runtime)
         self.stats["rounds"] += 1
         reason = self.unsupported_reason(tasks, runtime)
@@ -431,9 +431,9 @@ class BatchedExecutor(Executor):
         size = self.max_stacked_clients or len(tasks)
         parts = []
         for bucket in self._buckets(tasks, runtime):
-            chosen = [tasks[i] for i in bucket]
-            for start in range(0, len(chosen), size):
-                parts.append((bucket[start : start + size], self._run_stacked(chosen[start : start + size], info, runtime)))
+            for start in range(0, len(bucket), size):
+                group = bucket[start : start + size]
+                parts.append((group, self._run_stacked(subset(tasks, group), info, runtime)))
         return merged(parts, len(tasks))
 
     @property
@@ -446,13 +446,14 @@ class BatchedExecutor(Executor):
         if self._idealised(tasks, runtime) or not self.masked_stacking:
             return [list(range(len(tasks)))]
         if type(runtime.algorithm) in self._equal_steps:  # one stack per K, the largest first
-            steps = [t.num_steps for t in tasks]
+            steps = task_columns(tasks).num_steps
             return [[i for i, own in enumerate(steps) if own == k] for k in sorted(set(steps), reverse=True)]
         shrinks = self._one_masked_program or (
-            self.programs is None and declares_capability(runtime.algorithm, "elementwise") and all(t.broadcast is tasks[0].broadcast for t in tasks)
+            self.programs is None and declares_capability(runtime.algorithm, "elementwise") and shares_broadcast(tasks)
         )  # per-client broadcasts (heterogeneous LoRA ranks) keep every client in the stack: buckets then waste less
         if shrinks:  # one stack in decreasing K: it shrinks as clients finish (masking.stack_sizes)
-            return [sorted(range(len(tasks)), key=lambda i: -tasks[i].num_steps)]
+            steps = task_columns(tasks).num_steps
+            return [sorted(range(len(tasks)), key=lambda i: -steps[i])]
         if self.max_buckets == 1:
             return [list(range(len(tasks)))]
         return M.buckets(self._works(tasks, runtime), self.max_padding_waste, self.max_buckets, self._bucket)
@@ -460,7 +461,7 @@ class BatchedExecutor(Executor):
     @staticmethod
     def _works(tasks: Sequence[ClientTask], runtime: ClientRuntime) -> list[M.Work]:
         local, sizes = runtime.local, _sizes(tasks, runtime).tolist()
-        return [M.client_work(n, local.batch_size, local.steps, local.epochs, t.num_steps) for n, t in zip(sizes, tasks)]
+        return [M.client_work(n, local.batch_size, local.steps, local.epochs, k) for n, k in zip(sizes, task_columns(tasks).num_steps)]
 
     @property
     def _bucket(self):
@@ -470,12 +471,12 @@ class BatchedExecutor(Executor):
     def _idealised(self, tasks: Sequence[ClientTask], runtime: ClientRuntime) -> bool:
         """Whether every client runs ``local.steps`` steps of ``local.batch_size`` rows (stacked without padding)."""
         local = runtime.local
-        if local.steps is None or local.batch_size is None or any(t.num_steps != local.steps for t in tasks):
+        if local.steps is None or local.batch_size is None or any(k != local.steps for k in task_columns(tasks).num_steps):
             return False
         sizes = runtime.data.client_sizes
         if self._smallest_client(sizes) >= local.batch_size:  # every client holds a full batch: nothing to look up
             return True
-        ids = torch.as_tensor([t.client_id for t in tasks], dtype=torch.int64)
+        ids = torch.as_tensor(task_columns(tasks).client_ids, dtype=torch.int64)
         return not bool((sizes[ids] < local.batch_size).any())
 
     def _smallest_client(self, sizes: Tensor) -> int:
@@ -491,14 +492,15 @@ class BatchedExecutor(Executor):
         padded_batches = getattr(runtime.data, "padded_client_batches", None)
         if padded_batches is None:
             raise Unbatchable(f"the data ({type(runtime.data).__name__}) has no padded_client_batches for clients with unequal local work")
-        steps, rows = max(t.num_steps for t in tasks), M.largest_rows(_sizes(tasks, runtime), local.batch_size)  # the largest Work's
+        columns = task_columns(tasks)
+        steps, rows = max(columns.num_steps), M.largest_rows(_sizes(tasks, runtime), local.batch_size)  # the largest Work's
         if self._one_masked_program:  # one step program for every K: only the rows are bucketed
             rows = _row_bucket(local.batch_size, rows if local.batch_size is None else max(rows, local.batch_size))
         elif self.programs is not None:  # buckets: a bounded number of compiled programs
             steps, rows = M.power_of_two(steps) if type(algorithm) not in self._equal_steps else steps, _row_bucket(local.batch_size, rows)
         padded = padded_batches(
-            [t.client_id for t in tasks], [t.seed for t in tasks], local.batch_size, local.steps, local.epochs,
-            [t.num_steps for t in tasks], min_steps=steps, min_rows=rows,
+            columns.client_ids, columns.seeds, local.batch_size, local.steps, local.epochs,
+            columns.num_steps, min_steps=steps, min_rows=rows,
         )  # fmt: skip
         real = padded.real_rows
         if bool(((real > 0) & (real < padded.rows)).any()):  # some real batch holds padded rows
@@ -506,13 +508,13 @@ class BatchedExecutor(Executor):
         return padded
 
     def _run_stacked(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> RoundResults:
-        local, broadcast, per_client = runtime.local, tasks[0].broadcast, any(t.broadcast is not tasks[0].broadcast for t in tasks)
+        local, per_client = runtime.local, not shares_broadcast(tasks)
+        broadcast = tasks.broadcast if isinstance(tasks, RoundTasks) and not per_client else tasks[0].broadcast
         if per_client:  # clients of different LoRA ranks receive their own x (fl_lightning/lora/server.py)
             if not declares_capability(runtime.algorithm, "elementwise"):
                 raise Unbatchable(f"the clients receive different x and {type(runtime.algorithm).__name__}'s rule is not elementwise")
             broadcast = {k: _stack([t.broadcast[k] for t in tasks]) if isinstance(v, dict) else v for k, v in broadcast.items()}
-        clients, seeds = [t.client_id for t in tasks], [t.seed for t in tasks]
-        steps = [t.num_steps for t in tasks]
+        clients, seeds, steps = task_columns(tasks)
         dp = runtime.record_privacy
         masks, rows_padded = None, False  # (step mask [S, K], real rows [S, K] or None) of a padded round; whether real batches hold padded rows
         padded = None  # a round of unequal work's padded batches

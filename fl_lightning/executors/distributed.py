@@ -56,7 +56,7 @@ from fl_lightning.executors.base import ClientRuntime, Executor
 from fl_lightning.reliability.faults import all_finite
 from fl_lightning.core.metrics import payload_bytes
 from fl_lightning.core.params import TensorDict
-from fl_lightning.core.tasks import ClientResult, ClientTask, Payload, SummedRound
+from fl_lightning.core.tasks import ClientResult, ClientTask, Payload, SummedRound, subset
 
 _ALIGN = 16  # bytes, a multiple of every element size: slots start aligned for any dtype
 Structure = tuple  # (upload, client_state), each nested tuples of (name, shape, dtype)
@@ -219,7 +219,7 @@ class DistributedExecutor(Executor):
         """This rank's share of the tasks (balanced by local steps), run by the wrapped executor, and what it
         raised (the exchange still runs: every rank must reach it, or the others wait there)."""
         assignment = assign_clients([task.num_steps for task in tasks], dist.get_world_size())
-        mine = [tasks[i] for i in assignment[dist.get_rank()]]
+        mine = subset(tasks, assignment[dist.get_rank()])
         error = None
         try:
             results = self.inner.run(mine, info, runtime) if mine else []
