@@ -7,7 +7,6 @@ import math
 import pytest
 import torch
 
-import fl_lightning.algorithms as algorithms
 from fl_lightning.core import params as P
 from fl_lightning.core import tasks
 from fl_lightning.core.metrics import local_consistency, payload_bytes
@@ -109,12 +108,13 @@ def test_stacked_new_states_are_stored_as_the_same_states_client_by_client():
     assert by_columns.equal(by_rows) and by_columns.client_ids() == [2, 6, 9]
 
 
-@pytest.mark.parametrize("name", ["FedAvg", "SCAFFOLD", "FedDyn"])
+@pytest.mark.parametrize("name", ["FedAvg", "SCAFFOLD", "FedDyn", "FedSAM", "FedAlt"])
 @pytest.mark.parametrize("scenario", ["epochs", "stragglers"])
 def test_a_stacked_round_makes_no_client_result(tmp_path, monkeypatch, name, scenario):
-    """An elementwise rule's stacked rounds run columns of tasks and hand the module columns of results: not one
-    ``ClientTask`` or ``ClientResult`` is made (SCAFFOLD's
-    finish reads K: it runs once per K and each client takes its own K's rows), and the run equals sequential's."""
+    """Stacked rounds run columns of tasks and hand the module columns of results: not one ``ClientTask`` or
+    ``ClientResult`` is made, and the run equals sequential's. SCAFFOLD's finish reads K: it runs once per K and each
+    client takes its own K's rows; FedSAM's and FedAlt's rules are not elementwise: they finish client by client,
+    and the outputs are stacked (FedAlt's stacks hold clients of equal K)."""
     made = []
     for kind in (tasks.ClientResult, tasks.ClientTask):  # neither the results nor the tasks, one per client
         monkeypatch.setattr(kind, "__init__", lambda self, *a, _init=kind.__init__, **k: made.append(type(self).__name__) or _init(self, *a, **k))
@@ -124,7 +124,6 @@ def test_a_stacked_round_makes_no_client_result(tmp_path, monkeypatch, name, sce
     sequential = _fit(tmp_path, name, "sequential", local, straggler, rounds=3)
     assert {"ClientTask", "ClientResult"} <= set(made)  # the counter counts: sequential execution makes them per client
     _assert_same(sequential, batched)
-    assert getattr(algorithms, name).elementwise
 
 
 def test_round_tasks_are_columns_whose_tasks_are_made_where_read():

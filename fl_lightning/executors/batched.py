@@ -568,7 +568,11 @@ class BatchedExecutor(Executor):
         mean_losses, accuracies, terms = self._means(record, masks, len(tasks))
         for client, loss in zip(clients, mean_losses if record.losses else []):
             check_loss(info.round, client, loss)
-        if isinstance(uploads, dict):  # the finish ran once on the stacked tensors: the results stay stacked
+        if not isinstance(uploads, dict):  # finished client by client: stacked where aggregation would stack them anyway
+            stacked = _stacked_small(uploads), _stacked_small(new_states)
+            if None not in stacked:
+                uploads, new_states = stacked
+        if isinstance(uploads, dict):  # the results stay stacked
             return RoundResults.stacked(clients, steps, mean_losses, accuracies, uploads, new_states, terms)
         rows = [{k: v[i] for k, v in terms.items()} for i in range(len(clients))]
         return RoundResults.of(
@@ -864,6 +868,23 @@ class BatchedExecutor(Executor):
             ctx.data_pass = data_pass_fn(runtime, int(c))  # client by client here: its whole set, as sequential execution reads it
             outputs.append(finish_client(algorithm, views[i], local_views[i], ctx))
         return [u for u, _ in outputs], [s for _, s in outputs]
+
+
+def _stacked_small(trees: list[NestedState]) -> NestedState | None:
+    """The clients' two-level dicts of tensors stacked ``[S, ...]`` where they hold the same tensors (names, shapes,
+    dtypes, devices) and each stacked tensor is small enough that ``P.across`` would stack it anyway (no copy that
+    aggregation or the store would not make); else None."""
+    first = trees[0]
+    for td in first.values():
+        if not isinstance(td, dict) or not all(isinstance(v, Tensor) and v.numel() * len(trees) <= P.STACK_LIMIT for v in td.values()):
+            return None
+    for tree in trees[1:]:
+        if tree.keys() != first.keys() or any(
+            tree[n].keys() != td.keys() or any(not isinstance(tree[n][k], Tensor) or tree[n][k].shape != v.shape or tree[n][k].dtype != v.dtype or tree[n][k].device != v.device for k, v in td.items())
+            for n, td in first.items()
+        ):
+            return None
+    return {n: {k: torch.stack([tree[n][k] for tree in trees]) for k in td} for n, td in first.items()}
 
 
 def _check_stacked(output: tuple[Payload, NestedState], size: int) -> None:
