@@ -7,6 +7,12 @@ import math
 import pytest
 import torch
 
+import fl_lightning.algorithms as algorithms
+from fl_lightning import FederatedModule, LocalTraining
+from fl_lightning.reliability.faults import DivergenceError
+from models import MLP
+from tests.conftest import tiny_datamodule, tiny_trainer
+
 from fl_lightning.core import params as P
 from fl_lightning.core import tasks
 from fl_lightning.core.metrics import local_consistency, payload_bytes
@@ -142,3 +148,24 @@ def test_round_tasks_are_columns_whose_tasks_are_made_where_read():
     listed = list(round_tasks)
     assert tasks.task_columns(listed) == columns and [t.client_id for t in tasks.subset(listed, [1, 0])] == [8, 4]
     assert not tasks.shares_broadcast(listed) and tasks.shares_broadcast(listed[:2])
+
+
+class _OneClientDiverges(algorithms.FedAvg):
+    """Round 2's second client uploads NaN (its finish runs client by client: it reads ctx.client_id)."""
+
+    culprit: list[int] = []
+
+    def client_finish(self, params, local, ctx):
+        upload, state = super().client_finish(params, local, ctx)
+        if ctx.info.round == 2 and ctx.client_id == int(ctx.info.plan.clients[1]):
+            self.culprit.append(ctx.client_id)
+            upload["delta"] = {k: v * float("nan") for k, v in upload["delta"].items()}
+        return upload, state
+
+
+def test_a_stacked_rounds_non_finite_upload_is_named_by_its_client(tmp_path):
+    module = FederatedModule(MLP(8, 3, hidden=[16]), _OneClientDiverges(), LocalTraining(lr=0.1, steps=2, batch_size=8), execution="batched")
+    with pytest.raises(DivergenceError, match="round 2: client (\\d+) sent a non-finite update") as raised:
+        tiny_trainer(tmp_path, rounds=4).fit(module, datamodule=tiny_datamodule())
+    assert f"client {_OneClientDiverges.culprit[-1]} sent" in str(raised.value)
+    assert module.executor.stats["stacked_rounds"] == 3 and not module.executor.fallbacks
