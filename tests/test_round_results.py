@@ -97,6 +97,8 @@ def test_stacked_uploads_aggregate_and_measure_as_the_same_uploads_listed(monkey
             got, want = P.weighted_sum(P.part(results.uploads, name), weights), P.weighted_sum(P.part(listed, name), weights)
             assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
         assert local_consistency(P.part(results.uploads, "delta")) == local_consistency(P.part(listed, "delta"))
+    norms, want = P.row_sq_norms(P.part(results.uploads, "delta")), [float(P.sq_norm(d)) for d in P.part(listed, "delta")]
+    assert norms == pytest.approx(want, rel=1e-14) and P.row_sq_norms(P.part(listed, "delta")) == want
     assert isinstance(P.part(results.uploads, "delta"), P.StackedDicts)
     assert len(P.part(results.uploads, "absent", default={})) == 5
     with pytest.raises(KeyError):

@@ -55,9 +55,9 @@ class FedExP(Algorithm):
         local_steps: Sequence[int],
     ) -> tuple[TensorDict, NestedState]:
         """(23.2): d = -eta_g sum_i w_i Delta_i, eta_g of (23.1) in float64."""
-        deltas = [u["delta"] for u in uploads]
+        deltas = P.part(uploads, "delta")
         mean = P.weighted_sum(deltas, weights)
-        step = extrapolation([float(P.sq_norm(d)) for d in deltas], [float(w) for w in weights], float(P.sq_norm(mean)), self.eps)
+        step = extrapolation(P.row_sq_norms(deltas), [float(w) for w in weights], float(P.sq_norm(mean)), self.eps)
         state = {"fedexp": {"step_size": torch.tensor(step, dtype=torch.float64)}}
         return P.scale(mean, -step), state
 

@@ -96,6 +96,14 @@ def sq_norm(td: TensorDict) -> Tensor:
     return sum((v.double() ** 2).sum() for v in td.values())
 
 
+def row_sq_norms(dicts: Sequence[TensorDict]) -> list[float]:
+    """``float(sq_norm(d))`` of every dict, in float64; a ``StackedDicts`` with one reduction per tensor, not one per dict."""
+    if isinstance(dicts, StackedDicts):
+        total = sum(v.double().square().reshape(len(dicts), -1).sum(1) for v in dicts.stacked.values())
+        return total.tolist() if isinstance(total, Tensor) else [0.0] * len(dicts)
+    return [float(sq_norm(d)) for d in dicts]
+
+
 def num_bytes(tensors: Iterable[Tensor]) -> int:
     return sum([t.nbytes for t in tensors])  # numel() * element_size(), in one attribute read
 
