@@ -748,7 +748,8 @@ class FederatedModule(AsyncServer, L.LightningModule):
                         log.info("round %d: client %d misses the deadline (never reports)", round_idx, cid)
                         continue
                     budget = allowed[cid]
-                kept.client_ids.append(cid), kept.seeds.append(seed), kept.num_steps.append(budget)
+                for column, value in zip(kept, (cid, seed, budget)):
+                    column.append(value)
         own = {}
         if self.lora is not None:  # a client of a lower rank gets the broadcast zero-padded to its rank
             own = {i: self.lora.client_broadcast(broadcast, cid) for i, cid in enumerate(kept.client_ids) if self.lora.client_rank(cid) < self.lora.rank}
