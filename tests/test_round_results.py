@@ -64,7 +64,6 @@ def test_stacked_results_read_the_same_as_columns_and_as_rows():
         assert getattr(results, read) == getattr(rows, read), read
     assert results.upload_bytes == [payload_bytes(r.upload) for r in rows]
     assert isinstance(results.uploads, StackedPayloads) and results.stacked_states is columns[1]
-    assert not results.encoded
     _assert_rows_equal(list(results), list(rows))  # made once, from the columns
     assert results.stacked_states is None  # the rows are the results now
     results[1].upload = {"delta": {"w": torch.zeros(3, 2), "b": torch.zeros(3)}}  # a reader replaces one upload

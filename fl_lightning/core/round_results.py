@@ -17,7 +17,6 @@ from dataclasses import dataclass
 import torch
 
 from fl_lightning.core import params as P
-from fl_lightning.core.metrics import payload_bytes
 from fl_lightning.core.params import TensorDict
 from fl_lightning.core.state import NestedState
 from fl_lightning.core.tasks import ClientResult, Payload
@@ -91,7 +90,7 @@ class RoundResults(Sequence):
         """One ``ClientResult`` per client (made once, from the columns; from then on the results)."""
         if self._rows is None:
             c, size = self._columns, len(self._columns.client_ids)
-            states = _rows_of(c.client_states, size)
+            states = unstacked(c.client_states, size)
             terms = [{k: v[i] for k, v in c.loss_terms.items()} for i in range(size)]
             self._rows = [
                 ClientResult(cid, c.uploads[i], states[i], c.num_steps[i], c.mean_losses[i], c.accuracies[i], terms[i])
@@ -136,12 +135,7 @@ class RoundResults(Sequence):
         """Each upload's size: its encoded size where message stages set one, else the bytes of its tensors."""
         if self._rows is None:
             return [self._columns.uploads.row_bytes()] * len(self)
-        return [r.upload_bytes if r.upload_bytes is not None else payload_bytes(r.upload) for r in self._rows]
-
-    @property
-    def encoded(self) -> bool:
-        """Whether message stages set some upload's encoded size."""
-        return self._rows is not None and any(r.upload_bytes is not None for r in self._rows)
+        return [r.sent_bytes for r in self._rows]
 
     @property
     def stacked_states(self) -> NestedState | None:
@@ -163,8 +157,10 @@ def merged(parts: Sequence[tuple[Sequence[int], RoundResults]], size: int) -> Ro
     if len(parts) == 1 and list(parts[0][0]) == list(range(size)):
         return parts[0][1]
     columns = [r._columns for _, r in parts if r._rows is None]
-    if len(columns) == len(parts) and _alike([c.uploads.stacked for c in columns]) and _alike([c.client_states for c in columns]) and all(
-        c.loss_terms.keys() == columns[0].loss_terms.keys() for c in columns
+    if len(columns) == len(parts) and all(
+        same_tensors(columns[0].uploads.stacked, c.uploads.stacked, 1) and same_tensors(columns[0].client_states, c.client_states, 1)
+        and c.loss_terms.keys() == columns[0].loss_terms.keys()
+        for c in columns[1:]
     ):
         order = torch.empty(size, dtype=torch.int64)
         order[torch.tensor([p for positions, _ in parts for p in positions], dtype=torch.int64)] = torch.arange(size)
@@ -189,21 +185,25 @@ def merged(parts: Sequence[tuple[Sequence[int], RoundResults]], size: int) -> Ro
     return RoundResults.of(rows)
 
 
-def _alike(trees: list[NestedState]) -> bool:
-    """Whether the stacked trees hold the same tensors (names, shapes past the first dimension, dtypes, devices)."""
-    first = trees[0]
-    return all(
-        tree.keys() == first.keys()
-        and all(
-            tree[n].keys() == td.keys()
-            and all(v.shape[1:] == tree[n][k].shape[1:] and v.dtype == tree[n][k].dtype and v.device == tree[n][k].device for k, v in td.items())
-            for n, td in first.items()
-        )
-        for tree in trees[1:]
-    )
+def same_tensors(a: NestedState, b: NestedState, from_dim: int = 0) -> bool:
+    """Whether two-level trees of tensors hold the same tensors: names, dtypes, devices, and shapes from dimension
+    ``from_dim`` on (1: stacked trees of any number of clients)."""
+    if a.keys() != b.keys():
+        return False
+    for name, td in a.items():
+        other = b[name]
+        if td.keys() != other.keys():
+            return False
+        for k, t in td.items():
+            o = other[k]
+            if not isinstance(o, torch.Tensor) or t.shape[from_dim:] != o.shape[from_dim:] or t.dtype != o.dtype or t.device != o.device:
+                return False
+    return True
 
 
-def _rows_of(state: NestedState, size: int) -> list[NestedState]:
-    """Each client's state: views of the stacked state's rows (one ``unbind`` per tensor)."""
-    views = {n: {k: v.unbind(0) for k, v in td.items()} for n, td in state.items()}
-    return [{n: {k: parts[i] for k, parts in td.items()} for n, td in views.items()} for i in range(size)]
+def unstacked(tree, size: int) -> list:
+    """Each client's tree of a stacked one (nested dicts of ``[S, ...]`` tensors): views, one ``unbind`` per tensor."""
+    if isinstance(tree, dict):
+        per_key = {k: unstacked(v, size) for k, v in tree.items()}
+        return [{k: parts[i] for k, parts in per_key.items()} for i in range(size)]
+    return list(tree.unbind(0))

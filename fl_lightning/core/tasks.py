@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
+from fl_lightning.core.metrics import payload_bytes
 from fl_lightning.core.params import TensorDict
 from torch import Tensor
 
@@ -157,6 +158,11 @@ class ClientResult:
     accuracy: float = math.nan  # the fraction of its training samples predicted right during its steps (NaN: not a classifier)
     loss_terms: dict[str, float] = field(default_factory=dict)  # mean over steps of each named term of an algorithm's local_loss
     upload_bytes: int | None = None  # the upload's encoded size (message stages); None: the bytes of its tensors
+
+    @property
+    def sent_bytes(self) -> int:
+        """The upload's encoded size (message stages, ``fl_lightning.pipeline.messages``), else the bytes of its tensors."""
+        return self.upload_bytes if self.upload_bytes is not None else payload_bytes(self.upload)
 
 
 @dataclass

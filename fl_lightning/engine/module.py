@@ -587,7 +587,6 @@ class FederatedModule(AsyncServer, L.LightningModule):
         """Move the clock to the round's end (27.4) from the bytes each reporting client actually sent."""
         from fl_lightning.clock.rounds import round_end
 
-        results = RoundResults.of(results)
         sizes = summed.upload_bytes if summed is not None else results.upload_bytes
         cut, missed = times.cut, times.missed
         reported = list(zip(results.client_ids, results.num_steps, sizes))

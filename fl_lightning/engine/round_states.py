@@ -14,7 +14,7 @@ from torch import Tensor
 
 from fl_lightning.core.params import TensorDict
 from fl_lightning.core.state import ClientStore, NestedState
-from fl_lightning.core.round_results import RoundResults
+from fl_lightning.core.round_results import RoundResults, same_tensors
 from fl_lightning.core.tasks import PERSONAL, ClientResult, ClientState
 
 
@@ -59,26 +59,12 @@ def store_results(store: ClientStore, results: Sequence[ClientResult]) -> None:
             store.scatter(torch.tensor(results.client_ids, dtype=torch.int64), {n: {k: v.detach() for k, v in td.items()} for n, td in stacked.items()})
         return
     states = [r.client_state for r in results]
-    if len(states) > 1 and states[0] and all(_alike(states[0], s) for s in states[1:]):
+    if len(states) > 1 and states[0] and all(same_tensors(states[0], s) for s in states[1:]):
         ids = torch.tensor([r.client_id for r in results], dtype=torch.int64)
         store.scatter(ids, {n: {k: _stacked([s[n][k] for s in states]) for k in td} for n, td in states[0].items()})
         return
     for result in results:
         store.put(result.client_id, result.client_state)
-
-
-def _alike(a: NestedState, b: NestedState) -> bool:
-    if a.keys() != b.keys():
-        return False
-    for name, td in a.items():
-        other = b[name]
-        if td.keys() != other.keys():
-            return False
-        for k, t in td.items():
-            o = other[k]
-            if t.shape != o.shape or t.dtype != o.dtype or t.device != o.device:
-                return False
-    return True
 
 
 def _stacked(tensors: list[Tensor]) -> Tensor:

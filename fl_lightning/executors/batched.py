@@ -46,7 +46,7 @@ from fl_lightning.core.local_loss import client_loss, defines_local_loss
 from fl_lightning.core.objective import StepRecord
 from fl_lightning.core.participation import UniformSampling
 from fl_lightning.core.params import TensorDict
-from fl_lightning.core.round_results import RoundResults, merged
+from fl_lightning.core.round_results import RoundResults, merged, same_tensors, unstacked
 from fl_lightning.core.state import NestedState
 from fl_lightning.core.tasks import ClientResult, ClientTask, Payload, RoundTasks, shared_states, shares_broadcast, subset, task_columns
 
@@ -174,14 +174,6 @@ def _load_states(tasks: Sequence[ClientTask]) -> tuple[list[Any] | None, Any, An
     loaded = [task.load_state() for task in tasks]
     states = [state.algorithm for state in loaded]
     return states, _stack(states), _stack([state.personal for state in loaded])
-
-
-def _unstack(state: Any, num_clients: int) -> list[Any]:
-    """The inverse of ``_stack``: one view per client (``unbind``: one op per tensor, not per client)."""
-    if isinstance(state, dict):
-        per_key = {k: _unstack(v, num_clients) for k, v in state.items()}
-        return [{k: parts[i] for k, parts in per_key.items()} for i in range(num_clients)]
-    return list(state.unbind(0))
 
 
 def _pad_clients(extra: int, tree: Any) -> Any:
@@ -836,7 +828,7 @@ class BatchedExecutor(Executor):
             _check_stacked(output, size)
             if not context.read:  # the same finish for every K
                 return output
-            own = torch.tensor([s == k for s in steps])
+            own = torch.tensor([s == k for s in steps], device=runtime.device)
             chosen = output if chosen is None else _take_rows(own, output, chosen)
         return chosen
 
@@ -856,11 +848,11 @@ class BatchedExecutor(Executor):
                 return self._finish_stacked(runtime, params, local_state, stacked_state, ids, broadcast, info, personal)
             except ClientIdUnavailable:
                 self._finish_per_client.add(type(algorithm))
-        states = states if states is not None else _unstack(stacked_state, len(ids))  # each client's view
+        states = states if states is not None else unstacked(stacked_state, len(ids))  # each client's view
         if not self._round.equal and any(isinstance(v, Tensor) and (v.dim() == 0 or v.shape[0] != len(states)) for v in _tensor_leaves(local_state)):
             raise Unbatchable("the rule's client_finish runs client by client, and its stacked local state holds a tensor shared by the clients")
-        views, local_views = _unstack(params, len(states)), _unstack(local_state, len(states))
-        personal_views = _unstack(personal, len(states)) if personal else [{}] * len(states)
+        views, local_views = unstacked(params, len(states)), unstacked(local_state, len(states))
+        personal_views = unstacked(personal, len(states)) if personal else [{}] * len(states)
         outputs = []
         for i, c in enumerate(ids.tolist()):
             own = _unstack_broadcast(broadcast, i) if self._per_client_x else broadcast
@@ -878,12 +870,8 @@ def _stacked_small(trees: list[NestedState]) -> NestedState | None:
     for td in first.values():
         if not isinstance(td, dict) or not all(isinstance(v, Tensor) and v.numel() * len(trees) <= P.STACK_LIMIT for v in td.values()):
             return None
-    for tree in trees[1:]:
-        if tree.keys() != first.keys() or any(
-            tree[n].keys() != td.keys() or any(not isinstance(tree[n][k], Tensor) or tree[n][k].shape != v.shape or tree[n][k].dtype != v.dtype or tree[n][k].device != v.device for k, v in td.items())
-            for n, td in first.items()
-        ):
-            return None
+    if not all(isinstance(tree, dict) and all(isinstance(td, dict) for td in tree.values()) and same_tensors(first, tree) for tree in trees[1:]):
+        return None
     return {n: {k: torch.stack([tree[n][k] for tree in trees]) for k in td} for n, td in first.items()}
 
 
@@ -899,10 +887,7 @@ def _take_rows(own: Tensor, new: tuple[Payload, NestedState], old: tuple[Payload
     """``old`` with the rows where ``own`` is true taken from ``new`` (the same tensors in both)."""
     if any(a.keys() != b.keys() or any(a[n].keys() != b[n].keys() for n in a) for a, b in zip(new, old)):
         raise Unstackable("the rule's client_finish returns different tensors for clients of different K")
-    return tuple(
-        {n: {k: torch.where(own.to(v.device).view(-1, *[1] * (v.dim() - 1)), v, before[n][k]) for k, v in td.items()} for n, td in after.items()}
-        for after, before in zip(new, old)
-    )
+    return M.keep_where(own, new, old)
 
 
 def _unstack_broadcast(broadcast: Payload, i: int) -> Payload:

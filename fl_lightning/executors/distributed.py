@@ -54,7 +54,6 @@ from fl_lightning.algorithms.base import RoundInfo, declares_capability, defines
 from fl_lightning.core.errors import RankFailed, RunInterrupted, one_line
 from fl_lightning.executors.base import ClientRuntime, Executor
 from fl_lightning.reliability.faults import all_finite
-from fl_lightning.core.metrics import payload_bytes
 from fl_lightning.core.params import TensorDict
 from fl_lightning.core.tasks import ClientResult, ClientTask, Payload, SummedRound, subset
 
@@ -197,7 +196,7 @@ class DistributedExecutor(Executor):
             return _flatten(sums, delta_sum, delta_sq, device)
 
         # Sums weighted as if every task reports travel with the headers: one all_reduce a round.
-        facts = {r.client_id: [float(_upload_bytes(r)), float(all_finite([r.upload]))] for r in results}
+        facts = {r.client_id: [float(r.sent_bytes), float(all_finite([r.upload]))] for r in results}
         stripped = [dataclasses.replace(r, upload={}) for r in results]
         carry = partial_sums([t.client_id for t in tasks])
         everyone, rows, carry = self._exchange(
@@ -369,11 +368,6 @@ def _gather_bytes(
     if size:  # 0 when no client of the round completed
         dist.all_gather(buffers, buffer)
     return buffers
-
-
-def _upload_bytes(result: ClientResult) -> int:
-    """The upload's encoded size (message stages, ``fl_lightning.pipeline.messages``), else the bytes of its tensors."""
-    return result.upload_bytes if result.upload_bytes is not None else payload_bytes(result.upload)
 
 
 def _distributed() -> bool:
