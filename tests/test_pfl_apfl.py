@@ -112,7 +112,10 @@ def test_apfl_with_alpha_zero_is_fedavg_and_predicts_with_the_global_model():
         apfl, fedavg = _fit(APFL(alpha=0.0, adaptive_alpha=False), execution), _fit(FedAvg(), execution)
         x = apfl.global_params()
         for k, v in fedavg.global_params().items():
-            assert torch.equal(x[k], v), (execution, k)  # batched too: the same per-entry arithmetic
+            if execution == "sequential":
+                assert torch.equal(x[k], v), (execution, k)
+            else:  # APFL stacks under vmap, FedAvg elementwise: their float32 sums may round differently by CPU
+                assert torch.allclose(x[k], v, rtol=0, atol=1e-6), (execution, k)
         for cid in range(3):
             params = apfl.prediction_params(cid)
             assert all(torch.equal(params[k], x[k]) for k in x)
