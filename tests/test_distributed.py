@@ -4,6 +4,7 @@ where an algorithm's linear aggregate is computed from all-reduced partial sums.
 
 import os
 import re
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -20,12 +21,26 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _train(tmp_path, devices: int, algorithm: str, skew: bool, *extra: str) -> dict:
+    """The script's run on ``devices`` processes; the one-process reference runs in this process (the same script,
+    without a second interpreter's imports), the DDP run as users launch it."""
     out = tmp_path / f"{algorithm}_devices{devices}.pt"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "ddp_check.py"), "--devices", str(devices), "--rounds", "3",
-           "--clients-per-round", "5", "--algorithm", algorithm, "--out", str(out)] + ["--skew"] * skew + list(extra)  # fmt: skip
-    proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    script = ROOT / "benchmarks" / "ddp_check.py"
+    args = ["--devices", str(devices), "--rounds", "3", "--clients-per-round", "5", "--algorithm", algorithm,
+            "--out", str(out)] + ["--skew"] * skew + list(extra)  # fmt: skip
+    if devices == 1:
+        threads, argv, cwd = torch.get_num_threads(), sys.argv, os.getcwd()
+        try:
+            sys.argv = [str(script), *args]
+            os.chdir(tmp_path)  # what the run writes (robust_kept.csv) lands where the subprocess's would
+            runpy.run_path(str(script), run_name="__main__")
+        finally:
+            sys.argv = argv
+            os.chdir(cwd)
+            torch.set_num_threads(threads)
+    else:
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        proc = subprocess.run([sys.executable, str(script), *args], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
     return torch.load(out, weights_only=True)
 
 

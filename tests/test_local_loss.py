@@ -277,19 +277,12 @@ def test_config_fits_through_the_cli_and_logs_its_loss_terms(tmp_path, monkeypat
         assert math.isclose(sum(terms), float(row["train/loss"]), rel_tol=1e-6)
 
 
-def test_ddp_two_processes_equal_one_process_loss_terms_included(tmp_path, monkeypatch):
+def test_ddp_two_processes_equal_one_process_loss_terms_included(tmp_path):
     """MOON split over 2 DDP processes (gloo, CPU; partial sums): the one-process model, client
     store (previous models) and round metrics, train/loss/<term> included."""
-    import runpy
-    import sys
-
     from tests.test_distributed import _assert_close, _train
 
-    out = tmp_path / "single.pt"  # the one-process run in this process (the same script)
-    monkeypatch.setattr(sys, "argv", ["ddp_check.py", "--devices", "1", "--rounds", "3", "--clients-per-round", "5",
-                                      "--algorithm", "moon", "--out", str(out)])  # fmt: skip
-    runpy.run_path(str(ROOT / "benchmarks" / "ddp_check.py"), run_name="__main__")
-    single, ddp = torch.load(out, weights_only=True), _train(tmp_path, 2, "moon", False)
+    single, ddp = _train(tmp_path, 1, "moon", False), _train(tmp_path, 2, "moon", False)
     _assert_close(single, ddp, rtol=1e-5, atol=1e-6)
     assert ddp["exchanges"]["summed"] == 3
     for name in ("train/loss", "train/loss/ce", "train/loss/contrastive"):

@@ -294,19 +294,12 @@ def test_a_wrong_prototype_shape_is_refused_in_one_line(tmp_path):
         tiny_trainer(tmp_path, 1).fit(module, datamodule=tiny_datamodule())
 
 
-def test_ddp_two_processes_sum_the_prototypes_as_one_process(tmp_path, monkeypatch):
+def test_ddp_two_processes_sum_the_prototypes_as_one_process(tmp_path):
     """FedProto over 2 DDP processes (gloo, CPU): the uploads (no model delta) are summed and all-reduced
     (linear_aggregate), and the global prototypes, the client models and the metrics equal one process's."""
-    import runpy
-    import sys
-
     from tests.test_distributed import _assert_close, _train
 
-    out = tmp_path / "single.pt"  # the one-process run in this process (the same script)
-    monkeypatch.setattr(sys, "argv", ["ddp_check.py", "--devices", "1", "--rounds", "3", "--clients-per-round", "5",
-                                      "--algorithm", "fedproto", "--out", str(out)])  # fmt: skip
-    runpy.run_path(str(ROOT / "benchmarks" / "ddp_check.py"), run_name="__main__")
-    single, ddp = torch.load(out, weights_only=True), _train(tmp_path, 2, "fedproto", False)
+    single, ddp = _train(tmp_path, 1, "fedproto", False), _train(tmp_path, 2, "fedproto", False)
     _assert_close(single, ddp, rtol=1e-5, atol=1e-6)
     assert ddp["exchanges"]["summed"] == 3 and single["server_state"]["prototypes/present"].sum() > 0
     for name in ("train/loss", "train/loss/proto", "train/consistency", "comm/round_bytes_up", "algo/classes_with_prototype"):
