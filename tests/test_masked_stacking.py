@@ -285,10 +285,46 @@ def test_compiled_auto_unit_runs_every_masked_round_with_one_step_program(tmp_pa
     _assert_same(_fit(tmp_path, "SCAFFOLD", "sequential", local, straggler), bat)
     assert not executor.fallbacks and not executor.compile_fallbacks and executor.stats["stacked_rounds"] == 2
     masked = [v for v in executor.programs.variants if v[3]]
-    assert masked and all(v[0] == "step" and v[4] == local.batch_size for v in masked)
-    assert len({v[2:] for v in masked}) == 1 and {v[1] for v in masked} == {1, 2, 4}  # the ladder, compiled at the first round
+    assert masked and all(v[0] in ("step", "pair") and v[4] == local.batch_size for v in masked)
+    assert len({v[2:] for v in masked}) == 1  # the ladder, compiled at the first round, for one step and two a call
+    assert {v[1] for v in masked if v[0] == "step"} == {v[1] for v in masked if v[0] == "pair"} == {1, 2, 4}
     stats = executor.stats  # padding counted as computed: less than the full stack of every step would be
     assert 0 < stats["padded_work"] < stats["real_work"] + stats["padded_work"]
+
+
+def test_pairs_of_steps_run_where_two_consecutive_steps_keep_the_stack():
+    """Hand-worked: sizes (4, 4, 4, 1, 1) run steps 0-1 as a pair, step 2 alone, steps 3-4 as a pair."""
+    from fl_lightning.executors.compiled import pair_steps
+
+    sizes, k, calls = [4, 4, 4, 1, 1], 0, []
+    while k < len(sizes):
+        calls.append((k, k + 1) if pair_steps(sizes, len(sizes), k) else (k,))
+        k += len(calls[-1])
+    assert calls == [(0, 1), (2,), (3, 4)]
+    assert not pair_steps([4, 2], 2, 0) and pair_steps(None, 3, 1) and not pair_steps(None, 3, 2)
+
+
+def test_compiled_masked_rounds_call_one_program_per_pair_of_steps_with_sequentials_results(tmp_path, monkeypatch):
+    """The step unit's calls: one per pair of consecutive steps of the same stack size, one per step left over (each
+    call pays dynamo's entry); the results are sequential execution's, as with one step a call."""
+    from fl_lightning.executors import batched as B
+    from fl_lightning.executors.compiled import stacked_one_step, stacked_two_steps
+
+    local, straggler = SCENARIOS["epochs"]
+    seen, calls = [], []
+    sizes_of = B.M.stack_sizes
+    monkeypatch.setattr(B.M, "stack_sizes", lambda *a, **k: seen.append(sizes_of(*a, **k)) or seen[-1])
+    executor = BatchedExecutor(compile=True, backend="eager")
+    guarded = executor.programs._guarded
+    monkeypatch.setattr(executor.programs, "_guarded", lambda unit_fn, *a: calls.append(unit_fn) or guarded(unit_fn, *a))
+    bat = _fit(tmp_path, "SCAFFOLD", executor, local, straggler, rounds=3)
+    _assert_same(_fit(tmp_path, "SCAFFOLD", "sequential", local, straggler, rounds=3), bat)
+    assert executor.stats["stacked_rounds"] == 3 and not executor.compile_fallbacks
+    warm = len([v for v in executor.programs.variants if v[3]])  # the first round compiles the ladder, pairs included
+    pairs = [len(list(run)) // 2 for sizes in seen for _, run in itertools.groupby(sizes)]
+    singles = [len(list(run)) % 2 for sizes in seen for _, run in itertools.groupby(sizes)]
+    assert sum(pairs) > 0 and calls.count(stacked_two_steps) == sum(pairs) + warm // 2
+    assert calls.count(stacked_one_step) == sum(singles) + warm // 2
 
 
 def test_a_stack_in_decreasing_k_shrinks_to_the_clients_still_running():

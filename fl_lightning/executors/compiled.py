@@ -19,7 +19,9 @@ rounds of unequal work, so that one program serves every K; sequential execution
   each paying dynamo's entry (slower rounds on small models). The step index is not an input:
   a ``client_step`` that reads ``ctx.step`` or ``ctx.num_steps`` (FedAlt's schedule) would make it a
   constant of the graph, one program per step, so ``StepIndexUnavailable`` is raised while tracing and
-  that rule's clients run the round program instead (a declared reason, logged once).
+  that rule's clients run the round program instead (a declared reason, logged once). Stacked clients of a
+  masked round run two consecutive steps of the same stack size as one call of the pair program
+  (``stacked_two_steps``, ``pair_steps``) where the stack's ladder leaves room for both variants: half the calls.
 
 Compiled variants are keyed by what the graph depends on, and bounded:
 
@@ -227,6 +229,25 @@ def stacked_one_step(algorithm, objective, weight_decay, params, local, client_s
     )
 
 
+def stacked_two_steps(algorithm, objective, weight_decay, params, local, client_state, clients, info, broadcast, personal, batches,
+                      label_counts=None, step_masks=None):  # fmt: skip
+    """Two consecutive ``stacked_one_step`` of the same stack (``batches``, ``step_masks``: the two steps'), one program:
+    the pair program, which halves the calls (each pays dynamo's and AOT's entry) of a masked round's steps."""
+    records: list = []
+    for batch, mask in zip(batches, step_masks or (None, None)):
+        params, local, evaluations = stacked_one_step(
+            algorithm, objective, weight_decay, params, local, client_state, clients, info, broadcast, personal, batch, label_counts, mask
+        )
+        records += evaluations
+    return params, local, records
+
+
+def pair_steps(sizes: Sequence[int] | None, steps: int, k: int) -> bool:
+    """Whether steps k and k + 1 of a stacked step-unit round run as one pair program: both exist and run the same
+    stack (``sizes``: a shrinking stack's size at each step; None: one size throughout)."""
+    return k + 1 < steps and (sizes is None or sizes[k + 1] == sizes[k])
+
+
 def _fresh(fn: Callable) -> Callable:
     """A copy of ``fn`` with its own code object: dynamo keeps compiled variants (and counts them
     against its recompile limit) per code object, so each executor's programs stay its own."""
@@ -277,9 +298,10 @@ class CompiledPrograms:
         self._disabled_error: BaseException | None = None  # the declared error to raise again, if one was traced
         self._round_fn = stacked_local_steps if stacked else local_steps
         self._step_fn = stacked_one_step if stacked else one_step
+        self._pair_fn = stacked_two_steps if stacked else None  # stacked step units: two steps of one stack a call
         self._programs = {
             (unit_fn, dynamic): torch.compile(_fresh(unit_fn), fullgraph=True, dynamic=dynamic, backend=backend)
-            for unit_fn in (self._round_fn, self._step_fn) for dynamic in (False, True)
+            for unit_fn in (self._round_fn, self._step_fn, self._pair_fn) if unit_fn is not None for dynamic in (False, True)
         }  # fmt: skip  (dynamo traces a program at its first call: a unit not run costs nothing)
         # dynamo's settings while a program runs (and may compile), made once: building the patch costs
         # ~1 ms (a copy of dynamo's whole config), entering it ~15 us
@@ -321,6 +343,11 @@ class CompiledPrograms:
         # first size, then every power of two below it) compiled at its first round, whatever that round's sizes
         ladder = [sizes[0], *(1 << j for j in reversed(range((sizes[0] - 1).bit_length())))] if shrinking else []
         keys = [(key[0], size, *key[2:]) for size in ladder] if shrinking else [key]
+        # a stacked, masked round's steps two a call where two consecutive steps run the same stack: a pair program
+        # beside each step program, where the ladder leaves room for both (decided by the round's shapes alone)
+        pairs = self.stacked and sizes is not None and key[0] == "step" and 2 * len(keys) <= self.max_variants - 2
+        if pairs:
+            keys += [("pair", *k[1:]) for k in keys]
         if isinstance(dynamic, list):
             keys = [(key[0], flag, *key[2:]) for flag in dict.fromkeys(dynamic)] if key[0] == "step" else [key]
             dynamic = dynamic if key[0] == "step" else any(dynamic)
@@ -334,8 +361,8 @@ class CompiledPrograms:
             self._inductor_config = _inductor_settings(self.backend)
         with self._config, self._inductor_config:
             if shrinking and fresh:
-                self._warm(dynamic, args, [k[1] for k in fresh])
-            out = self._steps(dynamic, new, args, sizes if shrinking else None) if key[0] == "step" else self._guarded(self._round_fn, dynamic, new, args)
+                self._warm(dynamic, args, [k[1] for k in fresh if k[0] == "step"], [k[1] for k in fresh if k[0] == "pair"])
+            out = self._steps(dynamic, new, args, sizes if shrinking else None, pairs) if key[0] == "step" else self._guarded(self._round_fn, dynamic, new, args)
         self.variants.update(keys)
         compiled = _graphs_compiled() - graphs
         if compiled:
@@ -343,8 +370,9 @@ class CompiledPrograms:
             self.compile_seconds += time.perf_counter() - started
         return out
 
-    def _steps(self, dynamic: bool, new: bool, args: tuple, sizes: list[int] | None = None) -> tuple[TensorDict, Any, list]:
-        """The step unit: ``client_init`` eagerly, then the per-step program once per batch. With ``sizes`` (stacked
+    def _steps(self, dynamic: bool, new: bool, args: tuple, sizes: list[int] | None = None, pairs: bool = False) -> tuple[TensorDict, Any, list]:
+        """The step unit: ``client_init`` eagerly, then the per-step program once per batch (``pairs``: the pair
+        program once per two consecutive batches of the same stack, ``pair_steps``). With ``sizes`` (stacked
         clients in decreasing K) step k runs the first ``sizes[k]`` clients only: the others are done, their final
         tensors set aside (views, no copy) and joined back once; the step's evaluations are of its clients only."""
         algorithm, objective, weight_decay, params, client_state, client, info, broadcast, personal, batches, counts, *rest = args
@@ -354,31 +382,43 @@ class CompiledPrograms:
         records: list = []
         columns = None if step_mask is None else step_mask.t().contiguous()  # step k's mask contiguous: one program for every K
         stack = None if sizes is None else M.ShrinkingStack(sizes, len(client))
-        for k, batch in enumerate(batches):
-            mask = None if columns is None else columns[k]
+        batches, k = list(batches), 0
+        while k < len(batches):
+            two = pairs and not isinstance(dynamic, list) and pair_steps(sizes, len(batches), k)
+            taken = [k, k + 1] if two else [k]
+            batch, mask = [batches[j] for j in taken], [None if columns is None else columns[j] for j in taken]
             shape_free = dynamic[k] if isinstance(dynamic, list) else dynamic
             if stack is not None:
                 cut = stack.shrink(k, (params, local), (client_state, client, personal, counts))
                 if cut is not None:
                     (params, local), (client_state, client, personal, counts) = cut
                 batch, mask = stack.rows((batch, mask))
+            if two:
+                unit_fn, batch, mask = self._pair_fn, tuple(batch), None if columns is None else tuple(mask)
+            else:
+                unit_fn, batch, mask = self._step_fn, batch[0], mask[0]
             step_args = (algorithm, objective, weight_decay, params, local, client_state, client, info, broadcast, personal, batch, counts, mask)
-            params, local, evaluations = self._guarded(self._step_fn, shape_free, new, step_args)
+            params, local, evaluations = self._guarded(unit_fn, shape_free, new, step_args)
             records += evaluations  # of the first ``current`` clients
+            k += len(taken)
         if stack is not None:
             params, local = stack.joined((params, local))
         return params, local, records
 
-    def _warm(self, dynamic: bool, args: tuple, sizes: list[int]) -> None:
-        """Compile the step program for each stack size of ``sizes`` by running the first step on that many of the
-        stacked clients (results discarded, the random state restored): a round's shrinking then never compiles."""
+    def _warm(self, dynamic: bool, args: tuple, sizes: list[int], pair_sizes: Sequence[int] = ()) -> None:
+        """Compile the step program for each stack size of ``sizes`` (and the pair program for each of ``pair_sizes``)
+        by running the first step (two) on that many of the stacked clients (results discarded, the random state
+        restored): a round's shrinking then never compiles."""
         algorithm, objective, weight_decay, params, client_state, client, info, broadcast, personal, batches, counts, step_mask = args
         with torch.random.fork_rng(devices=[]):
             local = stacked_init_state(algorithm, params, client_state, client, info, broadcast, personal, len(batches), True)
             mask = step_mask[:, 0].contiguous()
-            for size in sizes:
-                p, loc, state, ids, own, batch, cnt, m = M.leading_rows((params, local, client_state, client, personal, batches[0], counts, mask), 0, size)
-                self._guarded(self._step_fn, dynamic, True, (algorithm, objective, weight_decay, p, loc, state, ids, info, broadcast, own, batch, cnt, m))
+            two = (tuple(batches[:2]), (mask, mask)) if len(batches) > 1 else None
+            runs = [(self._step_fn, size, (batches[0], mask)) for size in sizes]
+            runs += [(self._pair_fn, size, two) for size in pair_sizes if two is not None]
+            for unit_fn, size, (batch, m) in runs:
+                p, loc, state, ids, own, batch, cnt, m = M.leading_rows((params, local, client_state, client, personal, batch, counts, m), 0, size)
+                self._guarded(unit_fn, dynamic, True, (algorithm, objective, weight_decay, p, loc, state, ids, info, broadcast, own, batch, cnt, m))
 
     def _guarded(self, unit_fn: Callable, dynamic: bool, new: bool, args: tuple) -> Any:
         """``unit_fn``'s compiled program on ``args``, its failures sorted into declared reasons and ``CompileError``."""
