@@ -184,7 +184,8 @@ def test_masked_stacking_off_runs_unequal_rounds_sequentially_bitwise(tmp_path):
 
 @pytest.mark.parametrize(
     "value, setting",
-    [(1.0, "max_padding_waste"), (-0.1, "max_padding_waste"), (True, "max_padding_waste"), (0, "max_buckets"), (1, "masked_stacking")],
+    [(1.0, "max_padding_waste"), (-0.1, "max_padding_waste"), (True, "max_padding_waste"), (0, "max_buckets"), (1, "masked_stacking"),
+     (3, "steps_per_call"), (True, "steps_per_call")],
 )
 def test_padding_settings_are_checked(value, setting):
     with pytest.raises(ValueError, match=f"execution.{setting} must be"):
@@ -285,9 +286,8 @@ def test_compiled_auto_unit_runs_every_masked_round_with_one_step_program(tmp_pa
     _assert_same(_fit(tmp_path, "SCAFFOLD", "sequential", local, straggler), bat)
     assert not executor.fallbacks and not executor.compile_fallbacks and executor.stats["stacked_rounds"] == 2
     masked = [v for v in executor.programs.variants if v[3]]
-    assert masked and all(v[0] in ("step", "pair") and v[4] == local.batch_size for v in masked)
-    assert len({v[2:] for v in masked}) == 1  # the ladder, compiled at the first round, for one step and two a call
-    assert {v[1] for v in masked if v[0] == "step"} == {v[1] for v in masked if v[0] == "pair"} == {1, 2, 4}
+    assert masked and all(v[0] == "step" and v[4] == local.batch_size for v in masked)
+    assert len({v[2:] for v in masked}) == 1 and {v[1] for v in masked} == {1, 2, 4}  # the ladder, compiled at the first round
     stats = executor.stats  # padding counted as computed: less than the full stack of every step would be
     assert 0 < stats["padded_work"] < stats["real_work"] + stats["padded_work"]
 
@@ -305,8 +305,8 @@ def test_pairs_of_steps_run_where_two_consecutive_steps_keep_the_stack():
 
 
 def test_compiled_masked_rounds_call_one_program_per_pair_of_steps_with_sequentials_results(tmp_path, monkeypatch):
-    """The step unit's calls: one per pair of consecutive steps of the same stack size, one per step left over (each
-    call pays dynamo's entry); the results are sequential execution's, as with one step a call."""
+    """steps_per_call=2: one call per pair of consecutive steps of the same stack size, one per step left over (each
+    call pays dynamo's entry), the ladder compiled for both at the first round; sequential execution's results."""
     from fl_lightning.executors import batched as B
     from fl_lightning.executors.compiled import stacked_one_step, stacked_two_steps
 
@@ -314,13 +314,15 @@ def test_compiled_masked_rounds_call_one_program_per_pair_of_steps_with_sequenti
     seen, calls = [], []
     sizes_of = B.M.stack_sizes
     monkeypatch.setattr(B.M, "stack_sizes", lambda *a, **k: seen.append(sizes_of(*a, **k)) or seen[-1])
-    executor = BatchedExecutor(compile=True, backend="eager")
+    executor = BatchedExecutor(compile=True, backend="eager", steps_per_call=2)
     guarded = executor.programs._guarded
     monkeypatch.setattr(executor.programs, "_guarded", lambda unit_fn, *a: calls.append(unit_fn) or guarded(unit_fn, *a))
     bat = _fit(tmp_path, "SCAFFOLD", executor, local, straggler, rounds=3)
     _assert_same(_fit(tmp_path, "SCAFFOLD", "sequential", local, straggler, rounds=3), bat)
     assert executor.stats["stacked_rounds"] == 3 and not executor.compile_fallbacks
-    warm = len([v for v in executor.programs.variants if v[3]])  # the first round compiles the ladder, pairs included
+    masked = [v for v in executor.programs.variants if v[3]]
+    assert {v[1] for v in masked if v[0] == "step"} == {v[1] for v in masked if v[0] == "pair"}  # the ladder, for both
+    warm = len(masked)  # the first round compiles the ladder, pairs included
     pairs = [len(list(run)) // 2 for sizes in seen for _, run in itertools.groupby(sizes)]
     singles = [len(list(run)) % 2 for sizes in seen for _, run in itertools.groupby(sizes)]
     assert sum(pairs) > 0 and calls.count(stacked_two_steps) == sum(pairs) + warm // 2

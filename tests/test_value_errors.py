@@ -22,7 +22,7 @@ from fl_lightning.run.setting_check import check_all
 from fl_lightning.run.setting_ranges import MAX_LOCAL_STEPS, NESTED_CLASSES, NO_GLOBAL_LR, PROJECT_ALGORITHMS, RANGES, refusal
 
 ROOT = Path(__file__).resolve().parents[1]
-JSONARGPARSE_WORDING = ("Does not validate against any", "Union subtypes", "Parser key", "Given value", "Subtypes:", "NoneType")
+JSONARGPARSE_WORDING = ("Does not validate against any", "Union subtypes", "Parser key", "Given value", "Subtypes:", "NoneType", "<class")
 # the other arguments an owner needs for the sample bad value to be the first it refuses
 NEEDS = {"model.local.epochs": {"steps": None}}
 
@@ -187,6 +187,9 @@ def test_a_value_error_is_reported_without_importing_lightning(tmp_path):
         (["--model.compression.up", "TopK", "--model.compression.up.ratio", "1.5"], "TopK.ratio must be in (0, 1], got 1.5"),
         (["--model.compression.up", "TopKK"], "--model.compression.up: no Compressor named 'TopKK'; did you mean TopK?"),
         (["--model.local.steps", "1.5"], "--model.local.steps: expected an integer, got 1.5"),
+        # an executor's refusal, without the str alternative of the execution setting's union ("Expected a <class 'str'>")
+        (["--model.execution", "fl_lightning.executors.BatchedExecutor", "--model.execution.init_args.steps_per_call", "3"],
+         "execution.steps_per_call must be 1 or 2, got 3"),
     ],
 )
 def test_the_parsers_own_line_has_no_jsonargparse_wording(capsys, monkeypatch, args, expected):

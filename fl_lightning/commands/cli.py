@@ -147,7 +147,9 @@ def _plain(message: str) -> str:
     class setting of a class setting, e.g. ``--model.compression.up.ratio``, is instantiated)."""
     parts = [p.strip() for p in message.replace("\n", "; ").split("; ")]
     kept = [p for p in parts if p and not p.lstrip("- ").startswith(JSONARGPARSE_WORDING)]
-    return "; ".join(kept) or message
+    # a union's other alternatives (``execution``: a name or an executor) are not what the class refused
+    refused = [p for p in kept if not p.lstrip("- ").startswith("Expected a <class '")]
+    return "; ".join(refused or kept) or message
 
 
 def _version() -> str:

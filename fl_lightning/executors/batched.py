@@ -322,12 +322,15 @@ class BatchedExecutor(Executor):
         max_buckets: the most such groups a round is split into (1: one stack, whatever the waste).
         masked_stacking: stack clients with unequal local work by padding and masking (true, the default); false
             runs such rounds sequentially, as before masked stacking (a declared reason).
+        steps_per_call: with ``compile``, the step program's steps per call in masked rounds: 1 (the default) or 2
+            (two consecutive steps of the same stack as one program, the pair program: half the calls, each paying
+            dynamo's and AOT's entry, for about twice the compile time; docs/performance.md, "Two steps a call").
     """
 
     def __init__(
         self, max_stacked_clients: int | None = None, verify_first_round: bool = False, compile: bool = False,
         max_variants: int = DEFAULT_MAX_VARIANTS, backend: str = "inductor", compile_unit: str = "auto",
-        max_padding_waste: float = 0.5, max_buckets: int = 4, masked_stacking: bool = True,
+        max_padding_waste: float = 0.5, max_buckets: int = 4, masked_stacking: bool = True, steps_per_call: int = 1,
     ) -> None:
         if max_stacked_clients is not None and (type(max_stacked_clients) is not int or max_stacked_clients < 1):
             raise ValueError(f"execution.max_stacked_clients must be an integer >= 1 or null, got {max_stacked_clients!r}")
@@ -337,6 +340,8 @@ class BatchedExecutor(Executor):
             raise ValueError(f"execution.max_buckets must be an integer >= 1, got {max_buckets!r}")
         if type(masked_stacking) is not bool:
             raise ValueError(f"execution.masked_stacking must be true or false, got {masked_stacking!r}")
+        if type(steps_per_call) is not int or steps_per_call not in (1, 2):
+            raise ValueError(f"execution.steps_per_call must be 1 or 2, got {steps_per_call!r}")
         self.max_padding_waste, self.max_buckets, self.masked_stacking = float(max_padding_waste), max_buckets, masked_stacking
         self._work = [0, 0]
         #: rounds run, rounds run stacked, and the stacked work (rows x steps x clients) that was real and that was padding
@@ -346,7 +351,7 @@ class BatchedExecutor(Executor):
         self._verified: set[type] = set()
         self.sequential = SequentialExecutor(compile=compile, max_variants=max_variants, backend=backend, compile_unit=compile_unit)
         self.compile = compile
-        self.programs = CompiledPrograms(stacked=True, max_variants=max_variants, backend=backend, unit=compile_unit) if compile else None
+        self.programs = CompiledPrograms(stacked=True, max_variants=max_variants, backend=backend, unit=compile_unit, steps_per_call=steps_per_call) if compile else None
         self.compile_unit = compile_unit
         self.compile_fallbacks: Counter[str] = Counter()  # compiled execution: stacked rounds run eagerly, by reason
         self.fallbacks: Counter[str] = Counter()  # rounds run sequentially, by reason

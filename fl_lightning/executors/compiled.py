@@ -19,9 +19,10 @@ rounds of unequal work, so that one program serves every K; sequential execution
   each paying dynamo's entry (slower rounds on small models). The step index is not an input:
   a ``client_step`` that reads ``ctx.step`` or ``ctx.num_steps`` (FedAlt's schedule) would make it a
   constant of the graph, one program per step, so ``StepIndexUnavailable`` is raised while tracing and
-  that rule's clients run the round program instead (a declared reason, logged once). Stacked clients of a
-  masked round run two consecutive steps of the same stack size as one call of the pair program
-  (``stacked_two_steps``, ``pair_steps``) where the stack's ladder leaves room for both variants: half the calls.
+  that rule's clients run the round program instead (a declared reason, logged once). With ``steps_per_call=2``
+  stacked clients of a masked round run two consecutive steps of the same stack size as one call of the pair
+  program (``stacked_two_steps``, ``pair_steps``) where the stack's ladder leaves room for both variants: half
+  the calls, for about twice the compile time.
 
 Compiled variants are keyed by what the graph depends on, and bounded:
 
@@ -283,10 +284,12 @@ class CompiledPrograms:
         backend: ``torch.compile``'s backend (``inductor``; ``aot_eager`` traces without generating code).
         unit: ``"step"`` (one local step a program, called K times) or ``"round"`` (the K steps unrolled
             into one program); see the module docstring. ``"auto"``: ``"round"`` unless a call names its unit.
+        steps_per_call: 2: a stacked, masked round's consecutive steps of the same stack two a call (the pair program).
     """
 
-    def __init__(self, stacked: bool, max_variants: int = DEFAULT_MAX_VARIANTS, backend: str = "inductor", unit: str = "round") -> None:
-        self.stacked, self.max_variants, self.backend = stacked, max_variants, backend
+    def __init__(self, stacked: bool, max_variants: int = DEFAULT_MAX_VARIANTS, backend: str = "inductor", unit: str = "round",
+                 steps_per_call: int = 1) -> None:  # fmt: skip
+        self.stacked, self.max_variants, self.backend, self.steps_per_call = stacked, max_variants, backend, steps_per_call
         self.unit = "round" if unit == "auto" else unit  # "auto": the caller names the unit of each call (batched execution)
         self._chosen_unit = unit
         self.step_unavailable = False  # a rule read the step index in the step program: every call runs the round program
@@ -345,7 +348,7 @@ class CompiledPrograms:
         keys = [(key[0], size, *key[2:]) for size in ladder] if shrinking else [key]
         # a stacked, masked round's steps two a call where two consecutive steps run the same stack: a pair program
         # beside each step program, where the ladder leaves room for both (decided by the round's shapes alone)
-        pairs = self.stacked and sizes is not None and key[0] == "step" and 2 * len(keys) <= self.max_variants - 2
+        pairs = self.steps_per_call == 2 and self.stacked and sizes is not None and key[0] == "step" and 2 * len(keys) <= self.max_variants - 2
         if pairs:
             keys += [("pair", *k[1:]) for k in keys]
         if isinstance(dynamic, list):
