@@ -292,6 +292,22 @@ def test_compiled_auto_unit_runs_every_masked_round_with_one_step_program(tmp_pa
     assert 0 < stats["padded_work"] < stats["real_work"] + stats["padded_work"]
 
 
+@pytest.mark.parametrize("name", ["FedSAM", "MOON"])
+def test_two_steps_a_call_equal_sequential_execution(tmp_path, name):
+    """steps_per_call=2 over local epochs and stragglers: a rule run per client under vmap (FedSAM) and a local loss
+    with client state (MOON) equal sequential execution, every round stacked, the pair program called (an elementwise
+    rule with client state: SCAFFOLD, below)."""
+    from fl_lightning.executors.compiled import stacked_two_steps
+
+    local, straggler = SCENARIOS["epochs"]
+    executor, calls = BatchedExecutor(compile=True, backend="eager", steps_per_call=2), []
+    guarded = executor.programs._guarded
+    executor.programs._guarded = lambda unit_fn, *a: calls.append(unit_fn) or guarded(unit_fn, *a)
+    bat = _fit(tmp_path, name, executor, local, straggler)
+    _assert_same(_fit(tmp_path, name, "sequential", local, straggler), bat)
+    assert executor.stats["stacked_rounds"] == 2 and not executor.compile_fallbacks and stacked_two_steps in calls
+
+
 def test_pairs_of_steps_run_where_two_consecutive_steps_keep_the_stack():
     """Hand-worked: sizes (4, 4, 4, 1, 1) run steps 0-1 as a pair, step 2 alone, steps 3-4 as a pair."""
     from fl_lightning.executors.compiled import pair_steps
@@ -456,10 +472,11 @@ def test_a_shrinking_stack_gathers_only_its_running_clients_rows(tmp_path, monke
     _assert_same(_fit(tmp_path, "FedAvg", "sequential", local, straggler, rounds=3), bat)
 
 
-def test_shrinking_compiled_rounds_resume_bitwise_with_dropout(tmp_path):
+@pytest.mark.parametrize("steps_per_call", [1, 2])
+def test_shrinking_compiled_rounds_resume_bitwise_with_dropout(tmp_path, steps_per_call):
     """4 rounds straight == 2 rounds + checkpoint + a fresh executor resumed to 4, local epochs and stragglers under
     compiled batched execution with dropout: the resumed run compiles its ladder of stack sizes at its first round
-    (the straight run at round 0), and that warm-up leaves the random state as it found it."""
+    (the straight run at round 0), and that warm-up leaves the random state as it found it (the pair program's too)."""
     from lightning.pytorch.callbacks import ModelCheckpoint
     from torch import nn
 
@@ -469,7 +486,7 @@ def test_shrinking_compiled_rounds_resume_bitwise_with_dropout(tmp_path):
         checkpoint = ModelCheckpoint(dirpath=directory / "ckpt", save_last=True, every_n_train_steps=1, save_top_k=0)
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3))
-        executor = BatchedExecutor(compile=True, backend="eager")
+        executor = BatchedExecutor(compile=True, backend="eager", steps_per_call=steps_per_call)
         module = FederatedModule(model, algorithms.FedAvg(), local, execution=executor, faults=ClientFaults(straggler=straggler, straggler_min_fraction=0.3))
         trainer = tiny_trainer(directory, rounds, enable_checkpointing=True, callbacks=[checkpoint])
         trainer.fit(module, datamodule=_data(), ckpt_path=ckpt)
