@@ -382,7 +382,7 @@ def framework(workload: str, clients_per_round: int, rounds: int, execution: str
     kwargs = {"execution": "batched"} if execution == "batched" else {}
     if execution.endswith("_compiled"):
         unit = {"compile_unit": os.environ["FL_BENCH_COMPILE_UNIT"]} if os.environ.get("FL_BENCH_COMPILE_UNIT") else {}
-        if execution.startswith("batched") and os.environ.get("FL_BENCH_STEPS_PER_CALL"):
+        if os.environ.get("FL_BENCH_STEPS_PER_CALL"):
             unit["steps_per_call"] = int(os.environ["FL_BENCH_STEPS_PER_CALL"])
         kwargs = {"execution": (BatchedExecutor if execution.startswith("batched") else SequentialExecutor)(compile=True, **unit)}
     distributed = dict(devices=2, strategy="ddp") if execution == "ddp2" else {}
@@ -553,7 +553,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", default=None, help="rounds of a run per workload, e.g. mlp=10,cnn=4 (default: by --quick)")
     parser.add_argument("--repeats", type=int, default=None, help="runs of each row, the best kept (default: 2 with --quick, else 3)")
     parser.add_argument("--compile-unit", choices=["auto", "step", "round"], default=None, help="compiled rows' compile_unit (default: each executor's)")
-    parser.add_argument("--steps-per-call", type=int, choices=[1, 2], default=None, help="batched compiled rows' steps_per_call (default: 1)")
+    parser.add_argument("--steps-per-call", type=int, choices=[1, 2], default=None, help="compiled rows' steps_per_call (default: 1)")
     parser.add_argument("--_worker", nargs=4, help=argparse.SUPPRESS)
     parser.add_argument("--_ddp", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

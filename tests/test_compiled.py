@@ -322,6 +322,34 @@ def test_step_programs_serve_every_straggler(tmp_path):
     assert rounds.compiled == len(rounds.variants) > steps.compiled
 
 
+def test_local_epochs_two_steps_a_call_sequentially(tmp_path):
+    """``steps_per_call=2`` under sequential compiled execution with ``local.epochs``: two consecutive batches of the
+    same shape one call of the pair program (a pass's short last batch alone, or with another short one); the same
+    steps as one step a call in fewer calls; eager execution's results."""
+    from fl_lightning.executors.compiled import one_step, two_steps
+
+    local = LocalTraining(lr=0.1, steps=None, epochs=2, batch_size=8)
+    data = lambda: tiny_datamodule(num_clients=8, clients_per_round=4, partition=Dirichlet(0.5, min_size=5))  # noqa: E731
+    eager = _fit(tmp_path, A.SCAFFOLD(), "sequential", rounds=3, local=local, data=data())
+    runs = {}
+    for per_call in (1, 2):
+        executor, calls = SequentialExecutor(compile=True, backend="eager", steps_per_call=per_call), []
+        guarded = executor.programs._guarded
+
+        def counted(unit_fn, dynamic, new, args, guarded=guarded, calls=calls):
+            calls.append((unit_fn, len(args[10]) if unit_fn is two_steps else 1, dynamic))
+            return guarded(unit_fn, dynamic, new, args)
+
+        executor.programs._guarded = counted
+        _assert_close(eager, _fit(tmp_path, A.SCAFFOLD(), executor, rounds=3, local=local, data=data()))
+        assert not executor.fallbacks
+        runs[per_call] = (calls, executor.programs.variants)
+    (single, single_variants), (paired, paired_variants) = runs[1], runs[2]
+    assert {fn for fn, *_ in single} == {one_step} and {fn for fn, *_ in paired} == {one_step, two_steps}
+    assert sum(n for _, n, _ in paired) == len(single) and len(paired) < len(single)  # every step once, fewer calls
+    assert {k for k, _ in paired_variants} == {"step", "pair"} and {k for k, _ in single_variants} == {"step"}
+
+
 @pytest.mark.parametrize("unit", ["auto", "step"])
 def test_local_epochs_run_the_step_program_sequentially(tmp_path, unit):
     """``local.epochs`` (each client its own K, a pass's last batch short) under sequential compiled execution: the

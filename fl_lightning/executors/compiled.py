@@ -20,9 +20,10 @@ rounds of unequal work, so that one program serves every K; sequential execution
   a ``client_step`` that reads ``ctx.step`` or ``ctx.num_steps`` (FedAlt's schedule) would make it a
   constant of the graph, one program per step, so ``StepIndexUnavailable`` is raised while tracing and
   that rule's clients run the round program instead (a declared reason, logged once). With ``steps_per_call=2``
-  stacked clients of a masked round run two consecutive steps of the same stack size as one call of the pair
-  program (``stacked_two_steps``, ``pair_steps``) where the stack's ladder leaves room for both variants: half
-  the calls, for about twice the compile time.
+  two consecutive steps of the same shape (stacked clients of a masked round: the same stack size; one client's
+  ``local.epochs``: the same batch shape) run as one call of the pair program (``stacked_two_steps``,
+  ``two_steps``, ``pair_steps``) where ``max_variants`` leaves room for both variants: half the calls, for about
+  twice the compile time.
 
 Compiled variants are keyed by what the graph depends on, and bounded:
 
@@ -234,13 +235,33 @@ def stacked_two_steps(algorithm, objective, weight_decay, params, local, client_
                       label_counts=None, step_masks=None):  # fmt: skip
     """Two consecutive ``stacked_one_step`` of the same stack (``batches``, ``step_masks``: the two steps'), one program:
     the pair program, which halves the calls (each pays dynamo's and AOT's entry) of a masked round's steps."""
+    return _two(stacked_one_step, algorithm, objective, weight_decay, params, local, client_state, clients, info, broadcast, personal,
+                batches, label_counts, step_masks)  # fmt: skip
+
+
+def two_steps(algorithm, objective, weight_decay, params, local, client_state, client, info, broadcast, personal, batches,
+              label_counts=None, step_masks=None):  # fmt: skip
+    """Two consecutive ``one_step`` of one client (``local.epochs``: two batches of the same shape), one program."""
+    return _two(one_step, algorithm, objective, weight_decay, params, local, client_state, client, info, broadcast, personal,
+                batches, label_counts, step_masks)  # fmt: skip
+
+
+def _two(step_fn, algorithm, objective, weight_decay, params, local, client_state, client, info, broadcast, personal, batches,
+         label_counts, step_masks):  # fmt: skip
     records: list = []
     for batch, mask in zip(batches, step_masks or (None, None)):
-        params, local, evaluations = stacked_one_step(
-            algorithm, objective, weight_decay, params, local, client_state, clients, info, broadcast, personal, batch, label_counts, mask
+        params, local, evaluations = step_fn(
+            algorithm, objective, weight_decay, params, local, client_state, client, info, broadcast, personal, batch, label_counts, mask
         )
         records += evaluations
     return params, local, records
+
+
+def check_steps_per_call(steps_per_call: Any) -> int:
+    """``steps_per_call`` if it is 1 or 2, else a one-line ``ValueError``."""
+    if type(steps_per_call) is not int or steps_per_call not in (1, 2):
+        raise ValueError(f"execution.steps_per_call must be 1 or 2, got {steps_per_call!r}")
+    return steps_per_call
 
 
 def pair_steps(sizes: Sequence[int] | None, steps: int, k: int) -> bool:
@@ -284,7 +305,7 @@ class CompiledPrograms:
         backend: ``torch.compile``'s backend (``inductor``; ``aot_eager`` traces without generating code).
         unit: ``"step"`` (one local step a program, called K times) or ``"round"`` (the K steps unrolled
             into one program); see the module docstring. ``"auto"``: ``"round"`` unless a call names its unit.
-        steps_per_call: 2: a stacked, masked round's consecutive steps of the same stack two a call (the pair program).
+        steps_per_call: 2: the step unit's consecutive steps of the same shape two a call (the pair program).
     """
 
     def __init__(self, stacked: bool, max_variants: int = DEFAULT_MAX_VARIANTS, backend: str = "inductor", unit: str = "round",
@@ -301,10 +322,10 @@ class CompiledPrograms:
         self._disabled_error: BaseException | None = None  # the declared error to raise again, if one was traced
         self._round_fn = stacked_local_steps if stacked else local_steps
         self._step_fn = stacked_one_step if stacked else one_step
-        self._pair_fn = stacked_two_steps if stacked else None  # stacked step units: two steps of one stack a call
+        self._pair_fn = stacked_two_steps if stacked else two_steps  # ``steps_per_call=2``: two steps a call
         self._programs = {
             (unit_fn, dynamic): torch.compile(_fresh(unit_fn), fullgraph=True, dynamic=dynamic, backend=backend)
-            for unit_fn in (self._round_fn, self._step_fn, self._pair_fn) if unit_fn is not None for dynamic in (False, True)
+            for unit_fn in (self._round_fn, self._step_fn, self._pair_fn) for dynamic in (False, True)
         }  # fmt: skip  (dynamo traces a program at its first call: a unit not run costs nothing)
         # dynamo's settings while a program runs (and may compile), made once: building the patch costs
         # ~1 ms (a copy of dynamo's whole config), entering it ~15 us
@@ -346,14 +367,16 @@ class CompiledPrograms:
         # first size, then every power of two below it) compiled at its first round, whatever that round's sizes
         ladder = [sizes[0], *(1 << j for j in reversed(range((sizes[0] - 1).bit_length())))] if shrinking else []
         keys = [(key[0], size, *key[2:]) for size in ladder] if shrinking else [key]
-        # a stacked, masked round's steps two a call where two consecutive steps run the same stack: a pair program
-        # beside each step program, where the ladder leaves room for both (decided by the round's shapes alone)
-        pairs = self.steps_per_call == 2 and self.stacked and sizes is not None and key[0] == "step" and 2 * len(keys) <= self.max_variants - 2
-        if pairs:
-            keys += [("pair", *k[1:]) for k in keys]
         if isinstance(dynamic, list):
             keys = [(key[0], flag, *key[2:]) for flag in dict.fromkeys(dynamic)] if key[0] == "step" else [key]
             dynamic = dynamic if key[0] == "step" else any(dynamic)
+        # ``steps_per_call=2``: two consecutive steps of the same shape (a stacked round's stack size, a client's batch
+        # shape) as one call of the pair program, beside each step program, where ``max_variants`` leaves room for both
+        # (decided by the round's shapes alone)
+        pairs = (self.steps_per_call == 2 and key[0] == "step" and (sizes is not None if self.stacked else isinstance(dynamic, list))
+                 and 2 * len(keys) <= self.max_variants - 2)  # fmt: skip
+        if pairs:
+            keys += [("pair", *k[1:]) for k in keys]
         fresh = [k for k in keys if k not in self.variants]
         if fresh and len(self.variants) + len(fresh) > self.max_variants:
             self.disabled = f"more than execution.max_variants = {self.max_variants} compiled variants would be needed"
@@ -387,7 +410,7 @@ class CompiledPrograms:
         stack = None if sizes is None else M.ShrinkingStack(sizes, len(client))
         batches, k = list(batches), 0
         while k < len(batches):
-            two = pairs and not isinstance(dynamic, list) and pair_steps(sizes, len(batches), k)
+            two = pairs and pair_steps(sizes, len(batches), k) and (not isinstance(dynamic, list) or dynamic[k] == dynamic[k + 1])
             taken = [k, k + 1] if two else [k]
             batch, mask = [batches[j] for j in taken], [None if columns is None else columns[j] for j in taken]
             shape_free = dynamic[k] if isinstance(dynamic, list) else dynamic

@@ -21,7 +21,9 @@ from fl_lightning.core.client_data import batch_targets
 from fl_lightning.executors.dpsgd import client_noise, dp_sampler, private_grad_fn, private_steps
 from fl_lightning.core.errors import FLError, interrupted
 from fl_lightning.executors.base import ClientRuntime, Executor, check_loss, data_pass_fn, finish_client, seed_client, to_device
-from fl_lightning.executors.compiled import DEFAULT_MAX_VARIANTS, CompiledPrograms, Uncompilable, check_compile_unit, log_fallback, tensor_lr
+from fl_lightning.executors.compiled import (
+    DEFAULT_MAX_VARIANTS, CompiledPrograms, Uncompilable, check_compile_unit, check_steps_per_call, log_fallback, tensor_lr,
+)
 from fl_lightning.core.local_loss import client_loss
 from fl_lightning.core.objective import StepRecord, round_means
 from fl_lightning.reliability.faults import TRANSIENT_ERRORS, ClientError, fatal_client_error
@@ -50,14 +52,21 @@ class SequentialExecutor(Executor):
             dynamic step program serve every client). ``"step"`` compiles in about half the time, which pays on
             short runs (``configs/quickstart_compiled.yaml``; docs/performance.md). A rule whose ``client_step``
             reads ``ctx.step`` or ``ctx.num_steps`` runs the round program (declared, logged once).
+        steps_per_call: with ``compile`` and the step unit (``local.epochs``), 1 (the default) or 2: two consecutive
+            batches of the same shape as one call of the pair program (half the calls, each paying dynamo's and AOT's
+            entry, for about twice the compile time; docs/performance.md, "Two steps a call").
     """
 
     def __init__(
         self, compile: bool = False, max_variants: int = DEFAULT_MAX_VARIANTS, backend: str = "inductor", compile_unit: str = "auto",
+        steps_per_call: int = 1,
     ) -> None:
         self.compile = _check_compile_settings(compile, max_variants, backend, compile_unit)
         self.max_variants = max_variants
-        self.programs = CompiledPrograms(stacked=False, max_variants=max_variants, backend=backend, unit=compile_unit) if compile else None
+        check_steps_per_call(steps_per_call)
+        self.programs = CompiledPrograms(
+            stacked=False, max_variants=max_variants, backend=backend, unit=compile_unit, steps_per_call=steps_per_call
+        ) if compile else None  # fmt: skip
         self.fallbacks: Counter[str] = Counter()  # compiled execution: clients run eagerly, by reason
 
     @property
