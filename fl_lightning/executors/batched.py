@@ -40,7 +40,7 @@ from fl_lightning.executors.dpsgd import client_noise, dp_sampler, private_grad_
 from fl_lightning.core.errors import FLError, interrupted, one_line
 from fl_lightning.executors import masking as M
 from fl_lightning.executors.base import ClientRuntime, Executor, check_loss, data_pass_fn, finish_client, seed_client, to_device
-from fl_lightning.executors.compiled import DEFAULT_MAX_VARIANTS, CompiledPrograms, Uncompilable, check_steps_per_call, log_fallback, tensor_lr
+from fl_lightning.executors.compiled import DEFAULT_MAX_VARIANTS, CompiledPrograms, Uncompilable, log_fallback, tensor_lr
 from fl_lightning.executors.sequential import SequentialExecutor, compiled_unsupported_reason
 from fl_lightning.core.local_loss import client_loss, defines_local_loss
 from fl_lightning.core.objective import StepRecord
@@ -325,7 +325,8 @@ class BatchedExecutor(Executor):
         steps_per_call: with ``compile``, the step program's steps per call in masked rounds: 1 (the default) or 2
             (two consecutive steps of the same stack as one program, the pair program: half the calls, each paying
             dynamo's and AOT's entry, for about twice the compile time; docs/performance.md, "Two steps a call").
-            Rounds run sequentially use the same setting (``SequentialExecutor``).
+            Rounds run sequentially use the same setting (``SequentialExecutor``, which checks it with the other
+            compile settings).
     """
 
     def __init__(
@@ -341,7 +342,6 @@ class BatchedExecutor(Executor):
             raise ValueError(f"execution.max_buckets must be an integer >= 1, got {max_buckets!r}")
         if type(masked_stacking) is not bool:
             raise ValueError(f"execution.masked_stacking must be true or false, got {masked_stacking!r}")
-        check_steps_per_call(steps_per_call)
         self.max_padding_waste, self.max_buckets, self.masked_stacking = float(max_padding_waste), max_buckets, masked_stacking
         self._work = [0, 0]
         #: rounds run, rounds run stacked, and the stacked work (rows x steps x clients) that was real and that was padding

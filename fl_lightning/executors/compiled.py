@@ -439,9 +439,8 @@ class CompiledPrograms:
         with torch.random.fork_rng(devices=[]):
             local = stacked_init_state(algorithm, params, client_state, client, info, broadcast, personal, len(batches), True)
             mask = step_mask[:, 0].contiguous()
-            two = (tuple(batches[:2]), (mask, mask)) if len(batches) > 1 else None
-            runs = [(self._step_fn, size, (batches[0], mask)) for size in sizes]
-            runs += [(self._pair_fn, size, two) for size in pair_sizes if two is not None]
+            runs = [(self._step_fn, size, (batches[0], mask)) for size in sizes]  # (a shrinking round has >= 2 steps)
+            runs += [(self._pair_fn, size, (tuple(batches[:2]), (mask, mask))) for size in pair_sizes]
             for unit_fn, size, (batch, m) in runs:
                 p, loc, state, ids, own, batch, cnt, m = M.leading_rows((params, local, client_state, client, personal, batch, counts, m), 0, size)
                 self._guarded(unit_fn, dynamic, True, (algorithm, objective, weight_decay, p, loc, state, ids, info, broadcast, own, batch, cnt, m))

@@ -53,17 +53,16 @@ class SequentialExecutor(Executor):
             short runs (``configs/quickstart_compiled.yaml``; docs/performance.md). A rule whose ``client_step``
             reads ``ctx.step`` or ``ctx.num_steps`` runs the round program (declared, logged once).
         steps_per_call: with ``compile`` and the step unit (``local.epochs``), 1 (the default) or 2: two consecutive
-            batches of the same shape as one call of the pair program (half the calls, each paying dynamo's and AOT's
-            entry, for about twice the compile time; docs/performance.md, "Two steps a call").
+            batches of the same shape as one call of the pair program (fewer calls, each paying dynamo's and AOT's
+            entry, for one more program per batch shape that pairs; docs/performance.md, "Two steps a call").
     """
 
     def __init__(
         self, compile: bool = False, max_variants: int = DEFAULT_MAX_VARIANTS, backend: str = "inductor", compile_unit: str = "auto",
         steps_per_call: int = 1,
     ) -> None:
-        self.compile = _check_compile_settings(compile, max_variants, backend, compile_unit)
+        self.compile = _check_compile_settings(compile, max_variants, backend, compile_unit, steps_per_call)
         self.max_variants = max_variants
-        check_steps_per_call(steps_per_call)
         self.programs = CompiledPrograms(
             stacked=False, max_variants=max_variants, backend=backend, unit=compile_unit, steps_per_call=steps_per_call
         ) if compile else None  # fmt: skip
@@ -230,10 +229,11 @@ def _warmup_client(task: ClientTask, info: RoundInfo, runtime: ClientRuntime) ->
 
 
 # ---- compiled execution (``compile=True``) -------------------------------------------------------
-def _check_compile_settings(compile: bool, max_variants: int, backend: str, compile_unit: str) -> bool:
+def _check_compile_settings(compile: bool, max_variants: int, backend: str, compile_unit: str, steps_per_call: int) -> bool:
     if type(compile) is not bool:
         raise ValueError(f"execution.compile must be true or false, got {compile!r}")
     check_compile_unit(compile_unit)
+    check_steps_per_call(steps_per_call)
     if type(max_variants) is not int or max_variants < 1:
         raise ValueError(f"execution.max_variants must be an integer >= 1, got {max_variants!r}")
     if compile and backend != "inductor":  # torch.compile's default, always there (listing the backends costs ~0.2 s)
