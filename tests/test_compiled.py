@@ -350,6 +350,21 @@ def test_local_epochs_two_steps_a_call_sequentially(tmp_path):
     assert {k for k, _ in paired_variants} == {"step", "pair"} and {k for k, _ in single_variants} == {"step"}
 
 
+def test_short_batches_of_every_size_share_the_dynamic_step_program(tmp_path):
+    """A pass's short last batches, of many sizes and at many offsets in the round's gathered block, run the one
+    dynamic variant of the step program: it compiled again for each new storage offset, base size, or size equal to a
+    parameter's dimension (duck shaping) before (9 graphs on mlp_realistic); at most one more graph for a batch of one
+    row, which torch specialises."""
+    local = LocalTraining(lr=0.1, steps=None, epochs=1, batch_size=8)
+    data = tiny_datamodule(num_clients=12, clients_per_round=6, partition=Dirichlet(0.5, min_size=9))
+    executor = SequentialExecutor(compile=True, backend="eager")
+    _fit(tmp_path, A.FedAvg(), executor, rounds=6, local=local, data=data)
+    sizes = {len(data.client_train[c]) % 8 for c in range(12)} - {0}
+    assert len(sizes) >= 4  # the clients' short batch sizes (a round trains 6 of the 12)
+    assert executor.programs.variants == {("step", False), ("step", True)} and not executor.fallbacks
+    assert executor.programs.compiled <= 2 + (1 in sizes)
+
+
 @pytest.mark.parametrize("unit", ["auto", "step"])
 def test_local_epochs_run_the_step_program_sequentially(tmp_path, unit):
     """``local.epochs`` (each client its own K, a pass's last batch short) under sequential compiled execution: the

@@ -62,6 +62,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.fx.experimental import _config as fx_config
 
 from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientIdUnavailable, RoundInfo
 from fl_lightning.core.errors import FLError, one_line
@@ -333,6 +334,9 @@ class CompiledPrograms:
             recompile_limit=max_variants, fail_on_recompile_limit_hit=True, automatic_dynamic_shapes=False,
             automatic_dynamic_local_pgo=False,
         )  # fmt: skip
+        # No duck shaping: a dynamic batch size that happens to equal a parameter's dimension would be traced as that
+        # dimension, and the next batch size recompile the program (``train_client_compiled``'s short batches)
+        self._shape_config = fx_config.patch(use_duck_shape=False)
         self._inductor_config: Any = None  # inductor's settings (``_inductor_settings``), made at the first run
 
     @property
@@ -385,7 +389,7 @@ class CompiledPrograms:
         started, graphs = time.perf_counter(), _graphs_compiled()
         if self._inductor_config is None:
             self._inductor_config = _inductor_settings(self.backend)
-        with self._config, self._inductor_config:
+        with self._config, self._shape_config, self._inductor_config:
             if shrinking and fresh:
                 self._warm(dynamic, args, [k[1] for k in fresh if k[0] == "step"], [k[1] for k in fresh if k[0] == "pair"])
             out = self._steps(dynamic, new, args, sizes if shrinking else None, pairs) if key[0] == "step" else self._guarded(self._round_fn, dynamic, new, args)
