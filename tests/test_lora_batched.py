@@ -239,3 +239,28 @@ def test_an_undeclared_rule_falls_back_with_its_reason_when_the_model_cannot_run
     seq = run("sequential")
     for a, b in zip(seq.model.parameters(), bat.model.parameters()):
         assert torch.equal(a, b)
+
+
+def test_sequential_compiled_text_runs_one_dynamic_program(assets, tmp_path):
+    """Text batches are as wide as their longest sequence, a width that changes from step to step: under sequential
+    compiled execution they run the dynamic program (before: a static program compiled again for each round's widths,
+    until ``max_variants`` sent the run eager), with eager execution's results."""
+    from fl_lightning.executors import SequentialExecutor
+
+    data = lambda: sst2(assets, num_clients=6, per_round=3)  # noqa: E731
+    eager = fit(assets, tmp_path, FedAvg, "sequential", rounds=3, data=data)
+    executor = SequentialExecutor(compile=True, backend="eager")
+    module = lora(FedAvg(), executor, path=str(assets.gpt2))
+    widths = []
+    guarded = executor.programs._guarded
+
+    def counted(unit_fn, dynamic, new, args):
+        widths.extend(b["input_ids"].shape[-1] for b in args[-2])  # the round program's batches
+        return guarded(unit_fn, dynamic, new, args)
+
+    executor.programs._guarded = counted
+    tiny_trainer(tmp_path / "compiled", rounds=3).fit(module, datamodule=data())
+    assert len(set(widths)) >= 3  # the steps' widths differ
+    assert not executor.fallbacks and {dynamic for _, dynamic in executor.programs.variants} == {True}
+    assert executor.programs.compiled <= 2  # a batch of one row aside, one graph for every width
+    assert_same(eager, module)

@@ -291,10 +291,11 @@ def train_client_compiled(
     client_state, personal = task.load_state()
     drawn = drawn if drawn is not None else data.client_batches(cid, task.seed, local.batch_size, local.steps, local.epochs)
     batches = [to_device(b, device) for b in itertools.islice(drawn, steps)]
-    short = _rows(batches[0]) < local.batch_size  # a client smaller than the batch: its whole set, a dynamic batch size
+    # a client smaller than the batch (its whole set) or text (each batch as wide as its longest sequence): dynamic
+    short = _rows(batches[0]) < local.batch_size or _padded_per_batch(batches[0])
     key, unit = (steps, short), None
     if local.steps is None:  # local.epochs: the step program, a pass's short last batch on its dynamic variant
-        short, unit = [local.batch_size is None or _rows(b) < local.batch_size for b in batches], "step"
+        short, unit = [local.batch_size is None or _rows(b) < local.batch_size or _padded_per_batch(b) for b in batches], "step"
     batches = [_own_storage(b) if s else b for b, s in zip(batches, short if isinstance(short, list) else [short] * len(batches))]
     params = {**broadcast["x"], **personal}
     client = torch.tensor(cid)
@@ -308,6 +309,13 @@ def train_client_compiled(
     ctx = ClientContext(cid, broadcast, client_state, info, steps, personal=personal, step=steps - 1, data_pass=data_pass_fn(runtime, cid))
     upload, new_state = finish_client(algorithm, params, local_state, ctx)
     return ClientResult(cid, upload, new_state, steps, math.nan)
+
+
+def _padded_per_batch(batch: Any) -> bool:
+    """Whether ``batch`` holds sequences padded to its own longest (an ``attention_mask``: text). Its width changes from
+    batch to batch, so it runs the dynamic variant: a static program compiled once per width, until ``max_variants``
+    sent the run eager (6 graphs in 4 rounds of ``lora_realistic`` against 2)."""
+    return isinstance(batch, dict) and "attention_mask" in batch
 
 
 def _own_storage(batch: Any) -> Any:
