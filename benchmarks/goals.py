@@ -66,7 +66,7 @@ def goals() -> list[Goal]:
     """Every goal, in the order they are reported."""
     idealised = "--workloads mlp,mlp400 --executions bare,batched_compiled,generic_compiled,one_batch_compiled"
     realistic = "--workloads mlp_realistic,cnn_realistic --executions bare,batched_compiled"
-    sequential = "--workloads mlp,mlp_realistic --executions bare,sequential,sequential_compiled"
+    sequential = "--workloads mlp,mlp400,mlp_realistic --executions bare,sequential,sequential_compiled"
     listed = [
         *(Goal(f"batched compiled / generic compiled, {w} S = {s}", 0.70, _throughput_ratio(w, s, "batched_compiled", "generic_compiled"), idealised)
           for w, s in (("mlp", 10), ("mlp", 50), ("mlp400", 200))),
@@ -81,7 +81,7 @@ def goals() -> list[Goal]:
         label = "sequential compiled" if execution == "sequential_compiled" else "eager sequential"
         listed += [
             Goal(f"{label} x bare, {w} S = {s}", target, _throughput_ratio(w, s, execution, "bare"), sequential)
-            for w, s in (("mlp", 10), ("mlp", 50), ("mlp_realistic", 50))
+            for w, s in (("mlp", 10), ("mlp", 50), ("mlp400", 200), ("mlp_realistic", 50))
         ]
     return listed
 
