@@ -113,23 +113,20 @@ def evaluate(documents: Sequence[dict]) -> list[dict]:
 
 def machines(documents: Sequence[dict]) -> list[str]:
     """The distinct machines of the files, in words (goals hold per machine: mixing them is reported)."""
-    seen = []
-    for document in documents:
-        m = document.get("machine", {})
-        words = f"{m.get('cpu', '?')}, {m.get('cores', '?')} cores" + (f", {m['gpu']}" if m.get("gpu") else "") + f", torch {m.get('torch', '?')}"
-        if words not in seen:
-            seen.append(words)
-    return seen
+    return list(dict.fromkeys(_machine_words(document.get("machine", {})) for document in documents))
+
+
+def _machine_words(m: dict) -> str:
+    return f"{m.get('cpu', '?')}, {m.get('cores', '?')} cores" + (f", {m['gpu']}" if m.get("gpu") else "") + f", torch {m.get('torch', '?')}"
 
 
 def settings(documents: Sequence[dict]) -> list[str]:
     """The distinct compiled-execution settings of the files (``run.py --compile-unit / --steps-per-call``; none: defaults)."""
-    seen = []
-    for document in documents:
-        words = ", ".join(f"{k} {document[k]}" for k in ("compile_unit", "steps_per_call") if document.get(k)) or "default compile settings"
-        if words not in seen:
-            seen.append(words)
-    return seen
+    return list(dict.fromkeys(_settings_words(document) for document in documents))
+
+
+def _settings_words(document: dict) -> str:
+    return ", ".join(f"{k} {document[k]}" for k in ("compile_unit", "steps_per_call") if document.get(k)) or "default compile settings"
 
 
 def table(report: Sequence[dict]) -> str:

@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
+from lightning.fabric.utilities.apply_func import apply_to_collection
 
 from fl_lightning.core import params as P
 from fl_lightning.algorithms.base import ClientContext, ClientIdUnavailable, RoundInfo
@@ -322,15 +323,7 @@ def _own_storage(batch: Any) -> Any:
     """A batch for a dynamic program: its tensors copied where they are views. A view into the round's gathered
     block brings its storage offset and its base's size into the program's guards, and every new offset or base
     size compiled the program again (8 graphs instead of 4 on ``cnn_realistic``, docs/performance.md)."""
-    if isinstance(batch, dict):
-        return {k: _copied_view(v) for k, v in batch.items()}
-    if type(batch) in (tuple, list):
-        return type(batch)(_copied_view(v) for v in batch)
-    return _copied_view(batch)
-
-
-def _copied_view(value: Any) -> Any:
-    return value.clone() if isinstance(value, torch.Tensor) and value._base is not None else value
+    return apply_to_collection(batch, torch.Tensor, lambda t: t.clone() if t._base is not None else t)
 
 
 def _rows(batch) -> int:
