@@ -57,7 +57,7 @@ def table_write(store, ids, new):
 def results_write(store, ids, new):
     """As a batched round writes back: each client's result holds its views of the round's stacked state."""
     from fl_lightning.core.tasks import ClientResult
-    from fl_lightning.engine.round_states import store_results
+    from fl_lightning.rounds.round_states import store_results
 
     rows = {n: {k: v.unbind(0) for k, v in td.items()} for n, td in new.items()}
     results = [ClientResult(c, {}, {n: {k: v[i] for k, v in td.items()} for n, td in rows.items()}, 1, 0.0) for i, c in enumerate(ids.tolist())]

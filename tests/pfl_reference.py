@@ -16,7 +16,7 @@ from datamodules import Dirichlet, FederatedDataModule
 from fl_lightning import FederatedModule, LocalTraining, UniformSampling
 from fl_lightning.commands.cli import build_cli
 from fl_lightning.core.participation import derive_seed
-from fl_lightning.engine.module import PERSONALIZE_STREAM
+from fl_lightning.engine.prediction import PERSONALIZE_STREAM
 from models import SmallCNN
 from tests.conftest import tiny_trainer
 

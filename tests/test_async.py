@@ -96,7 +96,6 @@ def test_refused_combinations(kwargs, match):
 def test_concurrency_beyond_the_population_is_one_line(tmp_path):
     module = tiny_module()
     module.clock, module.asynchronous = SimClock(), AsyncAggregation(concurrency=6, buffer_size=2)
-    module._events = EventQueue()
     with pytest.raises(ValueError, match="concurrency"):
         tiny_trainer(tmp_path, 2).fit(module, datamodule=tiny_datamodule(num_clients=6))
 
@@ -105,7 +104,7 @@ def _resumable(tmp_path, rounds, ckpt_path=None):
     torch.manual_seed(0)
     module = tiny_module(FedAdam(global_lr=0.05), LocalTraining(lr=0.1, steps=3, batch_size=8))
     module.clock = SimClock(speed_sigma=1.0, availability="on_off", period=5.0, duty=0.6)
-    module.asynchronous, module._events = AsyncAggregation(concurrency=5, buffer_size=3, staleness="hinge", hinge_b=1), EventQueue()
+    module.asynchronous = AsyncAggregation(concurrency=5, buffer_size=3, staleness="hinge", hinge_b=1)
     checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True, every_n_train_steps=1, save_top_k=0)
     trainer = tiny_trainer(tmp_path, rounds, enable_checkpointing=True, callbacks=[checkpoint])
     trainer.fit(module, datamodule=tiny_datamodule(num_clients=10), ckpt_path=ckpt_path)

@@ -12,7 +12,7 @@ from datamodules import IID, Dirichlet, FederatedDataModule
 from fl_lightning import FedAvg, FederatedModule, LocalTraining, UniformSampling
 from fl_lightning.core import params as P
 from fl_lightning.algorithms import FedAlt, FedAvgP, FedSim, ScaffoldP
-from fl_lightning.engine.module import WARMUP_STREAM as _WARMUP_STREAM
+from fl_lightning.rounds.driver import WARMUP_STREAM as _WARMUP_STREAM
 from fl_lightning.core.tasks import PERSONAL
 from fl_lightning.core.objective import Objective
 from fl_lightning.core.state import ClientStore

@@ -11,7 +11,7 @@ from fl_lightning import FedAvg, LocalTraining
 from fl_lightning.algorithms import FedProx
 from fl_lightning.core import params as P
 from fl_lightning.core.participation import derive_seed
-from fl_lightning.engine.module import PERSONALIZE_STREAM
+from fl_lightning.engine.prediction import PERSONALIZE_STREAM
 from fl_lightning.engine.personal_eval import PersonalizedEvaluation
 from fl_lightning.executors import BatchedExecutor
 from tests.conftest import tiny_datamodule, tiny_module, tiny_trainer

@@ -14,7 +14,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from fl_lightning import FedAvg, FederatedModule, LocalTraining
 from fl_lightning.algorithms import Ditto
 from fl_lightning.core.participation import derive_seed
-from fl_lightning.engine.module import PERSONALIZE_STREAM
+from fl_lightning.engine.prediction import PERSONALIZE_STREAM
 from fl_lightning.engine.personal_eval import PersonalizedEvaluation
 from fl_lightning.experiments.testing import check_batched
 from models import MLP

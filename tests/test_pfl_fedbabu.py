@@ -7,7 +7,7 @@ import torch
 from fl_lightning import FedAvg
 from fl_lightning.algorithms import FedBABU
 from fl_lightning.core.participation import derive_seed
-from fl_lightning.engine.module import PERSONALIZE_STREAM
+from fl_lightning.engine.prediction import PERSONALIZE_STREAM
 from tests.pfl_reference import (
     BATCH, LR, ROUNDS, STEPS, assert_personal_metrics, cnn, data, fit, fit_config, grads, max_difference, record_uploads, shared_params,
 )  # fmt: skip

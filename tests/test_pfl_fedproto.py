@@ -16,7 +16,7 @@ from fl_lightning import FederatedModule, LocalTraining
 from fl_lightning.algorithms import FedProto
 from fl_lightning.commands.cli import build_cli
 from fl_lightning.core.participation import derive_seed
-from fl_lightning.engine.module import PERSONALIZE_STREAM
+from fl_lightning.engine.prediction import PERSONALIZE_STREAM
 from models import MLP
 from tests.conftest import tiny_datamodule, tiny_trainer
 

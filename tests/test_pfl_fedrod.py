@@ -11,7 +11,7 @@ from torch.func import functional_call
 from fl_lightning import FedAvg
 from fl_lightning.algorithms import FedRoD
 from fl_lightning.core.participation import derive_seed
-from fl_lightning.engine.module import PERSONALIZE_STREAM
+from fl_lightning.engine.prediction import PERSONALIZE_STREAM
 from tests.conftest import tiny_trainer, assert_resumes_bitwise
 from tests.pfl_reference import (
     BATCH, LR, ROUNDS, STEPS, assert_personal_metrics, cnn, data, fit, fit_config, max_difference, record_uploads, shared_params,

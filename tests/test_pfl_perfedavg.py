@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from fl_lightning import FedAvg
 from fl_lightning.algorithms import PerFedAvg
 from fl_lightning.core.participation import derive_seed
-from fl_lightning.engine.module import PERSONALIZE_STREAM
+from fl_lightning.engine.prediction import PERSONALIZE_STREAM
 from models import MLP
 from tests.pfl_reference import config_fits_through_the_cli, mlp_grad as _grad, mlp_logits as _logits
 from tests.test_pfl_apfl import BATCH, LR, STEPS, _data

@@ -11,7 +11,7 @@ import torch
 from fl_lightning import FedAvg, LocalTraining
 from fl_lightning.algorithms import PFedMe
 from fl_lightning.core.participation import derive_seed
-from fl_lightning.engine.module import PERSONALIZE_STREAM
+from fl_lightning.engine.prediction import PERSONALIZE_STREAM
 from fl_lightning.experiments.testing import check_batched
 from models import MLP
 from tests.pfl_reference import config_fits_through_the_cli

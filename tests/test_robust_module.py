@@ -74,8 +74,9 @@ def test_stateful_rules_resume_bitwise(tmp_path, robust):
         assert torch.equal(straight.robust.rule_impl.center, resumed.robust.rule_impl.center)
         assert float(torch.linalg.vector_norm(straight.robust.rule_impl.center)) > 0
     else:
-        assert all(torch.equal(a, b) for a, b in zip(straight._root_data[1].samples, resumed._root_data[1].samples))
-        assert len(straight._root_data[1].samples[0]) == 30
+        root = [m.rounds.stage("robust").root_data.samples for m in (straight, resumed)]
+        assert all(torch.equal(a, b) for a, b in zip(*root))
+        assert len(root[0][0]) == 30
 
 
 def test_too_few_reporting_clients_skip_the_round_with_a_warning(tmp_path, caplog):

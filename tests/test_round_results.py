@@ -18,7 +18,7 @@ from fl_lightning.core import tasks
 from fl_lightning.core.metrics import local_consistency, payload_bytes
 from fl_lightning.core.round_results import RoundResults, StackedPayloads, merged
 from fl_lightning.core.tasks import ClientResult
-from fl_lightning.engine.round_states import store_results
+from fl_lightning.rounds.round_states import store_results
 from fl_lightning.core.state import ClientStore
 from fl_lightning.reliability.faults import all_finite
 from tests.test_masked_stacking import SCENARIOS, _assert_same, _fit

@@ -9,7 +9,7 @@ from fl_lightning import FederatedModule, LocalTraining
 from fl_lightning.algorithms import SCAFFOLD
 from fl_lightning.core.errors import StoreError
 from fl_lightning.core.state import ClientStore, DiskClientStore
-from fl_lightning.engine.round_states import RoundStates
+from fl_lightning.rounds.round_states import RoundStates
 from fl_lightning.executors import BatchedExecutor
 from models import MLP
 from tests.conftest import assert_resumes_bitwise, tiny_datamodule, tiny_trainer
@@ -146,7 +146,7 @@ def test_batched_rounds_equal_loading_client_by_client(tmp_path, monkeypatch):
 
 
 def test_new_states_that_are_rows_of_one_tensor_are_scattered_without_stacking_them_again():
-    from fl_lightning.engine.round_states import _stacked
+    from fl_lightning.rounds.round_states import _stacked
 
     base = torch.randn(4, 3, 2)
     rows = list(base.unbind(0))

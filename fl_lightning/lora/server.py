@@ -129,7 +129,7 @@ class LoRAServer:
         return folded
 
 
-def lora_server(setting, model: nn.Module, federated: Sequence[str], personal: Sequence[str], algorithm, privacy) -> LoRAServer | None:
+def lora_server(setting, model: nn.Module, federated: Sequence[str], personal: Sequence[str], algorithm) -> LoRAServer | None:
     """The module's LoRA server for ``model.lora_aggregation`` (``None``: none), its settings checked in one line."""
     method = resolve(setting)
     if method is None:
@@ -138,10 +138,4 @@ def lora_server(setting, model: nn.Module, federated: Sequence[str], personal: S
     setting = f"model.lora_aggregation={method.name}"
     if server.reads_clients and "delta" not in getattr(algorithm, "upload_entries", ()):
         raise ValueError(f"{setting} reads each client's adapter from its upload's delta; {type(algorithm).__name__} uploads no delta")
-    if privacy is not None and not method.private:
-        raise ValueError(
-            f"{setting} with client-level DP (model.privacy): clipping and noise bound the sum of the factor deltas, "
-            f"but {method.name} computes from each client's un-noised factors (products, SVD or norms), so no DP guarantee "
-            "holds; use model.lora_aggregation factors or share_a (or the model's freeze_a) with privacy"
-        )
     return server

@@ -1,0 +1,69 @@
+"""The run's Lightning hooks around the rounds: metrics kept across a resume, a stage's stop before a round
+(a spent privacy budget), checkpoint snapshots released, a fit that trained nothing failed, the callbacks
+every run gets (a mixin of ``FederatedModule``)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import lightning as L
+import torch
+
+from fl_lightning.core.participation import RoundPlan
+from fl_lightning.reliability import csv_resume
+from fl_lightning.reliability.faults import ClientError
+
+log = logging.getLogger(__name__)
+
+
+class RunLifecycle:
+    """Of a module with ``store``, ``rounds`` (the round driver and its stages) and a trainer."""
+
+    def prepare_data(self) -> None:
+        self._previous_metrics = csv_resume.read(self.loggers)  # before Lightning's CSV writer deletes them
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> int | None:
+        return -1 if self._stop_wanted() else None  # a run resumed with its budget spent: no round to run (it was evaluated then)
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self._release_snapshots()  # the checkpoint callbacks (run before this hook) have written their files
+        if self.trainer.max_steps < 0 or self.trainer.global_step < self.trainer.max_steps:
+            self._stop_wanted()  # a stop requested here, after the round, lets Lightning validate the final model
+
+    def _stop_wanted(self) -> bool:
+        """Whether a stage ends the run before another round (a spent privacy budget): one line, then ``should_stop``."""
+        reason = None if self.trainer.should_stop else next((r for r in (s.wants_stop() for s in self.rounds.stages) if r), None)
+        if reason is not None:
+            log.warning(reason)
+            self.trainer.should_stop = True
+        return reason is not None
+
+    def on_validation_end(self) -> None:
+        self._release_snapshots()
+
+    def _release_snapshots(self) -> None:
+        self.store.release_snapshots([str(c.dirpath) for c in self.trainer.checkpoint_callbacks if getattr(c, "dirpath", None)])
+
+    def on_train_end(self) -> None:
+        self._release_snapshots()
+        if self.rounds.rounds_run and not self.rounds.clients_trained:
+            raise ClientError(
+                f"no client completed its local training in {self.rounds.rounds_run} rounds: the model is untrained; "
+                "see the warnings above for the clients' errors"
+            )
+
+    def configure_callbacks(self) -> list[L.Callback]:
+        from fl_lightning.engine.personal_eval import PersonalizedEvaluation
+        from fl_lightning.reliability.stopping import StopCheckpoint
+
+        callbacks: list[L.Callback] = [StopCheckpoint()]  # SIGTERM/SIGINT end the run with a checkpoint of the last completed round
+        data = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        if getattr(data, "holdout_fraction", 0) > 0:  # every run with per-client held-out data scores each client's own model
+            callbacks.append(PersonalizedEvaluation())  # (replaces one configured in trainer.callbacks: no double logging)
+        return callbacks
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        if isinstance(batch, RoundPlan):  # client ids and seeds stay on the CPU: they index CPU-side data
+            return batch
+        return super().transfer_batch_to_device(batch, device, dataloader_idx)
