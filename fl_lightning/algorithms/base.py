@@ -47,7 +47,7 @@ from fl_lightning.core.capabilities import declared
 from fl_lightning.core.local_loss import LossContext, ModelOutputs, defines_local_loss, keeps_model_loss
 from fl_lightning.core.objective import GradFn
 from fl_lightning.core.params import TensorDict
-from fl_lightning.core.participation import RoundPlan
+from fl_lightning.core.participation import RoundInfo, RoundPlan
 from fl_lightning.core.state import NestedState
 from fl_lightning.core.tasks import ClientResult, Payload
 
@@ -55,17 +55,6 @@ __all__ = [
     "Algorithm", "ClientContext", "DataPass", "ClientIdUnavailable", "ClientResult", "LossContext", "ModelOutputs", "Payload", "RoundInfo",
     "declares_capability", "defines_local_loss",
 ]  # fmt: skip
-
-
-@dataclass(frozen=True)
-class RoundInfo:
-    """Facts about the current round that rules may depend on (fixed when the round starts)."""
-
-    round: int
-    local_lr: float  # this round's eta_l (after the schedule)
-    num_clients: int  # N, the population size
-    plan: RoundPlan | None = None  # the round's selected clients and seeds (e.g. to draw a subset of them)
-    personal_lr: float | None = None  # this round's gamma_v for personal tensors (None: local_lr)
 
 
 class ClientIdUnavailable(RuntimeError):

@@ -31,7 +31,7 @@ import functools
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -39,10 +39,24 @@ from torch.func import vmap
 
 from fl_lightning.core.client_data import IGNORE_TARGET
 from fl_lightning.core.params import TensorDict
+from fl_lightning.core.participation import RoundInfo
 
-if TYPE_CHECKING:
-    from fl_lightning.algorithms.base import Algorithm, RoundInfo
-    from fl_lightning.core.objective import Objective
+
+
+class LossRule(Protocol):
+    """What a bound local loss reads of its algorithm (``fl_lightning.algorithms.Algorithm`` implements it)."""
+
+    def local_loss(self, out: ModelOutputs, target: Tensor, ctx: LossContext) -> dict[str, Tensor]: ...
+
+
+class ModelOutputsSource(Protocol):
+    """What a bound local loss reads of the objective (``fl_lightning.core.objective.Objective`` implements it)."""
+
+    swap: Any  # its parameter slots (``swap.slots``: the names the model has)
+
+    def outputs_at(self, params: TensorDict, batch: Any, features: bool) -> tuple[Any, Tensor]: ...
+
+    def stacked_outputs(self, params: TensorDict, batch: Any, features: bool) -> tuple[Any, Tensor]: ...
 
 Payload = dict[str, TensorDict]
 
@@ -105,7 +119,7 @@ def total(terms: dict[str, Tensor]) -> Tensor:
 class ClientLoss:
     """An algorithm's ``local_loss`` bound to a client (or to stacked clients) for a round."""
 
-    algorithm: Algorithm
+    algorithm: LossRule
     client: int | Tensor
     broadcast: Payload
     client_state: dict[str, TensorDict]
@@ -116,14 +130,14 @@ class ClientLoss:
     def features(self) -> bool:
         return bool(getattr(self.algorithm, "needs_features", False))
 
-    def at(self, objective: Objective, params: TensorDict, batch: Any, padded_rows: bool = False) -> tuple[Tensor, dict[str, Tensor], Tensor, Tensor]:
+    def at(self, objective: ModelOutputsSource, params: TensorDict, batch: Any, padded_rows: bool = False) -> tuple[Tensor, dict[str, Tensor], Tensor, Tensor]:
         """``(loss, terms, logits, target)`` of one client at ``params`` on ``batch`` (``padded_rows``: it may hold
         masked stacking's padded rows, ``LossContext.padded_rows``)."""
         out, target = objective.outputs_at(model_tensors(objective, params), batch, self.features)
         terms = self._terms(objective, out, target, batch, self.client, self.client_state, self.label_counts, params, padded_rows)
         return total(terms), terms, out.logits, target
 
-    def stacked(self, objective: Objective, params: TensorDict, batch: Any, padded_rows: bool = False) -> tuple[Tensor, dict[str, Tensor], Tensor, Tensor]:
+    def stacked(self, objective: ModelOutputsSource, params: TensorDict, batch: Any, padded_rows: bool = False) -> tuple[Tensor, dict[str, Tensor], Tensor, Tensor]:
         """``at`` for clients stacked on a leading dimension: the outputs by ``objective.stacked_outputs``
         (client rows or vmap), the loss per client under vmap; ``[S]`` losses and terms."""
         out, target = objective.stacked_outputs(model_tensors(objective, params), batch, self.features)
@@ -147,7 +161,7 @@ class ClientLoss:
         return terms
 
 
-def model_tensors(objective: Objective, params: TensorDict) -> TensorDict:
+def model_tensors(objective: ModelOutputsSource, params: TensorDict) -> TensorDict:
     """The tensors of ``params`` that the model has (``params`` itself where all are): a local loss may be
     given other tensors too (``LossContext.params``), which it reads and the model does not."""
     slots = objective.swap.slots
@@ -176,7 +190,7 @@ def defines_local_loss(algorithm: object) -> bool:
 
 
 def client_loss(
-    algorithm: Algorithm, clients: int | Tensor, broadcast: Payload, client_state: Any, info: RoundInfo, data: Any, device: Any
+    algorithm: LossRule, clients: int | Tensor, broadcast: Payload, client_state: Any, info: RoundInfo, data: Any, device: Any
 ) -> ClientLoss | None:
     """The algorithm's local loss bound to ``clients`` (one id, or the stacked ids), or None where the
     algorithm keeps the model's loss. Label counts are read from the data only if the algorithm declares them."""
@@ -191,7 +205,7 @@ def client_loss(
     return ClientLoss(algorithm, clients, broadcast, client_state, info, counts)
 
 
-def check_local_loss(algorithm: Algorithm, model: Any) -> None:
+def check_local_loss(algorithm: LossRule, model: Any) -> None:
     """Before training: a loss that reads the representation needs a model that has one."""
     if defines_local_loss(algorithm) and getattr(algorithm, "needs_features", False) and not model_has_representation(model):
         raise ValueError(
@@ -200,7 +214,7 @@ def check_local_loss(algorithm: Algorithm, model: Any) -> None:
         )
 
 
-def check_label_counts(algorithm: Algorithm, data: Any) -> None:
+def check_label_counts(algorithm: LossRule, data: Any) -> None:
     """Before training: a loss that reads the clients' label counts needs data that gives them."""
     needs = defines_local_loss(algorithm) and getattr(algorithm, "needs_label_counts", False)
     if needs and not callable(getattr(data, "client_label_counts", None)):

@@ -148,6 +148,17 @@ class RoundPlan:
     seeds: Tensor  # int64 [S], one local-randomness seed per active client
 
 
+@dataclass(frozen=True)
+class RoundInfo:
+    """Facts about the current round that rules may depend on (fixed when the round starts)."""
+
+    round: int
+    local_lr: float  # this round's eta_l (after the schedule)
+    num_clients: int  # N, the population size
+    plan: RoundPlan | None = None  # the round's selected clients and seeds (e.g. to draw a subset of them)
+    personal_lr: float | None = None  # this round's gamma_v for personal tensors (None: local_lr)
+
+
 class Participation(ABC):
     """Chooses the active clients of a round and their aggregation weights."""
 
