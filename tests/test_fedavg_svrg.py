@@ -86,7 +86,7 @@ def test_local_steps_must_equal_snapshots_times_inner_steps(tmp_path, local, giv
                              execution=execution)  # fmt: skip
     with pytest.raises(ValueError, match=rf"snapshots \* inner_steps = 2 \* 3 = 6 local steps per client, but {given}; set local.steps = 6"):
         tiny_trainer(tmp_path, rounds=1).fit(module, datamodule=tiny_datamodule(num_clients=4, clients_per_round=2))
-    assert module._rounds_run == 0 and not getattr(module.executor.inner, "fallbacks", None)
+    assert module.rounds.rounds_run == 0 and not getattr(module.executor.inner, "fallbacks", None)
 
 
 @pytest.mark.parametrize("kwargs, message", [({"snapshots": 0}, "snapshots"), ({"inner_steps": 0}, "inner_steps")])
