@@ -2,6 +2,7 @@
 
     python scripts/config_hashes.py --write [--jobs 2] [--only GLOB]   # baseline: scripts/config_hashes.json
     python scripts/config_hashes.py --check [--jobs 2] [--only GLOB]   # one line per run; exit 1 on a difference
+    python scripts/config_hashes.py --list                             # the runs and their fit arguments
 
 Every ``configs/*.yaml`` becomes one or more *runs*, each an ``fl-lightning fit`` subprocess of the
 code of the repository this script lies in (``sys.executable``, ``PYTHONPATH`` = that repository,
@@ -19,7 +20,7 @@ Each run is shortened to ``ROUNDS`` rounds with validation at the last one (``SH
 on one torch thread (results are bitwise reproducible per thread count), and writes its own
 ``last.ckpt`` after the last round (an extra ``ModelCheckpoint``). Hub datasets are replaced by the
 project's offline fixtures (``fl-lightning fixture``, ``lora-fixture``, ``lora-fixture --instruction``,
-written once into ``--fixtures``), with the smaller client settings of the configs' own CPU smoke
+written once into ``$CONFIG_HASHES_FIXTURES``, default /tmp/config_hashes_fixtures), with the smaller client settings of the configs' own CPU smoke
 commands and the tests (``FIXTURE_SETTINGS``); every override is recorded per run in the table.
 
 The fingerprint of a run: the SHA-256 of every value of that checkpoint (state_dict, optimizer and
@@ -48,6 +49,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -77,7 +79,6 @@ class Run:
     config: str  # config stem
     args: list[str]  # fit arguments with placeholders <REPO>, <FIXTURES>, <RUN>
     notes: list[str] = field(default_factory=list)
-    skip: str | None = None
 
 
 def _load(path: Path) -> dict:
@@ -145,10 +146,10 @@ def fixture_settings(kind: str, configs: list[dict], overrides: dict | None = No
         if setting(configs, "model.local.epochs", overrides) is not None:
             args += ["--model.local.epochs", "1"]
         return args, [
-            f"{name}: the `fl-lightning fixture` stand-in (200 train / 100 test images; tiny_imagenet 100 / 50) with the "
-            "config's CPU smoke settings (4 clients, 2 per round, Dirichlet min_size 2, 1 local epoch) and batch 10",
-            "val_fraction 0: at cf0a44a a VisionDataModule's validation split reaches the model as uint8 "
-            "(RuntimeError: expected scalar type Byte but found Float); validation runs on the test set instead",
+            (f"{name}: the `fl-lightning fixture` stand-in (200 train / 100 test images; tiny_imagenet 100 / 50) with the "
+             "config's CPU smoke settings (4 clients, 2 per round, Dirichlet min_size 2, 1 local epoch) and batch 10"),
+            ("val_fraction 0: at cf0a44a a VisionDataModule's validation split reaches the model as uint8 "
+             "(RuntimeError: expected scalar type Byte but found Float); validation runs on the test set instead"),
         ]
     if family == "text":
         args = [*fixture(kind), "--data.init_args.cache_dir", "<RUN>/hf_cache", "--data.init_args.num_clients", "4",
@@ -271,7 +272,7 @@ _FIXTURE_ARGS: dict[str, Any] = {}
 
 def _cli(args: list[str], cwd: Path) -> str:
     env = {**os.environ, **ENV, "PYTHONPATH": str(REPO), "HF_HOME": str(FIXTURES / "hf_home")}
-    proc = subprocess.run([sys.executable, "-m", "fl_lightning.commands.cli", *args], cwd=cwd, env=env,
+    proc = subprocess.run([sys.executable, "-m", "fl_lightning.commands.cli", *args], cwd=cwd, env=env, check=False,
                           capture_output=True, text=True, timeout=RUN_TIMEOUT_S)  # fmt: skip
     if proc.returncode:
         raise RuntimeError(f"fl-lightning {' '.join(args)} failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
@@ -417,7 +418,7 @@ def execute(run: Run, folder: Path) -> dict[str, Any]:
     start = time.monotonic()
     try:
         with open(folder / "log.txt", "w") as log:
-            proc = subprocess.run(command, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S)
+            proc = subprocess.run(command, cwd=folder, env=env, check=False, stdout=log, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {RUN_TIMEOUT_S} s", "seconds": RUN_TIMEOUT_S}
     seconds = round(time.monotonic() - start, 1)
@@ -469,10 +470,16 @@ def _short(keys: list[str]) -> str:
     return shown + (f", ... ({len(keys)} in all)" if len(keys) > 8 else "")
 
 
+def torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
 def check_importable() -> None:
     code = "import fl_lightning, fl_lightning.engine.module as m; print(m.__file__)"
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(REPO)},
-                         capture_output=True, text=True, cwd=tempfile.gettempdir()).stdout.strip()  # fmt: skip
+                         capture_output=True, text=True, cwd=tempfile.gettempdir(), check=False).stdout.strip()  # fmt: skip
     if not out.startswith(str(REPO) + os.sep):
         raise SystemExit(f"config_hashes: {sys.executable} imports fl_lightning from {out or '?'}, not from {REPO}")
 
@@ -502,13 +509,12 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="config_hashes_"))
     attempts = 2 if ns.write else 1
     start = time.monotonic()
-    lock = __import__("threading").Lock()
-    failed_any = False
+    lock = threading.Lock()
 
     def one(item: tuple[int, Run]) -> tuple[Run, list[dict]]:
         i, run = item
         results: list[dict] = []
-        for attempt in range(attempts if not run.skip else 0):
+        for attempt in range(attempts):
             results.append(execute(run, work / f"{i:03d}" / str(attempt)))
             if "error" in results[-1]:
                 break
@@ -518,8 +524,6 @@ def main(argv: list[str] | None = None) -> int:
         return run, results
 
     def report_line(run: Run, results: list[dict]) -> str:
-        if run.skip:
-            return f"{run.name}: skipped ({run.skip})"
         errors = [r["error"] for r in results if "error" in r]
         if errors:
             return f"{run.name}: failed ({errors[0]})"
@@ -528,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
             return f"{run.name}: written ({results[0]['seconds']} s)" + (f"; unstable: {_short(unstable)}" if unstable else "")
         old = table["runs"].get(run.name)
         if old is None or "keys" not in old:
-            return f"{run.name}: no baseline" + (f" ({old.get('error') or old.get('skipped')})" if old else "")
+            return f"{run.name}: no baseline" + (f" (it failed: {old['error']})" if old else "")
         differ = compare(old["keys"], results[0]["keys"], set(table.get("excluded", [])))
         changed = " (its arguments changed since the baseline)" if old["args"] != run.args else ""
         return f"{run.name}: " + (f"DIFFERENT ({_short(differ)}){changed}" if differ else "equal")
@@ -536,43 +540,43 @@ def main(argv: list[str] | None = None) -> int:
     with ThreadPoolExecutor(max(1, ns.jobs)) as pool:
         done = list(pool.map(one, enumerate(runs)))
     elapsed = time.monotonic() - start
+    bad = 0
     if ns.write:
         table = table if table is not None and ns.only else {"runs": {}}
         for run, results in done:
             errors = [r["error"] for r in results if "error" in r]
-            if run.skip:
-                table["runs"][run.name] = {"config": run.config, "args": run.args, "skipped": run.skip}
-            elif errors:
-                failed_any = True
+            if errors:
+                bad += 1
                 table["runs"][run.name] = {"config": run.config, "args": run.args, "notes": run.notes, "error": errors[0]}
             else:
                 unstable = compare(results[0]["keys"], results[1]["keys"], set())
                 table["runs"][run.name] = entry(run, results[0]["keys"], unstable, [r["seconds"] for r in results])
         table["runs"] = dict(sorted(table["runs"].items()))
         table.update(rounds=ROUNDS, depth=DEPTH, fixtures_digest=fixtures_digest(),
-                     python=sys.version.split()[0], torch=__import__("torch").__version__)  # fmt: skip
+                     python=sys.version.split()[0], torch=torch_version())  # fmt: skip
         TABLE.write_text(json.dumps(finish(table), indent=1) + "\n")
         print(f"wrote {TABLE}: {sum('keys' in e for e in table['runs'].values())} runs fingerprinted, "
               f"excluded {table['excluded']}, {elapsed:.0f} s")  # fmt: skip
     else:
         if table.get("fixtures_digest") != fixtures_digest():
             print(f"note: the fixtures in {FIXTURES} differ from the baseline's (delete the folder to rebuild them)")
-        bad = 0
+        names = {run.name for run, _ in done}
+        missing = 0 if ns.only else len(set(table["runs"]) - names)
+        for name in [] if ns.only else sorted(set(table["runs"]) - names):
+            print(f"{name}: missing (in the baseline, not among the runs of the current configs)")
+        bad += missing
         for run, results in done:
             old = table["runs"].get(run.name)
-            if run.skip:
-                continue
             if any("error" in r for r in results) or old is None or "keys" not in old:
                 bad += 1
                 continue
             bad += bool(compare(old["keys"], results[0]["keys"], set(table.get("excluded", []))))
-        failed_any = bad > 0
-        print(f"{len(done) - bad} of {len(done)} runs equal, {elapsed:.0f} s")
-    if failed_any or ns.keep:
+        print(f"{len(done) - (bad - missing)} of {len(done) + missing} runs equal, {elapsed:.0f} s")
+    if bad or ns.keep:
         print(f"run folders kept in {work}")
     else:
         shutil.rmtree(work, ignore_errors=True)
-    return 1 if failed_any and ns.check else 0
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":
