@@ -89,6 +89,9 @@ class Round:
     metrics: dict[str, float] = field(default_factory=dict)
     malicious: frozenset[int] | None = None
     skipped: str | None = None
+    extra_bytes_down: int = 0
+    """Bytes each client receives besides the broadcast (a folding LoRA method's changed frozen weights): counted
+    in ``comm/round_bytes_down`` and the cumulative bytes, for as many clients as reported this round."""
     diverged: Callable[..., Exception] = DivergenceError
     """``diverged(message, advice=...)``: the error that stops a diverged run (the engine's names the last good checkpoint)."""
 
