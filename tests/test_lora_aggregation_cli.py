@@ -57,7 +57,8 @@ def test_a_heterogeneous_flora_config_runs_through_the_cli_and_logs_the_folded_b
         assert fold > 0 and float(row["comm/round_bytes_down"]) == (broadcast + fold) * clients
         total += float(row["comm/round_bytes_down"]) + float(row["comm/round_bytes_up"])
     assert float(trained[-1]["comm/cumulative_bytes"]) == total
-    assert (run / "adapter" / "base" / "config.json").is_file()
+    assert (run / "version_0" / "adapter" / "base" / "config.json").is_file()  # in the run's own folder
+    assert not (run / "adapter").exists()
 
 
 def test_an_unknown_method_is_refused_before_lightning_is_imported():
