@@ -213,7 +213,25 @@ class Robust:
         kept = None if out.kept is None else [client_ids[i] for i in out.kept]
         if kept is not None:
             metrics["robust/kept_fraction"] = len(kept) / len(client_ids)
+            metrics.update(self.detection_metrics(client_ids, kept))
         return RoundOutcome(unstack(out.vector, layout), kept, metrics)
+
+    def detection_metrics(self, client_ids: list[int], kept: list[int]) -> dict[str, float]:
+        """A selecting rule as a detector of the known attackers: how many malicious and benign uploads it kept;
+        precision (the share of the excluded that were malicious) and recall (the share of the malicious excluded),
+        where defined (nothing excluded: no precision; no attacker reporting: no recall)."""
+        if self.malicious is None:
+            return {}
+        kept_set = set(kept)
+        malicious = [c for c in client_ids if c in self.malicious]
+        excluded = [c for c in client_ids if c not in kept_set]
+        caught = [c for c in excluded if c in self.malicious]
+        metrics = {"robust/kept_malicious": float(len(malicious) - len(caught)), "robust/kept_benign": float(len(kept) - len(malicious) + len(caught))}
+        if excluded:
+            metrics["robust/detection_precision"] = len(caught) / len(excluded)
+        if malicious:
+            metrics["robust/detection_recall"] = len(caught) / len(malicious)
+        return metrics
 
     def mark_malicious(self, client_ids: set[int] | None) -> None:
         """The attackers' client ids (from an attack), to split ``robust/upload_norm_mean`` into

@@ -47,7 +47,7 @@ class RobustStage(RoundStage):
         if self.robust.needs_reference and facts.personal_names:
             raise ValueError("robust.rule=fltrust with personal tensors: the server's root update has no personal part; use another rule")
         self._facts = facts
-        if facts.rank == 0:
+        if facts.rank == 0 and self.robust.rule_impl.selects:  # a rule that keeps every upload has nothing to record
             self._record = KeptRecord(facts.run_dir)
             self._record.start(facts.resumed_round)
 
