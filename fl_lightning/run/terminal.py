@@ -53,6 +53,16 @@ def quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message=".*LightningCLI's args parameter is intended to run from within Python.*")
 
 
+def run_terms(pl_module: Any) -> tuple[str, str]:
+    """(the run's name, what one training step is) in the run's own terms: ``("FedBuff (FedAvg)", "server updates")``
+    under asynchronous aggregation, ``("FedAvg", "rounds")`` otherwise."""
+    name = type(getattr(pl_module, "algorithm", pl_module)).__name__
+    asynchronous = getattr(pl_module, "asynchronous", None)
+    if asynchronous is None:
+        return name, "rounds"
+    return f"{'FedAsync' if asynchronous.mode == 'fedasync' else 'FedBuff'} ({name})", "server updates"
+
+
 def _epsilon(value: float) -> str:
     return "inf" if math.isinf(value) else f"{value:.2f}"
 
@@ -92,10 +102,12 @@ class RunSummary(Callback):
         self.language: dict[str, float] = {}  # the last evaluation's eval/ppl, eval/rougeL, eval/gen_samples
         self.test_loss: float | None = None  # token-level: the final model's test/loss (without eval/* of its own)
         self.exported: str | None = None  # where ExportPretrained wrote the final model
+        self.unit = "rounds"  # what one training step is: "server updates" under asynchronous aggregation
+        self.sim_s: float | None = None  # simulated seconds at the end (with a clock)
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.start = time.perf_counter()
-        self.name = type(getattr(pl_module, "algorithm", pl_module)).__name__
+        self.name, self.unit = run_terms(pl_module)
         self.token_level = bool(getattr(getattr(pl_module, "model", None), "token_level", False))
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -138,6 +150,7 @@ class RunSummary(Callback):
         self.seconds = time.perf_counter() - (self.start or time.perf_counter())
         self.rounds = trainer.global_step
         self.bytes_total = _value(trainer.callback_metrics, BYTES)
+        self.sim_s = _value(trainer.callback_metrics, "time/sim_s") if getattr(pl_module, "clock", None) is not None else None
         self.compile_s = _value(trainer.callback_metrics, "time/compile_s")
         self.stacking = stacking_summary(getattr(getattr(pl_module, "executor", None), "stats", None))
         self.privacy = []
@@ -155,17 +168,19 @@ class RunSummary(Callback):
         return max(self.accuracies, key=lambda ra: ra[1]) if self.accuracies else None
 
     def line(self) -> str:
-        resumed = f" (resumed at round {self.start_round})" if self.start_round else ""
+        step = "server update" if self.unit == "server updates" else "round"
+        resumed = f" (resumed at {step} {self.start_round})" if self.start_round else ""
+        simulated = f" ({self.sim_s:.1f} s simulated)" if self.sim_s is not None else ""
         threads = "" if self.threads is None else f" on {self.threads} thread{'s' if self.threads != 1 else ''}"
         compiled = f" ({self.compile_s:.1f} s compiling)" if self.compile_s is not None else ""
         stacking = f" ({self.stacking})" if self.stacking else ""
-        parts = [f"{self.name}: {self.rounds} rounds{resumed} in {self.seconds:.1f} s{threads}{compiled}{stacking}"]
+        parts = [f"{self.name}: {self.rounds} {self.unit}{resumed} in {self.seconds:.1f} s{simulated}{threads}{compiled}{stacking}"]
         if self.token_level:
             parts += self._language_parts()
         elif self.final_acc is not None:
             best_round, best_acc = self.best
             parts.append(f"final val acc {self.final_acc:.4f}")
-            parts.append(f"best {best_acc:.4f} (round {best_round})")
+            parts.append(f"best {best_acc:.4f} ({step} {best_round})")
         else:
             parts.append("no evaluation (set trainer.val_check_interval)")
         if self.test_acc is not None and not self.token_level:
@@ -268,11 +283,12 @@ class RoundProgressBar(ProgressBar):
         from tqdm.auto import tqdm
 
         total = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
+        unit = "update" if run_terms(pl_module)[1] == "server updates" else "round"
         self._bar = tqdm(
             total=total,
             initial=trainer.global_step,
-            desc="round",
-            unit="round",
+            desc="server update" if unit == "update" else "round",
+            unit=unit,
             dynamic_ncols=True,
             file=sys.stderr,
             mininterval=self.min_interval,
