@@ -34,3 +34,23 @@ def test_compare_counts_server_updates():
 
     info = {"rounds": 300, "unit": "server updates", "sim_s": 41.5, "fit_seconds": 3.0}
     assert result_line("FedBuff", 0, info).endswith("300 server updates (41.5 s simulated) · 3.0 s")
+
+
+def test_the_result_line_names_each_mechanism_with_all_its_settings(tmp_path):
+    """A partial override of a class setting merges with the base config's (here the attack keeps the base's
+    LabelFlip beside the new SignFlip): the line shows the merged settings, and the defence."""
+    override = "{class_path: fl_lightning.adversary.Attack, init_args: {upload: {class_path: fl_lightning.adversary.SignFlip}}}"
+    args = [CLI, "fit", "--config", "attack_label_flip_digits", "--model.attack", override, "--model.robust.rule", "median",
+            "--trainer.max_steps", "2", "--trainer.val_check_interval", "2"]  # fmt: skip
+    proc = subprocess.run(args, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    line = proc.stdout.strip().splitlines()[-1]
+    assert "· attack Attack(" in line and "data=LabelFlip(" in line and "upload=SignFlip(" in line, line
+    assert "· robust Robust(" in line and "rule='median'" in line, line
+
+
+def test_compare_lists_each_runs_mechanisms():
+    from fl_lightning.experiments.compare import result_line
+
+    info = {"rounds": 3, "fit_seconds": 1.0, "mechanisms": ["robust Robust(rule='median')"]}
+    assert result_line("median", 0, info).endswith("3 rounds · 1.0 s · robust Robust(rule='median')")

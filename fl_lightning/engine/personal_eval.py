@@ -43,14 +43,15 @@ class ClientModels(Protocol):
     def unseen_prediction_params(self, client_id: int) -> dict: ...
 
 
-def client_scores(models: ClientModels, data: Any, clients: list[int], params_of) -> tuple[Tensor, Tensor, Tensor]:
-    """Each client's (accuracy, loss, held-out size) with ``params_of(client)`` on its held-out split."""
+def client_scores(models: ClientModels, data: Any, clients: list[int], params_of, part: str | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """Each client's (accuracy, loss, held-out size) with ``params_of(client)`` on its held-out split, or on its
+    ``part`` of it (``"validation"``, ``"test"``)."""
     accs, losses, sizes = [], [], []
     for cid in clients:
-        if len(data.client_holdout[cid]) == 0:
+        if len(data.client_holdout[cid] if part is None else data.client_holdout_part(cid, part)) == 0:
             continue
         params = params_of(cid)
-        batch = move_data_to_device(data.client_holdout_batch(cid), models.device)
+        batch = move_data_to_device(data.client_holdout_batch(cid, part) if part else data.client_holdout_batch(cid), models.device)
         with torch.no_grad():
             loss, logits, target = models.objective.at(params, batch)
         accs.append((logits.argmax(-1) == target).double().mean())
@@ -85,8 +86,9 @@ class PersonalizedEvaluation(Callback):
     - ``<stage>/unseen_acc_*`` likewise for the clients that never trained (``data.new_client_fraction``),
       each after one round of the algorithm's local training on its own training split.
 
-    ``<stage>`` (``val``/``test``) says when it was measured; the data is the clients' held-out split in
-    both. Added to every run whose data has a held-out split (``FederatedModule.configure_callbacks``)."""
+    ``<stage>`` says which half of each client's held-out split it was measured on: ``val`` the validation half
+    (for selection: "best" by ``val/personal_acc_mean``), ``test`` the test half (reported). Added to every run whose
+    data has a held-out split (``FederatedModule.configure_callbacks``)."""
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._check(pl_module)
@@ -100,18 +102,19 @@ class PersonalizedEvaluation(Callback):
             raise ValueError("PersonalizedEvaluation needs data.holdout_fraction in (0, 1), got 0")
 
     @torch.no_grad()
-    def evaluate(self, pl_module) -> dict[str, float]:
+    def evaluate(self, pl_module, part: str | None = None) -> dict[str, float]:
         data = pl_module.datamodule
-        metrics = summary("personal", *client_scores(pl_module, data, list(range(data.num_clients)), pl_module.prediction_params))
+        part = part if callable(getattr(data, "client_holdout_part", None)) else None
+        metrics = summary("personal", *client_scores(pl_module, data, list(range(data.num_clients)), pl_module.prediction_params, part))
         unseen = list(getattr(data, "unseen_clients", []) or [])
         if unseen:
-            metrics.update(summary("unseen", *client_scores(pl_module, data, unseen, pl_module.unseen_prediction_params)))
+            metrics.update(summary("unseen", *client_scores(pl_module, data, unseen, pl_module.unseen_prediction_params, part)))
         return metrics
 
     def _log(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if trainer.sanity_checking:
             return
-        for name, value in self.evaluate(pl_module).items():
+        for name, value in self.evaluate(pl_module, "validation" if stage == "val" else "test").items():
             pl_module.log(f"{stage}/{name}", value, on_step=False, on_epoch=True, batch_size=1)
 
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:

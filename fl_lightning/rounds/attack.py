@@ -25,6 +25,11 @@ class AttackStage(RoundStage):
     setting = "model.attack"
     conflicts = {"record_privacy": "a data poisoning (attack.data) cannot poison DP-SGD's sampled records"}
 
+    def describe(self) -> str | None:
+        from fl_lightning.reliability.fingerprint import describe_setting
+
+        return describe_setting(self.attack)
+
     def __init__(self, attack: Attack) -> None:
         self.attack = attack
 

@@ -59,6 +59,9 @@ class LoRAStage(RoundStage):
         round.metrics["comm/round_bytes_fold"] = fold
         round.extra_bytes_down = fold
 
+    def describe(self) -> str | None:
+        return self.server.describe() or self.server.method.name
+
     def fingerprint(self) -> dict[str, str]:
         described = self.server.describe()
         return {} if described is None else {"lora_aggregation": described}

@@ -29,6 +29,11 @@ class RobustStage(RoundStage):
     reads_each_upload = True
     conflicts = {"privacy": "a rule other than norm_bound is no mean with fixed bounded weights: DP's noise does not cover one client"}
 
+    def describe(self) -> str | None:
+        from fl_lightning.reliability.fingerprint import describe_setting
+
+        return describe_setting(self.robust)
+
     def __init__(self, robust: Robust) -> None:
         self.robust = robust
         self._record: KeptRecord | None = None

@@ -150,6 +150,11 @@ class RoundStage:
         """What a resume must match of this stage's settings (``fl_lightning/reliability/fingerprint.py``)."""
         return {}
 
+    def describe(self) -> str | None:
+        """The mechanism and its settings in a few words for the run's result line and compare's run list
+        (None: nothing to name, e.g. the divergence checks); default: the configuring setting's object, described."""
+        return None
+
     def wants_stop(self) -> str | None:
         """Why the run must stop before another round (None: it may go on; a spent privacy budget)."""
         return None

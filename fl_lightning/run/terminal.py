@@ -5,7 +5,10 @@ and none of Lightning's start-up boilerplate.
 for a round loop) with ``round 20/100 · 2.1 rounds/s · train loss 0.512 · val acc 0.873 · eps 3.21``.
 ``RunSummary`` records the evaluations of a fit and renders the closing line
 ``FedAvg: 100 rounds in 52.1 s · final val acc 0.9123 · best 0.9230 (round 90) · 12.3 MB sent
-· epsilon 3.21 (RDP, delta 1e-05)``. Under differential privacy (docs/privacy.md) both show the
+· epsilon 3.21 (RDP, delta 1e-05)``, then each mechanism of the round with all its settings (``attack
+Attack(..., data=LabelFlip(...), upload=SignFlip(...))``, ``robust Robust(rule='median', ...)``): a partial
+override of a class setting shows what it merged with. An asynchronous run counts ``server updates`` under
+``FedBuff (FedAvg)``; a run under the clock adds its simulated seconds. Under differential privacy (docs/privacy.md) both show the
 privacy spent: ``privacy/epsilon`` (``eps``) and ``privacy/record_epsilon`` (``record eps``). For a
 token-level model (a causal LM) the line reports the held-out loss, perplexity and ROUGE-L instead of a
 next-token accuracy: ``LocalAdam: 50 rounds in 812.0 s · final eval loss 1.8312 · ppl 6.24 · ROUGE-L 0.3120
@@ -63,6 +66,22 @@ def run_terms(pl_module: Any) -> tuple[str, str]:
     return f"{'FedAsync' if asynchronous.mode == 'fedasync' else 'FedBuff'} ({name})", "server updates"
 
 
+def mechanisms(pl_module: Any) -> list[str]:
+    """``setting: description`` of every mechanism of the run's round (attack, defence, compression, DP, clock,
+    faults, LoRA aggregation, a user's stage), each with all its settings, so a partial override is visible."""
+    named = []
+    for stage in getattr(getattr(pl_module, "rounds", None), "stages", ()):
+        described = stage.describe()
+        if described:
+            named.append(f"{(stage.setting or stage.name).removeprefix('model.')} {described}")
+    asynchronous = getattr(pl_module, "asynchronous", None)
+    if asynchronous is not None:
+        from fl_lightning.reliability.fingerprint import describe_setting
+
+        named.append(f"clock {describe_setting(pl_module.clock)}")
+    return named
+
+
 def _epsilon(value: float) -> str:
     return "inf" if math.isinf(value) else f"{value:.2f}"
 
@@ -104,10 +123,12 @@ class RunSummary(Callback):
         self.exported: str | None = None  # where ExportPretrained wrote the final model
         self.unit = "rounds"  # what one training step is: "server updates" under asynchronous aggregation
         self.sim_s: float | None = None  # simulated seconds at the end (with a clock)
+        self.mechanisms: list[str] = []  # the round's mechanisms with their settings (``mechanisms``)
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.start = time.perf_counter()
         self.name, self.unit = run_terms(pl_module)
+        self.mechanisms = mechanisms(pl_module)
         self.token_level = bool(getattr(getattr(pl_module, "model", None), "token_level", False))
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -196,7 +217,7 @@ class RunSummary(Callback):
             parts.append(f"{self.bytes_total / 1e6:.1f} MB sent")
         if self.exported is not None and self.token_level:
             parts.append(f"adapter {self.exported}")
-        return " · ".join(parts + self.privacy)
+        return " · ".join(parts + self.privacy + self.mechanisms)
 
     def _language_parts(self) -> list[str]:
         """Final loss, perplexity and ROUGE-L (where computed) and the best loss of a token-level model."""
