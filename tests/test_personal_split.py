@@ -42,3 +42,31 @@ def test_val_and_test_personal_metrics_are_measured_on_their_own_halves(tmp_path
         assert abs(val - _global_accuracy_mean(module, data, "validation")) < 1e-6  # logged as float32
         assert abs(test - _global_accuracy_mean(module, data, "test")) < 1e-6
         assert val != test  # different samples
+
+
+def test_the_test_writes_each_clients_global_and_personal_accuracy(tmp_path):
+    import csv
+
+    from lightning.pytorch.loggers import CSVLogger
+
+    from fl_lightning.algorithms import FedSim
+    from fl_lightning.engine.personal_eval import CLIENTS_FILE
+
+    data = tiny_datamodule(num_clients=6, holdout_fraction=0.4, new_client_fraction=0.34)
+    torch.manual_seed(0)
+    from fl_lightning import FederatedModule, LocalTraining
+    from fl_lightning.models import MLP
+
+    module = FederatedModule(MLP(in_features=8, num_classes=3, hidden=[16]), FedSim(), LocalTraining(lr=0.1, steps=3, batch_size=8),
+                             personal=["net.3.*"])  # fmt: skip
+    trainer = tiny_trainer(tmp_path, 3, logger=CSVLogger(tmp_path, name="run"))
+    trainer.fit(module, datamodule=data)
+    trainer.test(module, datamodule=data, verbose=False)
+    rows = list(csv.DictReader(open(tmp_path / "run" / "version_0" / CLIENTS_FILE)))
+    unseen = set(data.unseen_clients)
+    assert [int(r["client"]) for r in rows] == [c for c in range(6) if len(data.client_holdout_part(c, "test"))]
+    assert {int(r["client"]) for r in rows if r["seen"] == "0"} == unseen and unseen
+    seen = [r for r in rows if r["seen"] == "1"]
+    mean = sum(float(r["personal_acc"]) for r in seen) / len(seen)
+    assert abs(mean - float(trainer.callback_metrics["test/personal_acc_mean"])) < 1e-6
+    assert any(r["global_acc"] != r["personal_acc"] for r in seen)  # the personal head differs from the global one

@@ -241,11 +241,12 @@ def test_the_result_line_names_the_personalized_and_unseen_numbers():
 
     summary = RunSummary()
     summary.name, summary.rounds, summary.accuracies, summary.test_acc = "Ditto", 10, [(10, 0.5)], 0.45
-    assert "personalized" not in summary.line()  # a run without a held-out split reports none
+    assert "per-client" not in summary.line()  # a run without a held-out split reports none
     summary.personal = {"personal_acc_mean": 0.8125, "personal_acc_worst10": 0.25, "unseen_acc_mean": 0.75}
     line = summary.line()
     assert "test acc 0.4500 (final model)" in line
-    assert "personalized acc 0.8125 (each client's own model on its held-out data, mean; worst 10% 0.2500)" in line
+    assert ("per-client acc 0.8125 (the model each client predicts with, on the validation half of its held-out data, mean; "
+            "worst 10% 0.2500; per client at test: personal_clients.csv)") in line  # fmt: skip
     assert "unseen clients 0.7500" in line
 
 

@@ -21,6 +21,10 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from fl_lightning.core import params as P
 
 
+CLIENTS_FILE = "personal_clients.csv"
+"""Per client: id, samples, the global and the personal accuracy on its test half, seen or unseen (at test)."""
+
+
 def worst_fraction_mean(values: torch.Tensor, fraction: float = 0.1) -> float:
     """Mean of the lowest ``ceil(fraction * n)`` values (at least one)."""
     k = max(1, math.ceil(fraction * len(values)))
@@ -122,6 +126,45 @@ class PersonalizedEvaluation(Callback):
 
     def on_test_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._log(trainer, pl_module, "test")
+        if trainer.is_global_zero:
+            self.write_clients(trainer, pl_module)
+
+    @torch.no_grad()
+    def client_rows(self, pl_module) -> list[dict[str, Any]]:
+        """Per client, on the test half of its held-out data: its id, samples, the global model's and its own
+        prediction model's accuracy, and whether it trained (``seen``) or is an unseen client."""
+        data = pl_module.datamodule
+        x = pl_module.global_params()
+        unseen = set(getattr(data, "unseen_clients", []) or [])
+        rows = []
+        for cid in sorted(set(range(data.num_clients)) | unseen):
+            indices = data.client_holdout_part(cid, "test") if callable(getattr(data, "client_holdout_part", None)) else data.client_holdout[cid]
+            if len(indices) == 0:
+                continue
+            own = pl_module.unseen_prediction_params(cid) if cid in unseen else pl_module.prediction_params(cid)
+            batch = move_data_to_device(data.client_holdout_batch(cid, "test"), pl_module.device)
+            scores = []
+            for params in (x, own):
+                _, logits, target = pl_module.objective.at(params, batch)
+                scores.append(float((logits.argmax(-1) == target).double().mean()))
+            rows.append({"client": cid, "samples": int(target.numel()), "global_acc": scores[0], "personal_acc": scores[1],
+                         "seen": int(cid not in unseen)})  # fmt: skip
+        return rows
+
+    def write_clients(self, trainer: Trainer, pl_module) -> None:
+        """``personal_clients.csv`` in the run's folder (``client_rows`` of the tested model)."""
+        import csv
+        import os
+
+        run_dir = next((lg.log_dir for lg in trainer.loggers if getattr(lg, "log_dir", None)), None) or trainer.default_root_dir
+        rows = self.client_rows(pl_module)
+        if not rows or not run_dir:
+            return
+        os.makedirs(run_dir, exist_ok=True)
+        with open(os.path.join(run_dir, CLIENTS_FILE), "w", newline="") as file:
+            writer = csv.DictWriter(file, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
 
 
 class GradientNorm(Callback):

@@ -208,8 +208,9 @@ class RunSummary(Callback):
             parts.append(f"test acc {self.test_acc:.4f} (final model)")
         if "personal_acc_mean" in self.personal:
             parts.append(
-                f"personalized acc {self.personal['personal_acc_mean']:.4f} (each client's own model on its held-out data, "
-                f"mean; worst 10% {self.personal['personal_acc_worst10']:.4f})"
+                f"per-client acc {self.personal['personal_acc_mean']:.4f} (the model each client predicts with, on the validation "
+                f"half of its held-out data, mean; worst 10% {self.personal['personal_acc_worst10']:.4f}; per client at test: "
+                "personal_clients.csv)"
             )
         if "unseen_acc_mean" in self.personal:
             parts.append(f"unseen clients {self.personal['unseen_acc_mean']:.4f}")
