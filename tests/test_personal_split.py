@@ -70,3 +70,19 @@ def test_the_test_writes_each_clients_global_and_personal_accuracy(tmp_path):
     mean = sum(float(r["personal_acc"]) for r in seen) / len(seen)
     assert abs(mean - float(trainer.callback_metrics["test/personal_acc_mean"])) < 1e-6
     assert any(r["global_acc"] != r["personal_acc"] for r in seen)  # the personal head differs from the global one
+
+
+def test_scoring_a_client_that_trained_as_unseen_says_so(tmp_path, caplog):
+    import logging
+
+    from fl_lightning.algorithms import SCAFFOLD
+
+    data = tiny_datamodule(num_clients=6, holdout_fraction=0.4)
+    module = tiny_module(SCAFFOLD())  # keeps a state per client that trained
+    tiny_trainer(tmp_path, 2).fit(module, datamodule=data)
+    trained = next(iter(module.store.client_ids()))
+    with caplog.at_level(logging.WARNING):
+        module.unseen_prediction_params(trained)
+        module.unseen_prediction_params(trained)
+    said = [r.getMessage() for r in caplog.records if "trained in this run" in r.getMessage()]
+    assert len(said) == 1 and f"client {trained} trained in this run" in said[0]
