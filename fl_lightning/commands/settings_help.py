@@ -86,6 +86,22 @@ attacks (docs/robustness.md):
   --model.attack.upload NAME       ModelReplacement, SignFlip, GaussianUpload, ALIE, IPM, MinMax,
                                    MinSum; null: none
 
+personal tensors and personalization (docs/personalization.md):
+  --model.personal PATTERNS        parameter globs or module paths kept per client, e.g. '[head.*]'
+                                   (each must match a trainable parameter; FedAvgP, FedSim, FedAlt, ScaffoldP)
+
+simulated time (docs/time.md):
+  --model.clock.speed_sigma X      the clients' speeds (log-normal sigma, >= 0); bandwidth, trace,
+                                   availability (always, on_off, trace), deadline (> 0 s, or null)
+  --model.asynchronous.mode NAME   fedbuff or fedasync (needs model.clock): one step is one server update
+
+LoRA aggregation (docs/lora.md):
+  --model.lora_aggregation NAME    factors, stacked, exact_residual, svd, zero_pad or share_a; null:
+                                   the algorithm's own aggregate of the factors
+
+your own round stages (docs/architecture.md, "Your own stage"):
+  --model.stages '[{class_path: my_module.MyStage}]'   with --import my_module
+
 execution:
   --model.execution NAME           sequential (default) or batched (docs/performance.md)
 
