@@ -114,6 +114,18 @@ class HeldOutSplit:
         n_hold, n_val = int(self.n_hold[client]), int(self.n_val[client])
         return perm[n_hold + n_val :].sort().values, perm[:n_hold].sort().values, perm[n_hold : n_hold + n_val]
 
+    def holdout_parts(self, client: int) -> tuple[Tensor, Tensor]:
+        """The client's held-out samples as (validation, test), each sorted: the first ``floor(n_hold / 2)`` of its
+        permutation select (``val/personal_*``), the rest report (``test/personal_*``): selection never sees the
+        numbers it is reported by."""
+        from fl_lightning.core.participation import derive_seed
+
+        idx = self.parts[client]
+        generator = torch.Generator().manual_seed(derive_seed(self.seed, client, self.stream))
+        held = idx[torch.randperm(len(idx), generator=generator)][: int(self.n_hold[client])]
+        half = len(held) // 2
+        return held[:half].sort().values, held[half:].sort().values
+
 
 class _Part(Sequence):
     """One part (train or holdout) of every client of a ``HeldOutSplit``; the last clients asked for are kept."""

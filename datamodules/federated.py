@@ -191,6 +191,7 @@ class FederatedDataModule(L.LightningDataModule):
         if not (self.holdout_fraction or self.val_fraction):
             # Every sample trains: the partition itself, no tensor per client (10^6 clients build in a second).
             self.client_train, self.client_holdout = parts, NoIndices(self.num_clients)
+            self._holdout_split = None
             self.validation_indices = torch.empty(0, dtype=torch.int64)
             self.client_sizes = sizes
             self.source = source
@@ -204,6 +205,7 @@ class FederatedDataModule(L.LightningDataModule):
                 f"holdout_fraction={self.holdout_fraction} and val_fraction={self.val_fraction} leave client {int(starved[0])} no training data"
             )
         self.client_train, self.client_holdout = split.train, split.holdout
+        self._holdout_split = split
         if self.val_fraction:
             self.validation_indices = torch.cat([split.split(c)[2] for c in range(len(parts))]).sort().values
             if len(self.validation_indices) == 0:  # nothing to select on: val/acc would never be logged
@@ -623,8 +625,19 @@ class FederatedDataModule(L.LightningDataModule):
             counts = cache[client_id] = torch.bincount(target.reshape(-1).long().cpu(), minlength=self.num_classes)
         return counts
 
-    def client_holdout_batch(self, client_id: int) -> Any:
-        return self.client_view(self._gather(self.client_holdout[client_id]), client_id)
+    def client_holdout_batch(self, client_id: int, part: str | None = None) -> Any:
+        """The client's held-out samples: all of them, or its ``"validation"`` or ``"test"`` half
+        (``client_holdout_part``)."""
+        indices = self.client_holdout[client_id] if part is None else self.client_holdout_part(client_id, part)
+        return self.client_view(self._gather(indices), client_id)
+
+    def client_holdout_part(self, client_id: int, part: str) -> Tensor:
+        """The indices of the client's held-out ``"validation"`` half (personalized selection) or ``"test"`` half
+        (personalized reporting); empty without a held-out split."""
+        split = getattr(self, "_holdout_split", None)
+        if split is None:
+            return self.client_holdout[client_id]
+        return split.holdout_parts(client_id)[("validation", "test").index(part)]
 
 
 def _eval_sampler(dataset: Any) -> Any:

@@ -298,3 +298,13 @@ class VisionDataModule(FederatedDataModule):
         return DataLoader(
             _NormalizedBatches(self.source.test, self.eval_batch_size, self._eval_transform), batch_size=None
         )
+
+    def val_dataloader(self) -> DataLoader | list[DataLoader]:
+        """The validation split (held out of the clients' training images), normalized as the test set is, then
+        the test set; without ``val_fraction`` the test set alone. (The base loader passed the uint8 images on.)"""
+        if not self.val_fraction:
+            return self._eval_loader()
+        images, labels = self.source.train.tensors
+        index = self.validation_indices
+        split = TensorDataset(images[index], labels[index])
+        return [DataLoader(_NormalizedBatches(split, self.eval_batch_size, self._eval_transform), batch_size=None), self._eval_loader()]

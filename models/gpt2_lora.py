@@ -91,10 +91,13 @@ def peft_lora_model(
 def save_adapter(net: nn.Module, path: str | Path, with_base: bool = False) -> None:
     """``net.save_pretrained(path)`` and the base model's config beside it; ``with_base``: also the base model
     with its current frozen weights in ``path/base`` (where a LoRA aggregation folded updates into them,
-    docs/algorithms.md 28), named in ``adapter_config.json`` so that ``AutoPeftModel*`` loads that base."""
+    docs/algorithms.md 28), named in ``adapter_config.json`` so that ``AutoPeftModel*`` loads that base. A local
+    base is named by its absolute path (``AutoPeftModel*`` loads it from any working directory); a hub name as is."""
     path = Path(path)
     config = net.peft_config["default"]
     original = config.base_model_name_or_path
+    if original and Path(original).is_dir():  # a local base as typed (relative) loads only from where the run ran
+        config.base_model_name_or_path = str(Path(original).resolve())
     if with_base:
         import copy
 

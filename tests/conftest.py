@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 
 import lightning as L
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -113,3 +115,17 @@ def stacked_sizes(monkeypatch):
 
     monkeypatch.setattr(BatchedExecutor, "_run_stacked", spy)
     return sizes
+
+
+SLOW_TESTS = Path(__file__).with_name("slow_tests.txt")
+"""The suite's longest tests by measured duration (``scripts/slow_tests.py`` writes it from ``--durations``): marked
+``slow``, so ``pytest -m "not slow"`` is the few-minute daily loop; CI runs everything."""
+
+
+def pytest_collection_modifyitems(config, items):
+    if not SLOW_TESTS.is_file():
+        return
+    slow = {line.strip() for line in SLOW_TESTS.read_text().splitlines() if line.strip() and not line.startswith("#")}
+    for item in items:
+        if item.nodeid in slow or item.nodeid.split("[")[0] in slow:
+            item.add_marker(pytest.mark.slow)

@@ -14,7 +14,7 @@ LOCAL = LocalTraining(lr=0.2, steps=3, batch_size=8, personal_lr=0.1)
 
 def _run(tmp_path, algorithm, executor, rounds=3):
     torch.manual_seed(0)
-    module = FederatedModule(MLP(in_features=8, num_classes=3, hidden=[16]), algorithm, LOCAL, personal=["net.2.*"], execution=executor)
+    module = FederatedModule(MLP(in_features=8, num_classes=3, hidden=[16]), algorithm, LOCAL, personal=["net.3.*"], execution=executor)
     tiny_trainer(tmp_path, rounds=rounds).fit(module, datamodule=tiny_datamodule(num_clients=6, clients_per_round=3))
     return module
 

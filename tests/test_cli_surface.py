@@ -181,7 +181,8 @@ def test_help_lists_every_subcommand_fast_and_version():
 SHORT_PAGE_SETTINGS = ("--model.algorithm ", "--model.local.lr ", "--model.local.steps ", "--model.local.batch_size ",
                        "--data.init_args.num_clients ", "--data.init_args.holdout_fraction ", "--data.init_args.val_fraction ",
                        "--trainer.max_steps ", "--trainer.val_check_interval ", "--model.compression.up ", "--model.privacy.delta ",
-                       "--model.execution ", "--help-all")  # fmt: skip
+                       "--model.execution ", "--model.personal ", "--model.clock.speed_sigma ", "--model.asynchronous.mode ",
+                       "--model.lora_aggregation ", "--model.stages ", "--help-all")  # fmt: skip
 
 
 @pytest.mark.parametrize("subcommand", ["fit", "test"])

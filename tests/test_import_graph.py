@@ -193,6 +193,16 @@ def test_the_layers_have_no_circle():
     assert circles(LAYERS) == [] and circles(package_graph()) == []
 
 
+def test_the_package_never_imports_the_checkouts_top_level_names():
+    """``fl_lightning`` names its bundled packages ``fl_lightning.models``/``fl_lightning.datamodules``: the top-level
+    ``models``/``datamodules`` exist only in a checkout (a wheel installs them inside the package)."""
+    import re
+
+    pattern = re.compile(r"^\s*(from|import)\s+(models|datamodules)\b", re.M)
+    offenders = [str(p.relative_to(ROOT)) for p in (ROOT / "fl_lightning").rglob("*.py") if pattern.search(p.read_text())]
+    assert offenders == []
+
+
 def test_the_architecture_page_shows_the_graph():
     page = (ROOT / "docs" / "architecture.md").read_text()
     assert markdown(package_graph()) in page, "regenerate with: python tests/test_import_graph.py"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from pathlib import Path
+
 import torch
 
 from datamodules import IID, Partitioner, TextDataModule
@@ -192,12 +194,15 @@ def test_freeze_a_makes_averaging_exact(assets, tmp_path, freeze_a):
         assert gap > 1e-5, "expected FedIT's product-of-means error"
 
 
-def test_exported_adapter_reloads_with_peft_and_gives_the_same_logits(assets, tmp_path):
+def test_exported_adapter_reloads_with_peft_and_gives_the_same_logits(assets, tmp_path, monkeypatch):
     from peft import PeftModel
     from safetensors.torch import load_file
     from transformers import AutoModelForSequenceClassification
 
-    module = lora_module(assets)
+    monkeypatch.chdir(Path(assets.gpt2).parent)  # the base named as a user types it: relative to the working directory
+    torch.manual_seed(0)
+    module = FederatedModule(LoRAClassifier(Path(assets.gpt2).name, num_labels=2, rank=2, alpha=4.0, dropout=0.0),
+                             local=LocalTraining(lr=0.05, steps=None, epochs=1, batch_size=16))  # fmt: skip
     data = sst2(assets)
     export = tmp_path / "adapter"
     tiny_trainer(tmp_path, rounds=2, callbacks=[ExportPretrained(str(export))]).fit(module, datamodule=data)
@@ -216,6 +221,16 @@ def test_exported_adapter_reloads_with_peft_and_gives_the_same_logits(assets, tm
         untrained = lora_module(assets).model.eval()(**inputs)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
     assert (expected - untrained).abs().max() > 1e-4, "export test is vacuous: training did not move the logits"
+    import json
+
+    named = json.loads((export / "adapter_config.json").read_text())["base_model_name_or_path"]
+    assert Path(named).is_absolute() and Path(named) == Path(assets.gpt2).resolve()  # loads from any working directory
+    monkeypatch.chdir(tmp_path / "adapter")  # elsewhere than the run's folder
+    from peft import AutoPeftModelForSequenceClassification
+
+    anywhere = AutoPeftModelForSequenceClassification.from_pretrained(str(export), num_labels=2, pad_token_id=base.config.pad_token_id)
+    with torch.no_grad():
+        torch.testing.assert_close(anywhere.eval()(**inputs).logits, expected, rtol=0, atol=1e-6)
 
 
 def test_memory_grows_only_by_adapter_state_per_client(assets, tmp_path):

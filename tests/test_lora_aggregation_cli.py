@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
@@ -46,7 +47,18 @@ def test_a_heterogeneous_flora_config_runs_through_the_cli_and_logs_the_folded_b
     run = tmp_path / "runs" / "lora_stacked_gpt2_sst2_hetero"
     rows = (run / "version_0" / "metrics.csv").read_text()
     assert "comm/round_bytes_fold" in rows and "val/acc" in rows
-    assert (run / "adapter" / "base" / "config.json").is_file()
+    import csv
+
+    trained = [r for r in csv.DictReader(io.StringIO(rows)) if r.get("comm/round_bytes_fold")]
+    broadcast = sum(t.numel() * t.element_size() for t in cli.model.global_params().values())  # factors; x only (FedAvg)
+    total = 0.0
+    for row in trained:  # the fold is sent to every client beside the broadcast, and counted in the totals
+        fold, clients = float(row["comm/round_bytes_fold"]), float(row["train/clients"])
+        assert fold > 0 and float(row["comm/round_bytes_down"]) == (broadcast + fold) * clients
+        total += float(row["comm/round_bytes_down"]) + float(row["comm/round_bytes_up"])
+    assert float(trained[-1]["comm/cumulative_bytes"]) == total
+    assert (run / "version_0" / "adapter" / "base" / "config.json").is_file()  # in the run's own folder
+    assert not (run / "adapter").exists()
 
 
 def test_an_unknown_method_is_refused_before_lightning_is_imported():

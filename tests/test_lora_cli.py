@@ -78,7 +78,7 @@ def test_sst2_config_runs_through_the_cli_and_exports_a_peft_adapter(assets, tmp
     rows = (run / "version_0" / "metrics.csv").read_text()
     assert "val/acc" in rows
     base = AutoModelForSequenceClassification.from_pretrained(str(assets.gpt2), num_labels=2)
-    adapter = PeftModel.from_pretrained(base, str(run / "adapter"))
+    adapter = PeftModel.from_pretrained(base, str(run / "version_0" / "adapter"))
     ckpt = torch.load(run / "version_0" / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
     key = next(k for k in ckpt if ".lora_B." in k)
     named = dict(adapter.named_parameters())
@@ -128,4 +128,4 @@ def test_the_batched_sst2_config_trains_every_round_stacked_through_the_cli(asse
     assert type(executor).__name__ == "BatchedExecutor" and not executor.fallbacks and executor.stats["stacked_rounds"] == 2
     run = tmp_path / "runs" / "fedit_gpt2_sst2_batched"
     assert "val/acc" in (run / "version_0" / "metrics.csv").read_text()
-    assert (run / "adapter" / "adapter_model.safetensors").is_file()
+    assert (run / "version_0" / "adapter" / "adapter_model.safetensors").is_file()

@@ -304,7 +304,7 @@ def test_gradient_norm_is_the_gradient_of_the_global_objective(tmp_path):
     assert got["grad_norm"] == pytest.approx((expected_u + expected_v) ** 0.5, rel=1e-5)
 
 
-def test_personalized_evaluation_scores_each_client_on_its_own_holdout(tmp_path):
+def test_personalized_evaluation_scores_each_client_on_the_validation_half_of_its_holdout(tmp_path):
     module = split_module(FedSim(), LocalTraining(lr=0.2, steps=3, batch_size=8))
     data = binary_data(num_clients=5, clients_per_round=3, holdout_fraction=0.3)
     callback = PersonalizedEvaluation()
@@ -313,7 +313,7 @@ def test_personalized_evaluation_scores_each_client_on_its_own_holdout(tmp_path)
     trainer.fit(module, datamodule=data)
     accs = []
     for cid in range(5):
-        inputs, target = data.client_holdout_batch(cid)
+        inputs, target = data.client_holdout_batch(cid, "validation")  # val/: the validation half
         out = functional_call(module.model, {"u": module.model.u, **module.client_personal(cid)}, (inputs,))
         accs.append((out.logits.argmax(-1) == target).double().mean())
     accs = torch.stack(accs)

@@ -66,14 +66,14 @@ def test_evaluation_scores_each_client_with_the_model_it_predicts_with(tmp_path)
     x = {k: v.detach() for k, v in module.model.named_parameters()}
     own, glob = [], []
     for cid in range(data.num_clients):
-        batch = data.client_holdout_batch(cid)
+        batch = data.client_holdout_batch(cid, "validation")
         own.append(_accuracy(module.model, module.store.get(cid, lambda: {"own": x})["own"], batch))
         glob.append(_accuracy(module.model, x, batch))
     metrics = trainer.callback_metrics
     assert float(metrics["val/personal_acc_mean"]) == pytest.approx(sum(own) / len(own), abs=1e-6)
     # the test can tell the two apart: scored with the global model, the mean would differ
-    assert abs(sum(own) - sum(glob)) / len(own) > 0.02
-    sizes = torch.tensor([len(data.client_holdout[c]) for c in range(data.num_clients)], dtype=torch.float64)
+    assert sum(abs(a - b) for a, b in zip(own, glob)) / len(own) > 0.02  # per client
+    sizes = torch.tensor([len(data.client_holdout_part(c, "validation")) for c in range(data.num_clients)], dtype=torch.float64)
     weighted = float((torch.tensor(own, dtype=torch.float64) * sizes).sum() / sizes.sum())
     assert float(metrics["val/personal_acc_weighted"]) == pytest.approx(weighted, abs=1e-6)
 
@@ -81,7 +81,7 @@ def test_evaluation_scores_each_client_with_the_model_it_predicts_with(tmp_path)
 def test_fedavg_clients_predict_with_the_global_model(tmp_path):
     module, data, trainer = _fit(tmp_path, FedAvg())
     x = {k: v.detach() for k, v in module.model.named_parameters()}
-    accs = [_accuracy(module.model, x, data.client_holdout_batch(c)) for c in range(data.num_clients)]
+    accs = [_accuracy(module.model, x, data.client_holdout_batch(c, "validation")) for c in range(data.num_clients)]
     assert float(trainer.callback_metrics["val/personal_acc_mean"]) == pytest.approx(sum(accs) / len(accs), abs=1e-6)
 
 
@@ -133,7 +133,7 @@ def test_an_unseen_client_runs_one_local_round_of_the_algorithm_then_predicts(tm
     got = module.unseen_prediction_params(cid)
     for k in params:
         torch.testing.assert_close(got[k], params[k], rtol=0, atol=1e-6)
-    accs = [_accuracy(module.model, module.unseen_prediction_params(c), data.client_holdout_batch(c)) for c in data.unseen_clients]
+    accs = [_accuracy(module.model, module.unseen_prediction_params(c), data.client_holdout_batch(c, "validation")) for c in data.unseen_clients]
     assert float(trainer.callback_metrics["val/unseen_acc_mean"]) == pytest.approx(sum(accs) / len(accs), abs=1e-6)
     assert cid not in set(module.store.client_ids())  # nothing of the unseen client is stored
 
@@ -241,11 +241,12 @@ def test_the_result_line_names_the_personalized_and_unseen_numbers():
 
     summary = RunSummary()
     summary.name, summary.rounds, summary.accuracies, summary.test_acc = "Ditto", 10, [(10, 0.5)], 0.45
-    assert "personalized" not in summary.line()  # a run without a held-out split reports none
+    assert "per-client" not in summary.line()  # a run without a held-out split reports none
     summary.personal = {"personal_acc_mean": 0.8125, "personal_acc_worst10": 0.25, "unseen_acc_mean": 0.75}
     line = summary.line()
     assert "test acc 0.4500 (final model)" in line
-    assert "personalized acc 0.8125 (each client's own model on its held-out data, mean; worst 10% 0.2500)" in line
+    assert ("per-client acc 0.8125 (the model each client predicts with, on the validation half of its held-out data, mean; "
+            "worst 10% 0.2500; per client at test: personal_clients.csv)") in line  # fmt: skip
     assert "unseen clients 0.7500" in line
 
 

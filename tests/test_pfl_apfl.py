@@ -147,7 +147,7 @@ def test_personalized_accuracy_is_the_mixed_models_not_the_global_models():
     x = module.global_params()
     personal, shared = [], []
     for cid in range(3):
-        inputs, target = data.client_holdout_batch(cid)
+        inputs, target = data.client_holdout_batch(cid, "validation")
         stored = module.store.get(cid, None)
         mixed = {k: 0.8 * stored["v"][k] + (1 - 0.8) * x[k] for k in x}
         personal.append((_logits(mixed, inputs).argmax(-1) == target).double().mean())

@@ -3,6 +3,7 @@ reductions (the global model is FedAvg's bit for bit; lambda = 0 makes v_i the l
 execution, the personal model at evaluation (training and unseen clients), the config through the CLI,
 and resume of the personal models."""
 
+import dataclasses
 import functools
 from pathlib import Path
 
@@ -97,8 +98,9 @@ def reference():
 
 @functools.cache
 def _fitted(name, execution):
-    algorithm = Ditto(lam=LAM, global_lr=GLOBAL_LR) if name == "Ditto" else FedAvg(global_lr=GLOBAL_LR)
-    return _fit(algorithm, execution)
+    if name == "Ditto":
+        return _fit(Ditto(lam=LAM, global_lr=GLOBAL_LR), execution)
+    return _fit(FedAvg(global_lr=GLOBAL_LR), execution, local=dataclasses.replace(LOCAL, personal_lr=None))  # FedAvg has no gamma_v
 
 
 @pytest.fixture(params=["sequential", "batched"])

@@ -161,7 +161,7 @@ def test_clients_are_scored_with_their_own_model_not_the_global_one(tmp_path):
     x = list(_global(module).values())
     own, glob = [], []
     for cid in range(CLIENTS):
-        inputs, target = data.client_holdout_batch(cid)
+        inputs, target = data.client_holdout_batch(cid, "validation")
         own.append(float((_mlp(list(models[cid].values()), inputs).argmax(-1) == target).double().mean()))
         glob.append(float((_mlp(x, inputs).argmax(-1) == target).double().mean()))
     assert float(trainer.callback_metrics["val/personal_acc_mean"]) == pytest.approx(sum(own) / CLIENTS, abs=1e-6)
@@ -178,7 +178,7 @@ def test_an_unseen_client_trains_one_round_from_the_global_model(tmp_path):
     expected = dict(zip(x, _sgd(list(x.values()), data.client_batches(cid, seed, BATCH, STEPS))))
     got = module.unseen_prediction_params(cid)
     assert _max_diff(got, expected) < 1e-6 and _max_diff(got, x) > 1e-3
-    inputs, target = data.client_holdout_batch(cid)
+    inputs, target = data.client_holdout_batch(cid, "validation")
     accuracy = float((_mlp(list(expected.values()), inputs).argmax(-1) == target).double().mean())
     assert float(trainer.callback_metrics["val/unseen_acc_mean"]) == pytest.approx(accuracy, abs=1e-6)
 

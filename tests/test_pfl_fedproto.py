@@ -209,7 +209,7 @@ def test_clients_are_scored_with_their_own_model_not_the_global_one(tmp_path, re
     own, glob = [], []
     x = {k: v.detach() for k, v in module.model.named_parameters()}
     for cid in range(CLIENTS):
-        inputs, target = data.client_holdout_batch(cid)
+        inputs, target = data.client_holdout_batch(cid, "validation")
         own.append(float((_mlp(models[cid], inputs)[1].argmax(-1) == target).double().mean()))
         glob.append(float((_mlp(x, inputs)[1].argmax(-1) == target).double().mean()))
     assert float(trainer.callback_metrics["val/personal_acc_mean"]) == pytest.approx(sum(own) / CLIENTS, abs=1e-6)
@@ -227,7 +227,7 @@ def test_an_unseen_client_trains_one_round_from_the_initial_model_against_the_gl
     expected = _local_round(dict(x), data.client_batches(cid, seed, BATCH, STEPS), 1.0, protos)
     got = module.unseen_prediction_params(cid)
     assert _max_diff(got, expected) < 1e-6 and _max_diff(got, x) > 1e-3
-    inputs, target = data.client_holdout_batch(cid)
+    inputs, target = data.client_holdout_batch(cid, "validation")
     accuracy = float((_mlp(expected, inputs)[1].argmax(-1) == target).double().mean())
     assert float(trainer.callback_metrics["val/unseen_acc_mean"]) == pytest.approx(accuracy, abs=1e-6)
 

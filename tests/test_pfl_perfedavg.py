@@ -128,7 +128,7 @@ def test_personalized_accuracy_is_the_adapted_models_and_unseen_clients_adapt_th
     x = module.global_params()
     personal, shared = [], []
     for cid in range(3):
-        inputs, target = data.client_holdout_batch(cid)
+        inputs, target = data.client_holdout_batch(cid, "validation")
         (xb, yb), = data.client_batches(cid, derive_seed(data.seed, cid, PERSONALIZE_STREAM), BATCH, 1, None)
         g = _grad(x, xb, yb)
         adapted = {k: x[k] - 0.5 * g[k] for k in x}

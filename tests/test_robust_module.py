@@ -115,3 +115,33 @@ def test_the_kept_record_drops_rounds_past_a_resumed_checkpoint(tmp_path):
     assert record.rows() == [(0, [0, 5]), (1, [1, 6]), (2, [7])]
     KeptRecord(str(tmp_path)).start(0)  # a new run in the same folder starts empty
     assert record.rows() == []
+
+
+def test_a_selecting_rule_is_scored_as_a_detector_of_the_known_attackers(tmp_path):
+    """Multi-Krum with f=1 against one sign-flipping attacker among 5 reporting clients: kept and excluded uploads
+    counted by kind, precision and recall from them; the malicious ids are written beside the metrics."""
+    import csv
+
+    from lightning.pytorch.loggers import CSVLogger
+
+    from fl_lightning.adversary import Attack, SignFlip
+
+    module = _module(FedAvg(), Robust("multi_krum", f=1), attack=Attack(clients=[2], upload=SignFlip(scale=50.0)))
+    _fit(tmp_path, module, 3, clients_per_round=8, logger=CSVLogger(tmp_path, name="run"))
+    run = tmp_path / "run" / "version_0"
+    assert (run / "malicious_clients.csv").read_text() == "client\n2\n"
+    rows = [r for r in csv.DictReader(open(run / "metrics.csv")) if r.get("robust/kept_benign")]
+    kept = {int(r["round"]): [int(c) for c in r["kept"].split()] for r in csv.DictReader(open(run / "robust_kept.csv"))}
+    assert len(rows) == 3 and sorted(kept) == [0, 1, 2]
+    for row in rows:
+        ids = kept[int(float(row["round"]))]
+        assert float(row["robust/kept_malicious"]) == (2 in ids) and float(row["robust/kept_benign"]) == len(ids) - (2 in ids)
+        assert float(row["robust/detection_recall"]) == (2 not in ids)  # one attacker per round (all 8 clients report)
+        assert float(row["robust/detection_precision"]) == (2 not in ids)  # multi_krum excludes exactly f = 1
+
+
+def test_a_rule_that_keeps_every_upload_writes_no_kept_record(tmp_path):
+    from lightning.pytorch.loggers import CSVLogger
+
+    _fit(tmp_path, _module(FedAvg(), Robust("median")), 1, logger=CSVLogger(tmp_path, name="run"))
+    assert (tmp_path / "run" / "version_0" / "metrics.csv").exists() and not (tmp_path / "run" / "version_0" / "robust_kept.csv").exists()

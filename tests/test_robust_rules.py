@@ -146,7 +146,7 @@ def test_rules_equal_numpy_references(n, seed, ties):
     out = run(rule="bulyan", f=bf)
     assert out.kept == [ids[k] for k in kept]
     diffs["bulyan"] = np.abs(flat(out.upload) - ref).max()
-    out = run(rule="geometric_median", iters=20, nu=1e-6)
+    out = run(rule="geometric_median", iters=20, nu=1e-6, tol=0.0)
     diffs["geometric_median"] = np.abs(flat(out.upload) - np_geomed(V, w, 20, 1e-6)).max()
     robust = Robust(rule="centered_clipping", tau=2.0, iters=3)
     first = robust.combine(ups, torch.from_numpy(w), ids)
@@ -208,3 +208,35 @@ def test_refusals_of_algorithm_and_privacy():
     Robust(rule="bulyan", f=1).check(SCAFFOLD(), 7)
     with pytest.raises(ValueError, match=r"robust.beta must be in \[0, 0.5\)"):
         Robust(rule="trimmed_mean", beta=0.5)
+
+
+def _honest_and_one(outlier_norm: float, dtype=torch.float32, n: int = 9, d: int = 50):
+    g = torch.Generator().manual_seed(3)
+    honest = torch.randn(n, d, generator=g, dtype=torch.float64) * 0.1 + 0.05
+    attacker = torch.full((1, d), outlier_norm / d**0.5, dtype=torch.float64)
+    return torch.cat([honest, attacker]).to(dtype), honest
+
+
+def test_the_geometric_median_is_finite_where_every_distance_would_overflow_in_float32():
+    """One finite upload of entries 1e19 (norm about 7e19): ||v - V_i||^2 overflows float32; the rule stays finite
+    and near the honest uploads' geometric median."""
+    from fl_lightning.robust.geometric_median import GeometricMedian
+
+    V, honest = _honest_and_one(1e19 * 50**0.5)
+    out = GeometricMedian().combine(V, torch.ones(len(V)), 1).vector
+    assert out.dtype == torch.float32 and torch.isfinite(out).all()
+    reference = np_geomed(honest.numpy(), np.ones(len(honest)), 500, 1e-6)
+    assert np.linalg.norm(out.double().numpy() - reference) < 0.1 * np.linalg.norm(honest.numpy(), axis=1).max()
+
+
+def test_the_geometric_median_holds_its_breakdown_point_at_the_defaults():
+    """One attacker of norm 2.4e14 among 9 honest clients: at the old fixed 8 iterations the output was 1.7e3 times the
+    largest honest upload; stopping on the objective's tolerance it stays within the honest uploads' scale."""
+    from fl_lightning.robust.geometric_median import GeometricMedian
+
+    V, honest = _honest_and_one(2.4e14, dtype=torch.float64)
+    largest = float(torch.linalg.vector_norm(honest, dim=1).max())
+    old = GeometricMedian(iters=8, tol=0.0).combine(V, torch.ones(len(V)), 1).vector
+    new = GeometricMedian().combine(V, torch.ones(len(V)), 1).vector
+    assert float(torch.linalg.vector_norm(old)) > 100 * largest  # the bug, reproduced by the fixed iteration count
+    assert float(torch.linalg.vector_norm(new)) < largest

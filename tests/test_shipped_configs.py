@@ -100,3 +100,15 @@ def test_every_offline_fit_config_validates_on_a_nonempty_split(path):
     cli = build_cli(["--config", str(path), "--trainer.logger", "false"], run=False)
     cli.datamodule.setup()
     assert len(cli.datamodule.validation_indices) > 0
+
+
+def test_copy_of_a_second_config_keeps_the_identical_shared_base(tmp_path, capsys):
+    from fl_lightning.commands.cli import main
+
+    main(["configs", "--copy", "pfl_ditto_digits", str(tmp_path / "mine")])
+    main(["configs", "--copy", "pfl_fedrep_digits", str(tmp_path / "mine")])  # the same base beside it: kept
+    assert "kept" in capsys.readouterr().out and (tmp_path / "mine" / "pfl_fedrep_digits.yaml").is_file()
+    (tmp_path / "mine" / "pfl_digits.yaml").write_text("# edited\n")
+    with pytest.raises(SystemExit) as stop:
+        main(["configs", "--copy", "pfl_apfl_digits", str(tmp_path / "mine")])
+    assert stop.value.code == 2 and "pfl_digits.yaml exists and differs" in capsys.readouterr().err

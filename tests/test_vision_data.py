@@ -177,3 +177,17 @@ def test_quantity_skew_is_an_exact_partition_with_unequal_sizes(dist, kw):
     assert max(len(p) for p in equal) - min(len(p) for p in equal) <= 1
     with pytest.raises(ValueError, match="min_size=200"):
         QuantitySkew(min_size=200)(labels, 50, seed=0)
+
+
+def test_the_validation_split_is_normalized_like_the_test_set(tmp_path):
+    """With val_fraction the first loader holds the validation images, normalized floats (the base loader passed the
+    uint8 images on, and every vision config crashed at its first validation)."""
+    dm = _dm(tmp_path, val_fraction=0.25)
+    val, test = dm.val_dataloader()
+    x_u8, y = dm.source.train.tensors
+    index = dm.validation_indices
+    batches = list(val)
+    assert len(index) > 0 and all(x.dtype == torch.float32 for x, _ in batches)
+    expect = normalize(x_u8[index].float() / 255, vision.SPECS["cifar10"].mean, vision.SPECS["cifar10"].std)
+    assert torch.allclose(torch.cat([x for x, _ in batches]), expect) and torch.equal(torch.cat([t for _, t in batches]), y[index])
+    assert len(list(test)) == 3  # the test set after it

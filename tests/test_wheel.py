@@ -93,3 +93,13 @@ def test_the_installed_wheel_keeps_the_old_module_names(installed, tmp_path):
     code = ("import fl_lightning.module as old, fl_lightning.engine.module as new; assert old is new; "  # old name
             "from fl_lightning.callbacks import GlobalCost; print(GlobalCost.__module__)")  # old name
     assert _run([bin_ / "python", "-c", code], tmp_path, env).stdout.strip() == "fl_lightning.engine.callbacks"
+
+
+@pytest.mark.wheel
+@pytest.mark.parametrize("command", [["lora-fixture", "fx"], ["lora-fixture", "fx", "--instruction"], ["fixture", "cifar10", "--out", "fx", "--train", "20", "--test", "10"]], ids=" ".join)
+def test_the_installed_wheel_runs_the_docs_fixture_commands_outside_the_checkout(installed, tmp_path, command):
+    """Every offline fixture the docs show, from a user's folder (no repository on the path): one used to import
+    the checkout's top-level ``datamodules`` and failed anywhere but the repository's root."""
+    bin_, env = installed
+    proc = _run([bin_ / "fl-lightning", *command], tmp_path, env)
+    assert (tmp_path / "fx").is_dir() and any((tmp_path / "fx").iterdir()), proc.stdout

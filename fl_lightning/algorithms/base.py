@@ -142,6 +142,9 @@ class Algorithm:
 
     #: Whether the client rule handles personal tensors in ``params`` (see the module docstring).
     supports_personal: bool = False
+    #: Whether the client rule reads gamma_v (``ctx.personal_lr``, ``local.personal_lr``) beyond personal tensors
+    #: (Ditto's and pFedMe's personal models); with personal tensors every algorithm that trains them reads it.
+    reads_personal_lr: bool = False
     #: Whether every client runs ``client_warmup`` before the first round (e.g. Scaffold-P's c_i^0).
     warmup_pass: bool = False
 

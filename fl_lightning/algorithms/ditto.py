@@ -29,6 +29,8 @@ class Ditto(FedAvg):
         global_lr: server learning rate (FedAvg's).
     """
 
+    reads_personal_lr = True
+
     upload_entries = ("delta",)  # its client_finish uploads FedAvg's delta of the shared model only (DP noise covers it)
 
     elementwise = True

@@ -31,6 +31,8 @@ class PFedMe(Algorithm):
         global_lr: beta, the server's step (1: the mean of the local models).
     """
 
+    reads_personal_lr = True
+
     upload_entries = ("delta",)  # its client_finish uploads FedAvg's delta of the shared model only (DP noise covers it)
 
     elementwise = True

@@ -64,6 +64,8 @@ class SimClock:
         if self.deadline_action not in ("dropout", "straggler"):
             raise ValueError(f"clock.deadline_action must be 'dropout' or 'straggler', got {self.deadline_action!r}")
         self._devices: Devices | None = None
+        if self.trace is not None:  # its structure now, before anything runs; its clients against the data at fit start
+            read_trace(self.trace, None)
 
     def devices(self, num_clients: int) -> Devices:
         """The clients' devices (drawn or read once)."""

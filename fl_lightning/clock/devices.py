@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,34 +67,42 @@ def on_off_windows(num_clients: int, seed: int, period: float, duty: float) -> l
     return windows
 
 
-def read_trace(path: str, num_clients: int) -> tuple[np.ndarray, np.ndarray, list[list[tuple[float, float]]] | None]:
+def read_trace(path: str, num_clients: int | None) -> tuple[np.ndarray, np.ndarray, list[list[tuple[float, float]]] | None]:
     """Speeds, bandwidths and (if the file has a ``windows`` column) online windows of every client
-    from a CSV trace; one line naming the file and row on a bad value."""
-    speed, bandwidth = np.full(num_clients, np.nan), np.full(num_clients, np.nan)
-    windows: list[list[tuple[float, float]]] | None = None
+    from a CSV trace; one line naming the file and row on a bad value. ``num_clients`` None: the file's
+    own values only (checked when the clock is built; the clients against the data at fit start)."""
+    if not os.path.isfile(path):
+        raise ValueError(f"clock.trace {path}: no such file (a relative path in a config file is read beside the config, else in the working directory)")
+    rows = []
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
         missing = {"client", "speed", "bandwidth"} - set(reader.fieldnames or [])
         if missing:
             raise ValueError(f"clock.trace {path} lacks the column(s) {', '.join(sorted(missing))}; needs client, speed, bandwidth[, windows]")
-        if "windows" in (reader.fieldnames or []):
-            windows = [[] for _ in range(num_clients)]
+        has_windows = "windows" in (reader.fieldnames or [])
         for line, row in enumerate(reader, start=2):
             try:
                 client, s, b = int(row["client"]), float(row["speed"]), float(row["bandwidth"])
                 spans = [tuple(float(v) for v in w.split("-")) for w in (row.get("windows") or "").split(";") if w.strip()]
-            except ValueError as error:
-                raise ValueError(f"clock.trace {path} line {line}: {error}") from None
-            if not 0 <= client < num_clients:
-                raise ValueError(f"clock.trace {path} line {line}: client {client} is not in 0..{num_clients - 1}")
+            except (TypeError, ValueError) as error:
+                empty = [k for k in ("client", "speed", "bandwidth") if row.get(k) in (None, "")]
+                why = f"no value for {', '.join(empty)}" if empty else str(error)
+                raise ValueError(f"clock.trace {path} line {line}: {why}") from None
+            if client < 0 or (num_clients is not None and client >= num_clients):
+                raise ValueError(f"clock.trace {path} line {line}: client {client} is not in 0..{(num_clients or 1) - 1}")
             if not (s > 0 and b > 0 and math.isfinite(s) and math.isfinite(b)):
                 raise ValueError(f"clock.trace {path} line {line}: speed and bandwidth must be finite and > 0, got {s}, {b}")
             if any(len(w) != 2 or not 0 <= w[0] < w[1] for w in spans):
                 raise ValueError(f"clock.trace {path} line {line}: windows must be 'start-end' pairs with 0 <= start < end")
-            speed[client], bandwidth[client] = s, b
-            if windows is not None:
-                windows[client] = sorted(spans)
+            rows.append((client, s, b, sorted(spans)))
+    size = num_clients if num_clients is not None else max((r[0] for r in rows), default=-1) + 1
+    speed, bandwidth = np.full(size, np.nan), np.full(size, np.nan)
+    windows: list[list[tuple[float, float]]] | None = [[] for _ in range(size)] if has_windows else None
+    for client, s, b, spans in rows:
+        speed[client], bandwidth[client] = s, b
+        if windows is not None:
+            windows[client] = spans
     absent = np.nonzero(np.isnan(speed))[0]
-    if len(absent):
+    if len(absent) and num_clients is not None:
         raise ValueError(f"clock.trace {path} has no row for client {int(absent[0])} (one row per client 0..{num_clients - 1})")
     return speed, bandwidth, windows

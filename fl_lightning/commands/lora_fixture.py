@@ -182,7 +182,7 @@ def write_alpaca(path: Path, n: int, seed: int = 1) -> Path:
 
 def instruction_tokenizer(path: Path, dolly: Path, vocab_size: int = 400) -> Path:
     """A BPE tokenizer trained on Alpaca's two prompt templates and the examples of ``dolly``."""
-    from datamodules.instruction import ALPACA_TEMPLATE, ALPACA_TEMPLATE_NO_INPUT
+    from fl_lightning.datamodules.instruction import ALPACA_TEMPLATE, ALPACA_TEMPLATE_NO_INPUT
 
     texts = [ALPACA_TEMPLATE, ALPACA_TEMPLATE_NO_INPUT]
     for line in dolly.read_text().splitlines():

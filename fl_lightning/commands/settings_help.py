@@ -62,10 +62,8 @@ data (data.init_args; --data NAME picks the module, e.g. VisionDataModule):
   --data.init_args.eval_batch_size N       >= 1 (seed: an integer >= 0, default --seed_everything)
 
 compression (docs/compression.md):
-  --model.compression.up NAME      the uplink compressor: TopK or RandomK (ratio in (0, 1] or
-                                   k >= 1), QSGD (levels >= 1), ScaledSign, Int8, Cast; null: none
-  --model.compression.down NAME    the downlink compressor, the same choices
-  --model.compression.up.ratio X   its arguments, e.g. after --model.compression.up TopK
+  --model.compression.up NAME      TopK or RandomK (ratio, k), QSGD (levels), ScaledSign, Int8, Cast
+  --model.compression.down NAME    the downlink one (arguments: --model.compression.up.ratio X)
   --model.compression.error_feedback_up, .error_feedback_down, .flatten   true|false
 
 privacy (docs/privacy.md):
@@ -76,15 +74,20 @@ privacy (docs/privacy.md):
   --model.record_privacy.*             record-level DP-SGD: clip_norm, noise_multiplier, delta alike
 
 robust aggregation (docs/robustness.md):
-  --model.robust.rule NAME         median, trimmed_mean, krum, multi_krum, bulyan, geometric_median,
-                                   centered_clipping, norm_bound or fltrust; default none (the mean)
+  --model.robust.rule NAME         median, trimmed_mean, (multi_)krum, bulyan, geometric_median, ...
   --model.robust.f F               attackers per round, >= 0 (or --model.robust.fraction in [0, 1))
 
 attacks (docs/robustness.md):
   --model.attack.fraction F        [0, 1): the malicious clients, drawn from the seed
   --model.attack.data NAME         LabelFlip or Backdoor (target, fraction, patch); null: none
-  --model.attack.upload NAME       ModelReplacement, SignFlip, GaussianUpload, ALIE, IPM, MinMax,
-                                   MinSum; null: none
+  --model.attack.upload NAME       ModelReplacement, SignFlip, GaussianUpload, ALIE, IPM, ...
+
+more (docs/personalization.md, time.md, lora.md, architecture.md):
+  --model.personal PATTERNS        globs kept per client (FedAvgP, FedSim, FedAlt, ScaffoldP)
+  --model.clock.speed_sigma X      simulated time: speeds, bandwidth, trace, availability, deadline
+  --model.asynchronous.mode NAME   fedbuff or fedasync (needs model.clock): a step = a server update
+  --model.lora_aggregation NAME    factors, stacked, exact_residual, svd, zero_pad or share_a
+  --model.stages '[{{class_path: mine.MyStage}}]'  your own round stages (with --import mine)
 
 execution:
   --model.execution NAME           sequential (default) or batched (docs/performance.md)

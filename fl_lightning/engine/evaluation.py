@@ -52,6 +52,8 @@ class GlobalEvaluation:
     def on_validation_epoch_end(self) -> None:
         if self.global_step > 0:  # the 0-based round the evaluation follows, on the evaluation's row too
             self.log("round", float(self.global_step - 1), on_step=False, on_epoch=True)
+            if self.clock is not None:  # accuracy against simulated time reads it from the evaluation's own row
+                self.log("time/sim_s", float(self.sim_time), on_step=False, on_epoch=True)
 
     def on_test_epoch_end(self) -> None:
         self.on_validation_epoch_end()  # a test of the final (or a checkpoint's) model names its round too

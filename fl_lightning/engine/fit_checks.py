@@ -46,3 +46,24 @@ def cohort_size(data: Any) -> int | None:
     participation = getattr(data, "participation", None)
     count = getattr(participation, "count", None)
     return int(count(data.num_clients)) if callable(count) else None
+
+
+def check_personal(algorithm: Any, model: Any, personal: list[str], personal_names: list[str], local: Any) -> None:
+    """Personal settings that would do nothing: a ``personal`` pattern matching no trainable parameter, a
+    ``local.personal_lr`` no part of the run reads, a negative ``personalize_steps``."""
+    from fl_lightning.core.params import personal_names as matching
+
+    for pattern in personal:
+        if not matching(model, [pattern]):
+            names = [n for n, p in model.named_parameters() if p.requires_grad]
+            shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
+            raise ValueError(f"model.personal pattern {pattern!r} matches no trainable parameter of {type(model).__name__} ({shown})")
+    name = type(algorithm).__name__
+    if local.personal_lr is not None and not (personal_names or getattr(algorithm, "reads_personal_lr", False)):
+        raise ValueError(
+            f"local.personal_lr={local.personal_lr} is read by no part of this run: {name} has no personal step size "
+            "(it is Ditto's and pFedMe's gamma_v, and the step of personal tensors set by model.personal); remove it"
+        )
+    steps = getattr(algorithm, "personalize_steps", 0)
+    if type(steps) is not int or steps < 0:
+        raise ValueError(f"{name}.personalize_steps must be an integer >= 0 (evaluation's adaptation steps), got {steps!r}")

@@ -126,6 +126,7 @@ class FederatedModule(ClientStates, Checkpointing, GlobalEvaluation, PredictionP
                 f"{type(self.algorithm).__name__} does not train personal tensors; use FedAvgP, FedSim, ScaffoldP or FedAlt"
             )
         check_local_loss(self.algorithm, model)
+        fit_checks.check_personal(self.algorithm, model, self.personal, self.personal_names, self.local)
         self.store = store if store is not None else ClientStore()
         self.server_state: NestedState | None = None
         self.executor = resolve_executor(execution)

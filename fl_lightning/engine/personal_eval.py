@@ -21,6 +21,10 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from fl_lightning.core import params as P
 
 
+CLIENTS_FILE = "personal_clients.csv"
+"""Per client: id, samples, the global and the personal accuracy on its test half, seen or unseen (at test)."""
+
+
 def worst_fraction_mean(values: torch.Tensor, fraction: float = 0.1) -> float:
     """Mean of the lowest ``ceil(fraction * n)`` values (at least one)."""
     k = max(1, math.ceil(fraction * len(values)))
@@ -43,14 +47,15 @@ class ClientModels(Protocol):
     def unseen_prediction_params(self, client_id: int) -> dict: ...
 
 
-def client_scores(models: ClientModels, data: Any, clients: list[int], params_of) -> tuple[Tensor, Tensor, Tensor]:
-    """Each client's (accuracy, loss, held-out size) with ``params_of(client)`` on its held-out split."""
+def client_scores(models: ClientModels, data: Any, clients: list[int], params_of, part: str | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """Each client's (accuracy, loss, held-out size) with ``params_of(client)`` on its held-out split, or on its
+    ``part`` of it (``"validation"``, ``"test"``)."""
     accs, losses, sizes = [], [], []
     for cid in clients:
-        if len(data.client_holdout[cid]) == 0:
+        if len(data.client_holdout[cid] if part is None else data.client_holdout_part(cid, part)) == 0:
             continue
         params = params_of(cid)
-        batch = move_data_to_device(data.client_holdout_batch(cid), models.device)
+        batch = move_data_to_device(data.client_holdout_batch(cid, part) if part else data.client_holdout_batch(cid), models.device)
         with torch.no_grad():
             loss, logits, target = models.objective.at(params, batch)
         accs.append((logits.argmax(-1) == target).double().mean())
@@ -85,8 +90,9 @@ class PersonalizedEvaluation(Callback):
     - ``<stage>/unseen_acc_*`` likewise for the clients that never trained (``data.new_client_fraction``),
       each after one round of the algorithm's local training on its own training split.
 
-    ``<stage>`` (``val``/``test``) says when it was measured; the data is the clients' held-out split in
-    both. Added to every run whose data has a held-out split (``FederatedModule.configure_callbacks``)."""
+    ``<stage>`` says which half of each client's held-out split it was measured on: ``val`` the validation half
+    (for selection: "best" by ``val/personal_acc_mean``), ``test`` the test half (reported). Added to every run whose
+    data has a held-out split (``FederatedModule.configure_callbacks``)."""
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._check(pl_module)
@@ -100,18 +106,19 @@ class PersonalizedEvaluation(Callback):
             raise ValueError("PersonalizedEvaluation needs data.holdout_fraction in (0, 1), got 0")
 
     @torch.no_grad()
-    def evaluate(self, pl_module) -> dict[str, float]:
+    def evaluate(self, pl_module, part: str | None = None) -> dict[str, float]:
         data = pl_module.datamodule
-        metrics = summary("personal", *client_scores(pl_module, data, list(range(data.num_clients)), pl_module.prediction_params))
+        part = part if callable(getattr(data, "client_holdout_part", None)) else None
+        metrics = summary("personal", *client_scores(pl_module, data, list(range(data.num_clients)), pl_module.prediction_params, part))
         unseen = list(getattr(data, "unseen_clients", []) or [])
         if unseen:
-            metrics.update(summary("unseen", *client_scores(pl_module, data, unseen, pl_module.unseen_prediction_params)))
+            metrics.update(summary("unseen", *client_scores(pl_module, data, unseen, pl_module.unseen_prediction_params, part)))
         return metrics
 
     def _log(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if trainer.sanity_checking:
             return
-        for name, value in self.evaluate(pl_module).items():
+        for name, value in self.evaluate(pl_module, "validation" if stage == "val" else "test").items():
             pl_module.log(f"{stage}/{name}", value, on_step=False, on_epoch=True, batch_size=1)
 
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -119,6 +126,45 @@ class PersonalizedEvaluation(Callback):
 
     def on_test_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._log(trainer, pl_module, "test")
+        if trainer.is_global_zero:
+            self.write_clients(trainer, pl_module)
+
+    @torch.no_grad()
+    def client_rows(self, pl_module) -> list[dict[str, Any]]:
+        """Per client, on the test half of its held-out data: its id, samples, the global model's and its own
+        prediction model's accuracy, and whether it trained (``seen``) or is an unseen client."""
+        data = pl_module.datamodule
+        x = pl_module.global_params()
+        unseen = set(getattr(data, "unseen_clients", []) or [])
+        rows = []
+        for cid in sorted(set(range(data.num_clients)) | unseen):
+            indices = data.client_holdout_part(cid, "test") if callable(getattr(data, "client_holdout_part", None)) else data.client_holdout[cid]
+            if len(indices) == 0:
+                continue
+            own = pl_module.unseen_prediction_params(cid) if cid in unseen else pl_module.prediction_params(cid)
+            batch = move_data_to_device(data.client_holdout_batch(cid, "test"), pl_module.device)
+            scores = []
+            for params in (x, own):
+                _, logits, target = pl_module.objective.at(params, batch)
+                scores.append(float((logits.argmax(-1) == target).double().mean()))
+            rows.append({"client": cid, "samples": int(target.numel()), "global_acc": scores[0], "personal_acc": scores[1],
+                         "seen": int(cid not in unseen)})  # fmt: skip
+        return rows
+
+    def write_clients(self, trainer: Trainer, pl_module) -> None:
+        """``personal_clients.csv`` in the run's folder (``client_rows`` of the tested model)."""
+        import csv
+        import os
+
+        run_dir = next((lg.log_dir for lg in trainer.loggers if getattr(lg, "log_dir", None)), None) or trainer.default_root_dir
+        rows = self.client_rows(pl_module)
+        if not rows or not run_dir:
+            return
+        os.makedirs(run_dir, exist_ok=True)
+        with open(os.path.join(run_dir, CLIENTS_FILE), "w", newline="") as file:
+            writer = csv.DictWriter(file, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
 
 
 class GradientNorm(Callback):

@@ -4,6 +4,8 @@ after one local round of its own (a mixin of ``FederatedModule``)."""
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from fl_lightning.algorithms import RoundInfo
@@ -12,6 +14,7 @@ from fl_lightning.core.participation import derive_seed
 from fl_lightning.core.tasks import PERSONAL, ClientState, ClientTask
 from fl_lightning.reliability.faults import ClientError
 
+log = logging.getLogger(__name__)
 PERSONALIZE_STREAM = 0x9E25
 """Seed stream of evaluation's personalization (``personalize_step`` batches, an unseen client's local round)."""
 
@@ -33,6 +36,11 @@ class PredictionParams:
         uploaded, aggregated or stored), then ``personal_model`` and ``personalize_step`` as any client."""
         from fl_lightning.executors.sequential import run_task
 
+        warned = self.__dict__.setdefault("_warned_unseen", set())
+        if client_id in self.store and client_id not in warned:
+            warned.add(client_id)
+            log.warning("unseen_prediction_params(%d): client %d trained in this run; its personalization round starts "
+                        "from its stored state, not the initial one (an unseen client's)", client_id, client_id)  # fmt: skip
         with torch.inference_mode(False), torch.enable_grad():
             x, data, info = self.global_params(), self.datamodule, self._evaluation_info()
             server_state = {n: {k: v.to(self.device) for k, v in td.items()} for n, td in (self.server_state or {}).items()}

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from fl_lightning.core.metrics import consistency_from_sums, loss_term_means, round_metrics
+from fl_lightning.core.metrics import consistency_from_sums, loss_term_means, payload_bytes, round_metrics
 from fl_lightning.core.round_results import RoundResults
 from fl_lightning.reliability import csv_resume
 
@@ -25,8 +25,9 @@ def round_row(round: Any, lr: float, uploads: Sequence[Any], results: Sequence[A
         from_sums = {"upload_bytes": summed.upload_bytes, "consistency": consistency}
     elif results:  # message stages' encoded sizes, or the bytes of each upload's tensors
         from_sums = {"upload_bytes": results.upload_bytes}
-    if round.broadcast_bytes is not None:
-        from_sums["broadcast_bytes"] = round.broadcast_bytes
+    if round.broadcast_bytes is not None or round.extra_bytes_down:
+        broadcast = payload_bytes(round.broadcast) if round.broadcast_bytes is None else round.broadcast_bytes
+        from_sums["broadcast_bytes"] = broadcast + round.extra_bytes_down
     metrics = round_metrics(round.plan.round, lr, results.mean_losses, uploads, round.broadcast, comm_totals, results.accuracies, **from_sums)
     metrics.update(loss_term_means(results.loss_terms))
     metrics.update({k: float(v) for k, v in round.metrics.items()})

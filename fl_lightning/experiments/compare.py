@@ -73,9 +73,9 @@ def result_line(name: str, seed: int, info: dict[str, Any]) -> str:
             final += f", test acc {100 * info['final_test_acc']:.1f}%"
         parts.append(final + (" (no validation split)" if split == "test" else ""))
         parts.append(f"best {name_of} {100 * info['best_acc']:.1f}%")
-    parts.append(f"{info['rounds']} rounds")
+    parts.append(f"{info['rounds']} {info.get('unit', 'rounds')}" + (f" ({info['sim_s']:.1f} s simulated)" if info.get("sim_s") is not None else ""))
     parts.append(f"{info['fit_seconds']:.1f} s")
-    return f"{head} " + " · ".join(parts)
+    return f"{head} " + " · ".join(parts + list(info.get("mechanisms", [])))
 
 
 def _record(run_dir: Path, info: dict[str, Any]) -> dict[str, Any]:
@@ -126,6 +126,8 @@ def run_one(
     if cli is not None:
         info["model_bytes"] = model_bytes(cli.model)
         summary = next((c for c in cli.trainer.callbacks if type(c).__name__ == "RunSummary"), None)
+        if summary is not None:
+            info["unit"], info["sim_s"], info["mechanisms"] = summary.unit, summary.sim_s, summary.mechanisms
         if summary is not None and summary.accuracies:  # val/acc: the validation split, else the test set
             info["final_acc"], info["best_acc"] = summary.final_acc, summary.best[1]
             split = bool(getattr(cli.datamodule, "val_fraction", 0))

@@ -26,6 +26,7 @@ from fl_lightning.core import params as P
 from fl_lightning.algorithms.base import Algorithm, ClientContext, Payload, RoundInfo, declares_capability
 from fl_lightning.core.params import TensorDict
 from fl_lightning.core.state import NestedState
+from fl_lightning.executors.base import finish_client
 
 __all__ = ["BatchedCheck", "BatchedMismatch", "RoundResult", "check_batched", "one_round"]
 
@@ -57,6 +58,9 @@ def one_round(
     server_state: NestedState | None = None,
     num_clients: int | None = None,
     round: int = 0,
+    personal: Sequence[TensorDict] | None = None,
+    personal_lr: float | None = None,
+    data_pass: Sequence[Callable[[TensorDict], Any]] | None = None,
 ) -> RoundResult:
     """Run one round of ``algorithm`` from global parameters ``x`` for the given clients.
 
@@ -67,25 +71,32 @@ def one_round(
         weights: aggregation weights w_i (default 1/S each).
         client_states, server_state: the states to start from (default: the algorithm's initial ones).
         num_clients: N, the population size (default: the number of clients given).
+        personal: each client's personal tensors v_i (trained beside x, never uploaded; their new values come
+            back under ``PERSONAL`` in ``client_states``); a gradient source then covers x's and v_i's names.
+        personal_lr: gamma_v (``ctx.personal_lr``; default ``lr``).
+        data_pass: each client's ``ctx.data_pass`` (the model's outputs on its whole training set, e.g.
+            ``lambda params: DataPass(features, logits, target, mask)`` for FedProto's prototypes).
     """
     x = P.detach_clone(x)
     n = len(clients)
     weights = torch.tensor([1.0 / n] * n if weights is None else list(weights), dtype=torch.float64)
     server_state = algorithm.server_state_init(x) if server_state is None else server_state
-    info = RoundInfo(round, lr, num_clients or n)
+    info = RoundInfo(round, lr, num_clients or n, None, personal_lr)
     broadcast = algorithm.broadcast(x, server_state, info)
     uploads, states, steps = [], [], []
     for cid, source in enumerate(clients):
         grad_fn, num_steps = _grad_source(source)
         state = algorithm.client_state_init(x) if client_states is None else client_states[cid]
-        ctx = ClientContext(cid, broadcast, state, info, num_steps, full_grad=grad_fn)
-        params = P.detach_clone(broadcast["x"])
+        own = P.detach_clone(personal[cid]) if personal is not None else {}
+        ctx = ClientContext(cid, broadcast, state, info, num_steps, full_grad=grad_fn, personal=own,
+                            data_pass=data_pass[cid] if data_pass is not None else None)  # fmt: skip
+        params = {**P.detach_clone(broadcast["x"]), **own}
         local = algorithm.client_init(params, ctx)
         for step in range(num_steps):
             ctx.step = step
             ctx.grad = lambda p, step=step: (torch.tensor(math.nan), grad_fn(p, step))
             params, local = algorithm.client_step(params, local, ctx)
-        upload, new_state = algorithm.client_finish(params, local, ctx)
+        upload, new_state = finish_client(algorithm, params, local, ctx)
         uploads.append(upload)
         states.append(new_state)
         steps.append(num_steps)
@@ -137,6 +148,7 @@ def check_batched(
     model: Callable[[], nn.Module] | None = None,
     tolerance: float = 1e-5,
     seed: int = 0,
+    personal: list[str] | None = None,
 ) -> BatchedCheck:
     """Train ``algorithm`` sequentially and batched on a small built-in problem; compare.
 
@@ -148,7 +160,9 @@ def check_batched(
     Returns the largest absolute difference of the global parameters, the server state and the
     clients' stored states after ``rounds`` rounds. Raises ``BatchedMismatch`` above ``tolerance``
     (float32 runs agree to about 1e-7) and ``ValueError`` if the batched run fell back to sequential
-    execution (nothing would be compared; the message says why).
+    execution (nothing would be compared; the message says why). ``personal``: the model's personal tensors
+    (``FederatedModule``'s ``personal`` patterns, e.g. ``["net.3.*"]`` for the MLP's head), compared in the
+    clients' stored states.
     """
     from fl_lightning.core.config import LocalTraining
     from fl_lightning.executors import BatchedExecutor
@@ -157,7 +171,7 @@ def check_batched(
     runs = {}
     for execution in ("sequential", "batched"):
         executor = BatchedExecutor() if execution == "batched" else "sequential"
-        runs[execution] = _fit_small(copy.deepcopy(algorithm), local, executor, rounds, num_clients, clients_per_round, model, seed)
+        runs[execution] = _fit_small(copy.deepcopy(algorithm), local, executor, rounds, num_clients, clients_per_round, model, seed, personal)
     fallbacks = runs["batched"].executor.fallbacks
     if fallbacks:
         raise ValueError(f"check_batched: batched execution fell back to sequential ({'; '.join(fallbacks)}): nothing was compared")
@@ -179,7 +193,7 @@ def check_batched(
     return BatchedCheck(difference, where, rounds, rule)
 
 
-def _fit_small(algorithm, local, execution, rounds, num_clients, clients_per_round, model, seed):
+def _fit_small(algorithm, local, execution, rounds, num_clients, clients_per_round, model, seed, personal=None):
     import lightning as L
 
     from fl_lightning.datamodules import Dirichlet, FederatedDataModule
@@ -199,7 +213,7 @@ def _fit_small(algorithm, local, execution, rounds, num_clients, clients_per_rou
         participation=UniformSampling(clients_per_round),
         seed=seed,
     )
-    module = FederatedModule(net, algorithm, local, execution=execution)
+    module = FederatedModule(net, algorithm, local, personal=personal, execution=execution)
     trainer = L.Trainer(
         max_steps=rounds, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         num_sanity_val_steps=0, limit_val_batches=0, accelerator="cpu", devices=1,

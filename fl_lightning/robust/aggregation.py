@@ -80,7 +80,8 @@ class Robust:
         fraction: instead of f, the assumed fraction of attackers: f = floor(fraction * n) of the n reporting.
         beta: trimmed_mean's trimmed fraction per side (b = floor(beta n)); null: b = f.
         m: multi_krum's number of kept clients; null: n - f.
-        iters: geometric_median's Weiszfeld iterations (default 8) or centered_clipping's (default 1).
+        iters: geometric_median's most Weiszfeld iterations (default 100) or centered_clipping's iterations (default 1).
+        tol: geometric_median's stop: a step moved v by at most tol (||v|| + nu) (default 1e-6; 0: always ``iters`` steps).
         nu: geometric_median's smoothing (the smallest distance it divides by).
         tau: centered_clipping's radius.
         max_norm: norm_bound's bound M on each upload's norm.
@@ -93,6 +94,7 @@ class Robust:
     beta: float | None = None
     m: int | None = None
     iters: int | None = None
+    tol: float = 1e-6
     nu: float = 1e-6
     tau: float = 1.0
     max_norm: float = 1.0
@@ -129,7 +131,7 @@ class Robust:
             "krum": lambda: Krum(),
             "multi_krum": lambda: MultiKrum(self.m),
             "bulyan": lambda: Bulyan(),
-            "geometric_median": lambda: GeometricMedian(nu=self.nu, **iters),
+            "geometric_median": lambda: GeometricMedian(nu=self.nu, tol=self.tol, **iters),
             "centered_clipping": lambda: CenteredClipping(self.tau, **iters),
             "norm_bound": lambda: NormBound(self.max_norm),
             "fltrust": lambda: FLTrust(),
@@ -211,7 +213,25 @@ class Robust:
         kept = None if out.kept is None else [client_ids[i] for i in out.kept]
         if kept is not None:
             metrics["robust/kept_fraction"] = len(kept) / len(client_ids)
+            metrics.update(self.detection_metrics(client_ids, kept))
         return RoundOutcome(unstack(out.vector, layout), kept, metrics)
+
+    def detection_metrics(self, client_ids: list[int], kept: list[int]) -> dict[str, float]:
+        """A selecting rule as a detector of the known attackers: how many malicious and benign uploads it kept;
+        precision (the share of the excluded that were malicious) and recall (the share of the malicious excluded),
+        where defined (nothing excluded: no precision; no attacker reporting: no recall)."""
+        if self.malicious is None:
+            return {}
+        kept_set = set(kept)
+        malicious = [c for c in client_ids if c in self.malicious]
+        excluded = [c for c in client_ids if c not in kept_set]
+        caught = [c for c in excluded if c in self.malicious]
+        metrics = {"robust/kept_malicious": float(len(malicious) - len(caught)), "robust/kept_benign": float(len(kept) - len(malicious) + len(caught))}
+        if excluded:
+            metrics["robust/detection_precision"] = len(caught) / len(excluded)
+        if malicious:
+            metrics["robust/detection_recall"] = len(caught) / len(malicious)
+        return metrics
 
     def mark_malicious(self, client_ids: set[int] | None) -> None:
         """The attackers' client ids (from an attack), to split ``robust/upload_norm_mean`` into

@@ -6,6 +6,7 @@ attack metrics, and the attackers' ids for the stages after it."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 from fl_lightning.adversary import Attack
@@ -14,11 +15,20 @@ from fl_lightning.reliability.fingerprint import describe_setting
 from fl_lightning.rounds.stage import ATTACK, Round, RoundStage, RunFacts
 
 
+MALICIOUS_FILE = "malicious_clients.csv"
+"""The run's malicious client ids (one per row), in the run's folder."""
+
+
 class AttackStage(RoundStage):
     name = "attack"
     order = ATTACK
     setting = "model.attack"
     conflicts = {"record_privacy": "a data poisoning (attack.data) cannot poison DP-SGD's sampled records"}
+
+    def describe(self) -> str | None:
+        from fl_lightning.reliability.fingerprint import describe_setting
+
+        return describe_setting(self.attack)
 
     def __init__(self, attack: Attack) -> None:
         self.attack = attack
@@ -34,6 +44,10 @@ class AttackStage(RoundStage):
         self.attack.prepare(data.num_clients, data.seed, getattr(data, "num_classes", None), facts.algorithm,
                             facts.processes, "record_privacy" in facts.stages)  # fmt: skip
         self.attack.check_data(data)
+        if facts.rank == 0 and facts.run_dir:  # who attacked, beside the metrics (robust/detection_* are scored against it)
+            os.makedirs(facts.run_dir, exist_ok=True)
+            with open(os.path.join(facts.run_dir, MALICIOUS_FILE), "w") as file:
+                file.write("client\n" + "".join(f"{c}\n" for c in self.attack.malicious.ids))
 
     def wrap_executor(self, executor: Any) -> Any:
         return AttackExecutor(executor, self.attack)

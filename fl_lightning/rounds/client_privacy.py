@@ -14,6 +14,11 @@ class ClientPrivacyStage(RoundStage):
     order = ACCOUNT + 5
     setting = "model.privacy"
 
+    def describe(self) -> str | None:
+        from fl_lightning.reliability.fingerprint import describe_setting
+
+        return describe_setting(self.privacy)
+
     def __init__(self, privacy: ClientPrivacy) -> None:
         self.privacy = privacy
 

@@ -40,6 +40,11 @@ class ClockStage(RoundStage):
     order = SHAPE + 5  # after the downlink stages (the broadcast's encoded size) and the faults (a deadline cuts their budgets)
     setting = "model.clock"
 
+    def describe(self) -> str | None:
+        from fl_lightning.reliability.fingerprint import describe_setting
+
+        return describe_setting(self.time.clock)
+
     def __init__(self, time: SimulatedTime, local: Any) -> None:
         self.time, self.local = time, local
         self._times: RoundTimes | None = None

@@ -15,6 +15,11 @@ class CompressionStage(RoundStage):
     setting = "model.compression"
     conflicts = {"privacy": "an uplink compressor that can grow an upload's norm, or error feedback's residual, escapes the clip norm"}
 
+    def describe(self) -> str | None:
+        from fl_lightning.reliability.fingerprint import describe_setting
+
+        return describe_setting(self.compression)
+
     def __init__(self, compression: Compression, shapes: dict[str, Any]) -> None:
         self.compression = compression
         compression.check_shapes(shapes)

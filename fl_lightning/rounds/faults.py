@@ -20,6 +20,11 @@ class FaultsStage(RoundStage):
         self.faults = faults
         self._stragglers = 0
 
+    def describe(self) -> str | None:
+        from fl_lightning.reliability.fingerprint import describe_setting
+
+        return describe_setting(self.faults) if self.faults.active else None
+
     def shape_cohort(self, round: Round | None, cohort: Cohort) -> None:
         """Drop the clients whose draw drops them, cut the stragglers' steps (not in the warm-up pass)."""
         self._stragglers = 0

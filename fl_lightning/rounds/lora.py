@@ -55,7 +55,12 @@ class LoRAStage(RoundStage):
         ids = results.client_ids
         weights = survivor_weights(plan.clients, plan.weights, ids)
         deltas = list(P.part(results.uploads, "delta"))
-        round.metrics["comm/round_bytes_fold"] = self.server.finish_round(self._x_round, deltas, ids, weights, round.seed, plan.round)
+        fold = self.server.finish_round(self._x_round, deltas, ids, weights, round.seed, plan.round)
+        round.metrics["comm/round_bytes_fold"] = fold
+        round.extra_bytes_down = fold
+
+    def describe(self) -> str | None:
+        return self.server.describe() or self.server.method.name
 
     def fingerprint(self) -> dict[str, str]:
         described = self.server.describe()

@@ -17,6 +17,11 @@ class RecordPrivacyStage(RoundStage):
     order = ACCOUNT
     setting = "model.record_privacy"
 
+    def describe(self) -> str | None:
+        from fl_lightning.reliability.fingerprint import describe_setting
+
+        return describe_setting(self.record_privacy)
+
     def __init__(self, record_privacy: RecordPrivacy, model: Any) -> None:
         self.record_privacy, self.model = record_privacy, model
 

@@ -29,6 +29,11 @@ class RobustStage(RoundStage):
     reads_each_upload = True
     conflicts = {"privacy": "a rule other than norm_bound is no mean with fixed bounded weights: DP's noise does not cover one client"}
 
+    def describe(self) -> str | None:
+        from fl_lightning.reliability.fingerprint import describe_setting
+
+        return describe_setting(self.robust)
+
     def __init__(self, robust: Robust) -> None:
         self.robust = robust
         self._record: KeptRecord | None = None
@@ -47,7 +52,7 @@ class RobustStage(RoundStage):
         if self.robust.needs_reference and facts.personal_names:
             raise ValueError("robust.rule=fltrust with personal tensors: the server's root update has no personal part; use another rule")
         self._facts = facts
-        if facts.rank == 0:
+        if facts.rank == 0 and self.robust.rule_impl.selects:  # a rule that keeps every upload has nothing to record
             self._record = KeptRecord(facts.run_dir)
             self._record.start(facts.resumed_round)
 

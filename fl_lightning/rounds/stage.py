@@ -89,6 +89,9 @@ class Round:
     metrics: dict[str, float] = field(default_factory=dict)
     malicious: frozenset[int] | None = None
     skipped: str | None = None
+    extra_bytes_down: int = 0
+    """Bytes each client receives besides the broadcast (a folding LoRA method's changed frozen weights): counted
+    in ``comm/round_bytes_down`` and the cumulative bytes, for as many clients as reported this round."""
     diverged: Callable[..., Exception] = DivergenceError
     """``diverged(message, advice=...)``: the error that stops a diverged run (the engine's names the last good checkpoint)."""
 
@@ -146,6 +149,11 @@ class RoundStage:
     def fingerprint(self) -> dict[str, str]:
         """What a resume must match of this stage's settings (``fl_lightning/reliability/fingerprint.py``)."""
         return {}
+
+    def describe(self) -> str | None:
+        """The mechanism and its settings in a few words for the run's result line and compare's run list
+        (None: nothing to name, e.g. the divergence checks); default: the configuring setting's object, described."""
+        return None
 
     def wants_stop(self) -> str | None:
         """Why the run must stop before another round (None: it may go on; a spent privacy budget)."""

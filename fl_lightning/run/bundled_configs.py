@@ -93,16 +93,22 @@ def main(argv: list[str]) -> None:
     folder = Path(dest)
     folder.mkdir(parents=True, exist_ok=True)
     files = [source, *_bases(source)]
-    for path in files:
-        if (folder / path.name).exists():
-            raise ValueError(f"configs --copy: {folder / path.name} exists; choose another DEST or remove it")
+    copies = {}
     for path in files:
         text = path.read_text()
         base = _base_line(text)
         if base is not None:  # the copy builds on the copied base beside it
             text = text.replace(base[0], f"base: {Path(base[1]).name}", 1)
-        (folder / path.name).write_text(text)
-        print(f"wrote {folder / path.name}")
+        target = folder / path.name
+        if target.exists() and target.read_text() != text:  # an identical copy (a shared base copied before) is kept
+            raise ValueError(f"configs --copy: {target} exists and differs; choose another DEST or remove it")
+        copies[target] = text
+    for target, text in copies.items():
+        if target.exists():
+            print(f"kept {target} (already there, identical)")
+            continue
+        target.write_text(text)
+        print(f"wrote {target}")
 
 
 def _base_line(text: str) -> tuple[str, str] | None:

@@ -53,7 +53,7 @@ def expand_bases(args: list[str]) -> list[str]:
     while i < len(args):
         arg = args[i]
         if arg in ("--config", "-c") and i + 1 < len(args):
-            out += [*_bases(args[i + 1], ()), arg, args[i + 1]]
+            out += [*_bases(args[i + 1], ()), arg, args[i + 1], *_relative_files(args[i + 1])]
             i += 2
             continue
         if isinstance(arg, str) and arg.startswith("--config="):
@@ -92,7 +92,28 @@ def _bases(value: str, seen: tuple[Path, ...]) -> list[str]:
     base = _resolve(path, raw["base"])
     if base in seen or base == path.resolve():
         raise ValueError(f"base: {path} and its bases form a loop through {base}")
-    return [*_bases(str(base), (*seen, path.resolve())), "--config", str(base)]
+    return [*_bases(str(base), (*seen, path.resolve())), "--config", str(base), *_relative_files(str(base))]
+
+
+RELATIVE_FILES = (("model", "clock", "trace"),)
+"""Settings that name a file: a relative path in a config file is resolved against the config's folder (as ``base:``)
+when the file lies there, else against the working directory."""
+
+
+def _relative_files(value: str) -> list[str]:
+    """``--<setting> <absolute path>`` for each ``RELATIVE_FILES`` setting the config file sets to a file beside it."""
+    path = Path(value)
+    raw = load_yaml(path) if isinstance(value, str) and path.is_file() else None
+    out = []
+    for keys in RELATIVE_FILES:
+        node: object = raw
+        for key in keys:
+            node = node.get(key) if isinstance(node, dict) else None
+            if isinstance(node, dict) and "init_args" in node and key != keys[-1]:
+                node = {**node, **(node.get("init_args") or {})}
+        if isinstance(node, str) and not Path(node).is_absolute() and (path.parent / node).is_file():
+            out += [f"--{'.'.join(keys)}", str((path.parent / node).resolve())]
+    return out
 
 
 def _resolve(path: Path, base: object) -> Path:

@@ -5,7 +5,10 @@ and none of Lightning's start-up boilerplate.
 for a round loop) with ``round 20/100 · 2.1 rounds/s · train loss 0.512 · val acc 0.873 · eps 3.21``.
 ``RunSummary`` records the evaluations of a fit and renders the closing line
 ``FedAvg: 100 rounds in 52.1 s · final val acc 0.9123 · best 0.9230 (round 90) · 12.3 MB sent
-· epsilon 3.21 (RDP, delta 1e-05)``. Under differential privacy (docs/privacy.md) both show the
+· epsilon 3.21 (RDP, delta 1e-05)``, then each mechanism of the round with all its settings (``attack
+Attack(..., data=LabelFlip(...), upload=SignFlip(...))``, ``robust Robust(rule='median', ...)``): a partial
+override of a class setting shows what it merged with. An asynchronous run counts ``server updates`` under
+``FedBuff (FedAvg)``; a run under the clock adds its simulated seconds. Under differential privacy (docs/privacy.md) both show the
 privacy spent: ``privacy/epsilon`` (``eps``) and ``privacy/record_epsilon`` (``record eps``). For a
 token-level model (a causal LM) the line reports the held-out loss, perplexity and ROUGE-L instead of a
 next-token accuracy: ``LocalAdam: 50 rounds in 812.0 s · final eval loss 1.8312 · ppl 6.24 · ROUGE-L 0.3120
@@ -53,6 +56,32 @@ def quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message=".*LightningCLI's args parameter is intended to run from within Python.*")
 
 
+def run_terms(pl_module: Any) -> tuple[str, str]:
+    """(the run's name, what one training step is) in the run's own terms: ``("FedBuff (FedAvg)", "server updates")``
+    under asynchronous aggregation, ``("FedAvg", "rounds")`` otherwise."""
+    name = type(getattr(pl_module, "algorithm", pl_module)).__name__
+    asynchronous = getattr(pl_module, "asynchronous", None)
+    if asynchronous is None:
+        return name, "rounds"
+    return f"{'FedAsync' if asynchronous.mode == 'fedasync' else 'FedBuff'} ({name})", "server updates"
+
+
+def mechanisms(pl_module: Any) -> list[str]:
+    """``setting: description`` of every mechanism of the run's round (attack, defence, compression, DP, clock,
+    faults, LoRA aggregation, a user's stage), each with all its settings, so a partial override is visible."""
+    named = []
+    for stage in getattr(getattr(pl_module, "rounds", None), "stages", ()):
+        described = stage.describe()
+        if described:
+            named.append(f"{(stage.setting or stage.name).removeprefix('model.')} {described}")
+    asynchronous = getattr(pl_module, "asynchronous", None)
+    if asynchronous is not None:
+        from fl_lightning.reliability.fingerprint import describe_setting
+
+        named.append(f"clock {describe_setting(pl_module.clock)}")
+    return named
+
+
 def _epsilon(value: float) -> str:
     return "inf" if math.isinf(value) else f"{value:.2f}"
 
@@ -92,10 +121,14 @@ class RunSummary(Callback):
         self.language: dict[str, float] = {}  # the last evaluation's eval/ppl, eval/rougeL, eval/gen_samples
         self.test_loss: float | None = None  # token-level: the final model's test/loss (without eval/* of its own)
         self.exported: str | None = None  # where ExportPretrained wrote the final model
+        self.unit = "rounds"  # what one training step is: "server updates" under asynchronous aggregation
+        self.sim_s: float | None = None  # simulated seconds at the end (with a clock)
+        self.mechanisms: list[str] = []  # the round's mechanisms with their settings (``mechanisms``)
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.start = time.perf_counter()
-        self.name = type(getattr(pl_module, "algorithm", pl_module)).__name__
+        self.name, self.unit = run_terms(pl_module)
+        self.mechanisms = mechanisms(pl_module)
         self.token_level = bool(getattr(getattr(pl_module, "model", None), "token_level", False))
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -138,6 +171,7 @@ class RunSummary(Callback):
         self.seconds = time.perf_counter() - (self.start or time.perf_counter())
         self.rounds = trainer.global_step
         self.bytes_total = _value(trainer.callback_metrics, BYTES)
+        self.sim_s = _value(trainer.callback_metrics, "time/sim_s") if getattr(pl_module, "clock", None) is not None else None
         self.compile_s = _value(trainer.callback_metrics, "time/compile_s")
         self.stacking = stacking_summary(getattr(getattr(pl_module, "executor", None), "stats", None))
         self.privacy = []
@@ -155,25 +189,28 @@ class RunSummary(Callback):
         return max(self.accuracies, key=lambda ra: ra[1]) if self.accuracies else None
 
     def line(self) -> str:
-        resumed = f" (resumed at round {self.start_round})" if self.start_round else ""
+        step = "server update" if self.unit == "server updates" else "round"
+        resumed = f" (resumed at {step} {self.start_round})" if self.start_round else ""
+        simulated = f" ({self.sim_s:.1f} s simulated)" if self.sim_s is not None else ""
         threads = "" if self.threads is None else f" on {self.threads} thread{'s' if self.threads != 1 else ''}"
         compiled = f" ({self.compile_s:.1f} s compiling)" if self.compile_s is not None else ""
         stacking = f" ({self.stacking})" if self.stacking else ""
-        parts = [f"{self.name}: {self.rounds} rounds{resumed} in {self.seconds:.1f} s{threads}{compiled}{stacking}"]
+        parts = [f"{self.name}: {self.rounds} {self.unit}{resumed} in {self.seconds:.1f} s{simulated}{threads}{compiled}{stacking}"]
         if self.token_level:
             parts += self._language_parts()
         elif self.final_acc is not None:
             best_round, best_acc = self.best
             parts.append(f"final val acc {self.final_acc:.4f}")
-            parts.append(f"best {best_acc:.4f} (round {best_round})")
+            parts.append(f"best {best_acc:.4f} ({step} {best_round})")
         else:
             parts.append("no evaluation (set trainer.val_check_interval)")
         if self.test_acc is not None and not self.token_level:
             parts.append(f"test acc {self.test_acc:.4f} (final model)")
         if "personal_acc_mean" in self.personal:
             parts.append(
-                f"personalized acc {self.personal['personal_acc_mean']:.4f} (each client's own model on its held-out data, "
-                f"mean; worst 10% {self.personal['personal_acc_worst10']:.4f})"
+                f"per-client acc {self.personal['personal_acc_mean']:.4f} (the model each client predicts with, on the validation "
+                f"half of its held-out data, mean; worst 10% {self.personal['personal_acc_worst10']:.4f}; per client at test: "
+                "personal_clients.csv)"
             )
         if "unseen_acc_mean" in self.personal:
             parts.append(f"unseen clients {self.personal['unseen_acc_mean']:.4f}")
@@ -181,7 +218,7 @@ class RunSummary(Callback):
             parts.append(f"{self.bytes_total / 1e6:.1f} MB sent")
         if self.exported is not None and self.token_level:
             parts.append(f"adapter {self.exported}")
-        return " · ".join(parts + self.privacy)
+        return " · ".join(parts + self.privacy + self.mechanisms)
 
     def _language_parts(self) -> list[str]:
         """Final loss, perplexity and ROUGE-L (where computed) and the best loss of a token-level model."""
@@ -268,11 +305,12 @@ class RoundProgressBar(ProgressBar):
         from tqdm.auto import tqdm
 
         total = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
+        unit = "update" if run_terms(pl_module)[1] == "server updates" else "round"
         self._bar = tqdm(
             total=total,
             initial=trainer.global_step,
-            desc="round",
-            unit="round",
+            desc="server update" if unit == "update" else "round",
+            unit=unit,
             dynamic_ncols=True,
             file=sys.stderr,
             mininterval=self.min_interval,
