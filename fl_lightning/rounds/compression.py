@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from fl_lightning.compression.stages import Compression
-from fl_lightning.rounds.stage import AGGREGATE, RoundStage
+from fl_lightning.rounds.stage import AGGREGATE, RoundStage, refusal
 
 
 class CompressionStage(RoundStage):
@@ -27,8 +27,5 @@ class CompressionStage(RoundStage):
 
     def conflict_with(self, other: RoundStage) -> str | None:
         if other.name == "privacy":
-            try:
-                self.compression.check_with_privacy()
-            except ValueError as refusal:
-                return str(refusal)
+            return refusal(self.compression.check_with_privacy)
         return None

@@ -17,7 +17,7 @@ from fl_lightning.reliability.faults import first_non_finite
 from fl_lightning.reliability.fingerprint import describe_setting
 from fl_lightning.robust.aggregation import Robust
 from fl_lightning.robust.record import KeptRecord
-from fl_lightning.rounds.stage import FILTER, Round, RoundStage, RunFacts
+from fl_lightning.rounds.stage import FILTER, Round, RoundStage, RunFacts, refusal
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +41,7 @@ class RobustStage(RoundStage):
 
     def conflict_with(self, other: RoundStage) -> str | None:
         if other.name == "privacy":
-            try:
-                self.robust.check_with_privacy()
-            except ValueError as refusal:
-                return str(refusal)
+            return refusal(self.robust.check_with_privacy)
         return None
 
     def check(self, facts: RunFacts) -> None:

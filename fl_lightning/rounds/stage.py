@@ -127,6 +127,15 @@ class RunFacts:
     runtime: Callable[..., Any]
 
 
+def refusal(check: Callable[[], None]) -> str | None:
+    """The one-line ``ValueError`` a mechanism's own ``check()`` raises, as a declared conflict's reason (None: none)."""
+    try:
+        check()
+    except ValueError as error:
+        return str(error)
+    return None
+
+
 class RoundStage:
     """One server-side mechanism of a round. Subclasses set ``name`` (unique in a chain) and ``order``,
     and implement the hooks they need (module docstring)."""
