@@ -103,8 +103,8 @@ def test_personalized_metrics_become_labelled_rows_when_logged():
     extra = {"val/personal_acc_mean": 0.91, "val/personal_acc_worst10": 0.5, "test/unseen_acc_mean": 0.7}
     with_extra = history(FEDAVG_VAL, FEDAVG_TEST, extra)
     labels = list(rows(summary_tables({"P": [with_extra]}, [0], [])[0]))
-    assert "Personalized accuracy (client holdout, mean over clients), personalized models, final evaluation (%)" in labels
-    assert "Personalized accuracy (client holdout, worst 10% of clients), personalized models, final evaluation (%)" in labels
+    assert "Personalized accuracy (client holdout, validation half, mean over clients), personalized models, final evaluation (%)" in labels
+    assert "Personalized accuracy (client holdout, validation half, worst 10% of clients), personalized models, final evaluation (%)" in labels
     assert any(label.startswith("Unseen-client accuracy at test") for label in labels)
     assert rows(summary_tables({"P": [with_extra]}, [0], [])[0])[METRICS["val/personal_acc_mean"].row("final evaluation")] == ["91.0"]
     plain = list(rows(summary_tables({"P": [history(FEDAVG_VAL, FEDAVG_TEST)]}, [0], [])[0]))

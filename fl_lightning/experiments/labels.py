@@ -42,17 +42,17 @@ METRICS: dict[str, Measured] = {  # metric in metrics.csv -> what it measured; t
     TEST_ACC: Measured("Test accuracy", GLOBAL),
     "clients/acc_mean": Measured("Client-holdout accuracy (mean over clients)", GLOBAL),
     "clients/acc_worst10": Measured("Client-holdout accuracy (worst 10% of clients)", GLOBAL),
-    # Personalized FL (docs/personalization.md, "Evaluation protocol"): always on the clients' held-out split;
+    # Personalized FL (docs/personalization.md, "Evaluation protocol"): on the clients' held-out split (val/: its validation half, test/: its test half);
     # val/ rows are the last evaluation during training, test/ rows the final model's test stage.
-    "val/personal_acc_mean": Measured("Personalized accuracy (client holdout, mean over clients)", PERSONAL),
-    "val/personal_acc_weighted": Measured("Personalized accuracy (client holdout, weighted by holdout size)", PERSONAL),
-    "val/personal_acc_worst10": Measured("Personalized accuracy (client holdout, worst 10% of clients)", PERSONAL),
-    "val/unseen_acc_mean": Measured("Unseen-client accuracy (client holdout after personalization, mean over clients)", UNSEEN),
-    "val/unseen_acc_worst10": Measured("Unseen-client accuracy (client holdout after personalization, worst 10%)", UNSEEN),
-    "test/personal_acc_mean": Measured("Personalized accuracy at test (client holdout, mean over clients)", PERSONAL),
-    "test/personal_acc_worst10": Measured("Personalized accuracy at test (client holdout, worst 10% of clients)", PERSONAL),
-    "test/personal_acc_weighted": Measured("Personalized accuracy at test (client holdout, weighted by holdout size)", PERSONAL),
-    "test/unseen_acc_mean": Measured("Unseen-client accuracy at test (client holdout after personalization, mean)", UNSEEN),
+    "val/personal_acc_mean": Measured("Personalized accuracy (client holdout, validation half, mean over clients)", PERSONAL),
+    "val/personal_acc_weighted": Measured("Personalized accuracy (client holdout, validation half, weighted by size)", PERSONAL),
+    "val/personal_acc_worst10": Measured("Personalized accuracy (client holdout, validation half, worst 10% of clients)", PERSONAL),
+    "val/unseen_acc_mean": Measured("Unseen-client accuracy (client holdout validation half after personalization, mean)", UNSEEN),
+    "val/unseen_acc_worst10": Measured("Unseen-client accuracy (client holdout validation half after personalization, worst 10%)", UNSEEN),
+    "test/personal_acc_mean": Measured("Personalized accuracy at test (client holdout, test half, mean over clients)", PERSONAL),
+    "test/personal_acc_worst10": Measured("Personalized accuracy at test (client holdout, test half, worst 10% of clients)", PERSONAL),
+    "test/personal_acc_weighted": Measured("Personalized accuracy at test (client holdout, test half, weighted by size)", PERSONAL),
+    "test/unseen_acc_mean": Measured("Unseen-client accuracy at test (client holdout test half after personalization, mean)", UNSEEN),
     # Attacks (docs/robustness.md, "Attacks"): a backdoor's success on the test set's triggered inputs of other classes.
     "attack/backdoor_asr": Measured("Backdoor attack success rate (triggered test inputs of non-target classes)", GLOBAL),
 }
