@@ -117,14 +117,19 @@ class HeldOutSplit:
     def holdout_parts(self, client: int) -> tuple[Tensor, Tensor]:
         """The client's held-out samples as (validation, test), each sorted: the first ``floor(n_hold / 2)`` of its
         permutation select (``val/personal_*``), the rest report (``test/personal_*``): selection never sees the
-        numbers it is reported by."""
+        numbers it is reported by. The last clients asked for are kept (an evaluation reads each twice)."""
         from fl_lightning.core.participation import derive_seed
 
-        idx = self.parts[client]
-        generator = torch.Generator().manual_seed(derive_seed(self.seed, client, self.stream))
-        held = idx[torch.randperm(len(idx), generator=generator)][: int(self.n_hold[client])]
-        half = len(held) // 2
-        return held[:half].sort().values, held[half:].sort().values
+        cache = self.__dict__.setdefault("_holdout_parts", {})
+        if client not in cache:
+            if len(cache) >= _Part.CACHED:
+                cache.pop(next(iter(cache)))
+            idx = self.parts[client]
+            generator = torch.Generator().manual_seed(derive_seed(self.seed, client, self.stream))
+            held = idx[torch.randperm(len(idx), generator=generator)][: int(self.n_hold[client])]
+            half = len(held) // 2
+            cache[client] = (held[:half].sort().values, held[half:].sort().values)
+        return cache[client]
 
 
 class _Part(Sequence):

@@ -47,7 +47,7 @@ from fl_lightning.core.capabilities import declared
 from fl_lightning.core.local_loss import LossContext, ModelOutputs, defines_local_loss, keeps_model_loss
 from fl_lightning.core.objective import GradFn
 from fl_lightning.core.params import TensorDict
-from fl_lightning.core.participation import RoundInfo, RoundPlan
+from fl_lightning.core.participation import RoundInfo
 from fl_lightning.core.state import NestedState
 from fl_lightning.core.tasks import ClientResult, Payload
 

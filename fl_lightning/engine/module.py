@@ -213,8 +213,7 @@ class FederatedModule(ClientStates, Checkpointing, GlobalEvaluation, PredictionP
         data, trainer = self.datamodule, self.trainer
         fit_checks.check_local_work(self.local, data)
         self.algorithm.check_local(self.local)
-        if hasattr(self.rounds, "config"):  # the asynchronous driver's population check
-            self.rounds.config.check_population(data.num_clients)
+        self.rounds.check(data.num_clients)
         check_label_counts(self.algorithm, data)
         facts = RunFacts(self.algorithm, data, fit_checks.cohort_size(data), trainer.world_size, trainer.max_steps, self._run_dir(),
                          self._resumed_step or 0, self.global_rank, tuple(self.personal_names), tuple(s.name for s in self.rounds.stages),

@@ -56,6 +56,10 @@ class AsynchronousRounds:
         self.events = EventQueue()  # clients in flight and their model versions
         self.rounds_run = self.clients_trained = 0
 
+    def check(self, num_clients: int) -> None:
+        """Concurrency plus the arrivals of one update must fit the population."""
+        self.config.check_population(num_clients)
+
     def _dispatch(self, host: RoundHost, devices: Devices, x, version: int, bytes_down: int, bytes_up: int, waiting) -> None:
         """Send one idle client (not in flight, not in the buffer) the model version ``version`` at the current time."""
         data, local, events = host.datamodule, host.local, self.events
@@ -107,7 +111,7 @@ class AsynchronousRounds:
             for stage in self.stages:
                 stage.finish(r, 0)
             return host.log_round(r, [], [])
-        uploads = [r.upload for _, r in arrived]
+        uploads = [res.upload for _, res in arrived]
         if config.mode == "fedasync":  # x_i - x = x_{v_i} + delta_i - x: the arrival's model against the current one (27.8)
             uploads = [{**u, "delta": P.sub(P.add(events.versions[e.version], u["delta"]), x)} for (e, _), u in zip(arrived, uploads)]
         events.release()

@@ -80,7 +80,7 @@ def build_round(s: RoundSettings) -> BuiltRound:
 
         time = SimulatedTime(s.clock, s.algorithm, s.compression)
         if s.asynchronous is None:
-            stages.append(ClockStage(time, s.local))
+            stages.append(ClockStage(time))
     stages += _optional_stages(s)
     stages += list(s.stages)
     check_composition(stages)

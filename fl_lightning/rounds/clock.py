@@ -10,7 +10,7 @@ from typing import Any
 from fl_lightning.clock import SimClock
 from fl_lightning.clock.rounds import RoundTimes, plan_round, round_end
 from fl_lightning.core.metrics import payload_bytes
-from fl_lightning.rounds.stage import SHAPE, Cohort, Round, RoundStage, RunFacts
+from fl_lightning.rounds.stage import SHAPE, Cohort, Round, RoundStage
 
 log = logging.getLogger(__name__)
 
@@ -45,23 +45,16 @@ class ClockStage(RoundStage):
 
         return describe_setting(self.time.clock)
 
-    def __init__(self, time: SimulatedTime, local: Any) -> None:
-        self.time, self.local = time, local
+    def __init__(self, time: SimulatedTime) -> None:
+        self.time = time
         self._times: RoundTimes | None = None
-        self._data = None
-
-    def check(self, facts: RunFacts) -> None:
-        self._data = facts.data
 
     def _bytes_down(self, round: Round) -> int:
         return payload_bytes(round.broadcast) if round.broadcast_bytes is None else round.broadcast_bytes
 
     def on_broadcast(self, round: Round) -> None:
         """Each selected client's online time and the steps it may run before the deadline (27.4)."""
-        from fl_lightning.rounds.driver import local_steps
-
-        clock, clients = self.time.clock, round.plan.clients.tolist()
-        steps = local_steps(self._data, clients, self.local)
+        clock, clients, steps = self.time.clock, round.plan.clients.tolist(), round.full_steps
         devices = clock.devices(round.num_clients)
         up = self.time.nominal_upload(round.x)
         self._times = plan_round(clock, devices, self.time.sim_time, clients, steps, self._bytes_down(round), up)

@@ -94,9 +94,11 @@ class SynchronousRounds:
             server_state = self.warmup(host, x, server_state, info)
         broadcast = algorithm.broadcast(x, server_state, info)
         r = Round(plan, info, x, server_state, broadcast, data.seed, data.num_clients, algorithm, diverged=host.diverged)
+        clients = plan.clients.tolist()
+        r.full_steps = local_steps(data, clients, host.local)  # each client's K, here and only here
         for stage in stages:
             stage.on_broadcast(r)
-        r.tasks = self.tasks(host, plan.clients.tolist(), plan.seeds.tolist(), r.broadcast, r)
+        r.tasks = self.tasks(host, clients, plan.seeds.tolist(), r.broadcast, r, full=r.full_steps)
         # An algorithm whose aggregate is a sum over clients may get the uploads summed (DDP: partial sums
         # all-reduced, not gathered), unless a stage reads each upload; any other, or one process, gets every upload.
         linear = self.summable and declares_capability(algorithm, "linear_aggregate")
@@ -159,9 +161,10 @@ class SynchronousRounds:
         host.log_round(r, [], [])
 
     # ---- the cohort's tasks --------------------------------------------------------------------
-    def tasks(self, host: RoundHost, clients: list[int], seeds: list[int], broadcast, r: Round | None, warmup: bool = False) -> RoundTasks:
-        """The client tasks as columns (each client's K computed here, and only here), shaped by the stages."""
-        full = local_steps(host.datamodule, clients, host.local)
+    def tasks(self, host: RoundHost, clients: list[int], seeds: list[int], broadcast, r: Round | None, warmup: bool = False,
+              full: list[int] | None = None) -> RoundTasks:  # fmt: skip
+        """The client tasks as columns (``full``: each client's K, else computed here), shaped by the stages."""
+        full = local_steps(host.datamodule, clients, host.local) if full is None else full
         cohort = Cohort(list(clients), list(seeds), list(full), list(full), broadcast, warmup)
         for stage in self.stages:
             stage.shape_cohort(r, cohort)
@@ -185,6 +188,9 @@ class SynchronousRounds:
         count_messages(host.comm_totals, broadcast, uploads)
         return server_state
 
+
+    def check(self, num_clients: int) -> None:
+        """What the driver itself refuses before training (a synchronous round: nothing)."""
 
     # ---- checkpoints --------------------------------------------------------------------------
     def checkpoint(self) -> dict[str, Any]:

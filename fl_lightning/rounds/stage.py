@@ -89,6 +89,8 @@ class Round:
     metrics: dict[str, float] = field(default_factory=dict)
     malicious: frozenset[int] | None = None
     skipped: str | None = None
+    full_steps: list[int] | None = None
+    """Each planned client's full local steps K_i (in plan order), computed once by the driver before ``on_broadcast``."""
     extra_bytes_down: int = 0
     """Bytes each client receives besides the broadcast (a folding LoRA method's changed frozen weights): counted
     in ``comm/round_bytes_down`` and the cumulative bytes, for as many clients as reported this round."""
