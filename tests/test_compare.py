@@ -292,3 +292,33 @@ def test_sweep_wandb_key_adds_a_wandb_logger_next_to_the_csv_logger(tmp_path):
     assert wandb._wandb_init["group"] == "K=1 lr=0.3" and wandb._wandb_init["project"] == "fl-test"
     assert wandb._wandb_init["job_type"] == "sweep" and wandb._wandb_init["name"] == "K=1 lr=0.3 seed1"
     assert cli.model.local.steps == 1 and cli.model.local.lr == 0.3 and cli.datamodule.seed == 1
+
+
+def test_a_personalized_run_named_with_a_bar_is_reported_in_its_own_terms(tmp_path, capsys):
+    """The per-run line and run_info carry the model each client predicts with (not only the global model), the
+    overview draws it, and a run name with `|` (the attack study's "attack | defence") keeps the tables' columns."""
+    from fl_lightning.experiments.compare import result_line
+    from fl_lightning.experiments.plots import overview_panels
+
+    sweep_path = write_sweep(tmp_path, seeds=[0], targets=[],
+                             runs={"Ditto | lam": {"model.algorithm": {"class_path": "fl_lightning.algorithms.Ditto"},
+                                                   "data.init_args.holdout_fraction": 0.3}})  # fmt: skip
+    out = tmp_path / "out"
+    main(["compare", "--config", str(sweep_path), "--out", str(out)])
+    info = json.loads((out / "runs" / "Ditto_lam" / "seed0" / INFO).read_text())
+    assert set(info["personal"]) >= {"personal_acc_mean", "personal_acc_worst10"}
+    line = result_line("Ditto | lam", 0, info)
+    assert "each client's own model, validation half of its held-out data: mean" in line
+    assert line in capsys.readouterr().out
+    assert "val_personal_acc_mean" in overview_panels({"acc_vs_rounds": 1, "val_personal_acc_mean": 1})
+    assert (out / "plots" / "val_personal_acc_mean.png").is_file()
+    tables, lines = [[]], (out / "summary.md").read_text().splitlines()
+    for line in lines:  # consecutive table lines form one table
+        if line.startswith("|"):
+            tables[-1].append(line.replace("\\|", ""))
+        elif tables[-1]:
+            tables.append([])
+    tables = [t for t in tables if t]
+    assert any("Ditto" in line for t in tables for line in t)
+    assert all(len({line.count("|") for line in t}) == 1 for t in tables), tables
+    assert "Ditto \\textbar{} lam" in (out / "summary.tex").read_text()

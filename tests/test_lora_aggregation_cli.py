@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import io
 from pathlib import Path
 
@@ -72,3 +74,27 @@ def test_an_unknown_method_is_refused_before_lightning_is_imported():
     lines = check_all(expand_bases(["fit", "--config", quickstart, "--model.lora_aggregation", "svdd"]), None)
     assert lines == [f"model.lora_aggregation must be one of {', '.join(METHODS)}, got 'svdd'"]
     assert check_all(expand_bases(["fit", "--config", quickstart, "--model.lora_aggregation", "share_a"]), None) == []
+
+
+def _refused_before_the_trainer(monkeypatch, capsys, args: list[str]) -> list[str]:
+    """The command's error lines; fails if Lightning's Trainer was built (its start-up) before the refusal."""
+    from lightning.pytorch import Trainer
+
+    from fl_lightning.commands.cli import main
+
+    @functools.wraps(Trainer.__init__)  # the parser reads the trainer's settings from this signature
+    def no_trainer(*a, **k):
+        raise AssertionError("the Trainer was built: the rule was checked after Lightning's start-up")
+
+    monkeypatch.setattr(Trainer, "__init__", no_trainer)
+    with pytest.raises(SystemExit) as done:
+        main(args)
+    assert done.value.code == 2
+    return [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+
+
+def test_a_rank_above_the_models_is_refused_before_the_trainer_is_built(assets, monkeypatch, capsys):
+    args = ["fit", "--config", str(ROOT / "configs" / "lora_stacked_gpt2_sst2_hetero.yaml"), *offline(assets, assets.sst2),
+            "--model.lora_aggregation.init_args.ranks", "[2, 99]"]  # fmt: skip
+    lines = _refused_before_the_trainer(monkeypatch, capsys, args)
+    assert lines == ["fl-lightning: error: model.lora_aggregation ranks must be in [1, 8] (the model's rank), got [2, 99]"]

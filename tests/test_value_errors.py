@@ -5,6 +5,8 @@ setting of the command is reported, one line each; the early line is the class's
 
 from __future__ import annotations
 
+import functools
+
 import importlib
 import inspect
 import os
@@ -212,3 +214,27 @@ def test_with_user_modules_values_are_still_checked_and_class_names_left_to_the_
     ]
     args = expand_bases(["fit", "--config", str(ROOT / "configs" / "quickstart.yaml"), "--model.compression.up", "MyCompressor"])
     assert check_all(args, None, user_modules=True) == [] and len(check_all(args, None)) == 1
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--data.init_args.new_client_fraction", "0.2"], "data.new_client_fraction=0.2 needs data.holdout_fraction in (0, 1) (unseen "
+         "clients are scored on their held-out split), got 0"),
+        (["--data.init_args.new_client_fraction", "0.99", "--data.init_args.holdout_fraction", "0.2"],
+         "data.new_client_fraction=0.99 of num_clients=20 leaves no client to train"),
+    ],
+)  # fmt: skip
+def test_a_rule_across_settings_is_refused_before_the_trainer_is_built(capsys, monkeypatch, args, expected):
+    """Rules the early table leaves to the classes are still refused before Lightning's start-up (the Trainer)."""
+    from lightning.pytorch import Trainer
+
+    @functools.wraps(Trainer.__init__)  # the parser reads the trainer's settings from this signature
+    def no_trainer(*a, **k):
+        raise AssertionError("the Trainer was built: the rule was checked after Lightning's start-up")
+
+    monkeypatch.setattr(Trainer, "__init__", no_trainer)
+    with pytest.raises(SystemExit) as done:
+        main(["fit", "--config", "quickstart", *args])
+    assert done.value.code == 2
+    assert [line for line in capsys.readouterr().err.splitlines() if line.strip()] == [f"fl-lightning: error: {expected}"]

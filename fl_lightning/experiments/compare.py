@@ -73,6 +73,14 @@ def result_line(name: str, seed: int, info: dict[str, Any]) -> str:
             final += f", test acc {100 * info['final_test_acc']:.1f}%"
         parts.append(final + (" (no validation split)" if split == "test" else ""))
         parts.append(f"best {name_of} {100 * info['best_acc']:.1f}%")
+    personal = info.get("personal") or {}
+    if "personal_acc_mean" in personal:  # a personalized method: the model each client predicts with
+        parts.append(
+            f"each client's own model, validation half of its held-out data: mean {100 * personal['personal_acc_mean']:.1f}%, "
+            f"worst 10% {100 * personal['personal_acc_worst10']:.1f}%"
+        )
+    if "unseen_acc_mean" in personal:
+        parts.append(f"unseen clients {100 * personal['unseen_acc_mean']:.1f}%")
     parts.append(f"{info['rounds']} {info.get('unit', 'rounds')}" + (f" ({info['sim_s']:.1f} s simulated)" if info.get("sim_s") is not None else ""))
     parts.append(f"{info['fit_seconds']:.1f} s")
     return f"{head} " + " · ".join(parts + list(info.get("mechanisms", [])))
@@ -128,6 +136,8 @@ def run_one(
         summary = next((c for c in cli.trainer.callbacks if type(c).__name__ == "RunSummary"), None)
         if summary is not None:
             info["unit"], info["sim_s"], info["mechanisms"] = summary.unit, summary.sim_s, summary.mechanisms
+            if summary.personal:
+                info["personal"] = dict(summary.personal)
         if summary is not None and summary.accuracies:  # val/acc: the validation split, else the test set
             info["final_acc"], info["best_acc"] = summary.final_acc, summary.best[1]
             split = bool(getattr(cli.datamodule, "val_fraction", 0))

@@ -13,6 +13,7 @@ import csv
 import math
 import re
 from collections.abc import Mapping, Sequence
+from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -229,13 +230,23 @@ def _plotted(histories: Mapping[str, Sequence[History]], statuses: Mapping[str, 
     return plotted, labels
 
 
+OVERVIEW = ("acc_vs_rounds", "val_personal_acc_mean", "acc_vs_comm_per_client", "train_loss", "train_consistency")
+"""The overview's panels where drawn: a personalized run's own measure (the model each client predicts with) sits
+beside the global model's accuracy, which alone reads as a failure for methods whose global model is partial."""
+
+
+def overview_panels(drawn: Mapping[str, Any]) -> list[str]:
+    return [name for name in OVERVIEW if name in drawn]
+
+
 def plot_all(
     histories: Mapping[str, Sequence[History]],
     out: Path,
     title: str = "",
     statuses: Mapping[str, Sequence[str | None]] | None = None,
 ) -> list[Path]:
-    """One PNG + CSV per figure in ``out/plots``, and ``out/overview.png`` (accuracy, cost, loss, consistency)."""
+    """One PNG + CSV per figure in ``out/plots``, and ``out/overview.png`` (accuracy, personalized accuracy where
+    logged, cost, loss, consistency)."""
     plots = out / "plots"
     plots.mkdir(parents=True, exist_ok=True)
     seeds = max(len(hs) for hs in histories.values())
@@ -258,7 +269,7 @@ def plot_all(
         written += [plots / f"{figure.name}.png", plots / f"{figure.name}.csv"]
         drawn[figure.name] = (figure, data)
 
-    panels = [n for n in ("acc_vs_rounds", "acc_vs_comm_per_client", "train_loss", "train_consistency") if n in drawn]
+    panels = overview_panels(drawn)
     if panels:
         cols = 2 if len(panels) > 2 else len(panels)
         rows = -(-len(panels) // cols)

@@ -80,6 +80,7 @@ _LATEX = {
     "—": "---",
     "≈": "$\\approx$",
     "~": "\\textasciitilde{}",
+    "|": "\\textbar{}",  # a bare | is a dash in the default (OT1) text font
     "^": "\\textasciicircum{}",
     "\\": "\\textbackslash{}",
 }
