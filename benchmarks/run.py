@@ -385,6 +385,8 @@ def framework(workload: str, clients_per_round: int, rounds: int, execution: str
         if os.environ.get("FL_BENCH_STEPS_PER_CALL"):
             unit["steps_per_call"] = int(os.environ["FL_BENCH_STEPS_PER_CALL"])
         kwargs = {"execution": (BatchedExecutor if execution.startswith("batched") else SequentialExecutor)(compile=True, **unit)}
+    if os.environ.get("FL_BENCH_GC"):  # --gc: the collector freeze after the warm-up round on or off (default: the module's)
+        kwargs["gc_freeze"] = os.environ["FL_BENCH_GC"] == "freeze"
     distributed = dict(devices=2, strategy="ddp") if execution == "ddp2" else {}
     if workload in REALISTIC:
         kwargs.update(faults=realistic.faults(spec))
@@ -554,6 +556,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=None, help="runs of each row, the best kept (default: 2 with --quick, else 3)")
     parser.add_argument("--compile-unit", choices=["auto", "step", "round"], default=None, help="compiled rows' compile_unit (default: each executor's)")
     parser.add_argument("--steps-per-call", type=int, choices=[1, 2], default=None, help="compiled rows' steps_per_call (default: 1)")
+    parser.add_argument("--gc", choices=["freeze", "default"], default=None,
+                        help="the framework's rows: gc.freeze() after the warm-up round, or Python's collector as is (default: the module's)")
     parser.add_argument("--_worker", nargs=4, help=argparse.SUPPRESS)
     parser.add_argument("--_ddp", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -582,6 +586,8 @@ def main(argv: list[str] | None = None) -> None:
         os.environ["FL_BENCH_COMPILE_UNIT"] = args.compile_unit
     if args.steps_per_call:
         os.environ["FL_BENCH_STEPS_PER_CALL"] = str(args.steps_per_call)
+    if args.gc:
+        os.environ["FL_BENCH_GC"] = args.gc
     rounds = ({"mlp": 16, "mlp400": 6, "cnn": 8, "lora": 4, "resnet18": 3, "mlp_realistic": 16, "cnn_realistic": 10, "lora_realistic": 4} if args.quick
               else {"mlp": 40, "mlp400": 10, "cnn": 15, "lora": 10, "resnet18": 4, "mlp_realistic": 25, "cnn_realistic": 15, "lora_realistic": 10})  # fmt: skip
     rounds.update(_rounds_arg(args.rounds) if args.rounds else {})
@@ -626,7 +632,7 @@ def main(argv: list[str] | None = None) -> None:
           f"(1 thread per process), Python {info['python']}, {info['os']}")  # fmt: skip
     out = Path(args.out or default_out(info, args.quick))
     out.parent.mkdir(parents=True, exist_ok=True)
-    compiled = {k: v for k, v in (("compile_unit", args.compile_unit), ("steps_per_call", args.steps_per_call)) if v}  # (defaults: left out)
+    compiled = {k: v for k, v in (("compile_unit", args.compile_unit), ("steps_per_call", args.steps_per_call), ("gc", args.gc)) if v}  # (defaults: left out)
     out.write_text(json.dumps({"machine": info, "date": time.strftime("%Y-%m-%d %H:%M"), "quick": args.quick, **compiled, "rows": rows}, indent=2))
     print(f"results: {out}")
 

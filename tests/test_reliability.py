@@ -259,35 +259,37 @@ def test_the_local_step_batches_do_not_gather_every_step_at_once():
 
 
 # ---- SIGTERM / SIGINT: stop within one local step, ending with a checkpoint of the last completed round -------
-@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_a_stop_signal_ends_with_a_checkpoint_that_resumes_bitwise(tmp_path, signum, code):
+def test_a_stop_signal_ends_with_a_checkpoint_that_resumes_bitwise(tmp_path):
+    """SIGTERM (exit 143) and SIGINT (130), each sent mid-round to its own run, against one uninterrupted run."""
     from tests.test_kill_resume import _assert_equal, _command, _env, _federated_state, _step_of
 
+    # an even number of rounds: the periodic checkpoint (every 2 rounds) then holds the straight run's final round
     config, rounds, slow = ROOT / "configs" / "quickstart.yaml", 4, ("--model.local.steps", "400")
     straight = subprocess.run(_command(config, tmp_path / "straight", extra=slow, rounds=rounds), env=_env(),
                               capture_output=True, text=True, timeout=600)  # fmt: skip
     assert straight.returncode == 0, straight.stderr[-2000:]
-    run_dir = tmp_path / "stopped"
-    last = run_dir / "last.ckpt"
-    proc = subprocess.Popen(_command(config, run_dir, extra=slow, rounds=rounds), env=_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    deadline = time.time() + 300
-    while _step_of(last) < 2 and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.2)  # the periodic checkpoint of round 2 exists: round 2 (or 3) is under way
-    time.sleep(1.0)
-    proc.send_signal(signum)
-    stopped_at = time.time()
-    _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == code and time.time() - stopped_at < 30, stderr[-2000:]
-    line = stderr.strip().splitlines()[-1]
-    name = signal.Signals(signum).name
-    assert line.startswith(f"fl-lightning: error: round ") and f"stopped by {name}" in line, line
-    completed = _step_of(last)
-    assert 2 <= completed < rounds and f"wrote the checkpoint of the {completed} completed rounds: {last}; resume with --ckpt_path {last}" in line, line
-    resumed = subprocess.run(_command(config, run_dir, ckpt=last, extra=slow, rounds=rounds), env=_env(),
-                             capture_output=True, text=True, timeout=600)  # fmt: skip
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    _assert_equal(_federated_state(last), _federated_state(tmp_path / "straight" / "last.ckpt"))
+    for signum, code in [(signal.SIGTERM, 143), (signal.SIGINT, 130)]:
+        run_dir = tmp_path / f"stopped-{code}"
+        last = run_dir / "last.ckpt"
+        proc = subprocess.Popen(_command(config, run_dir, extra=slow, rounds=rounds), env=_env(),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        deadline = time.time() + 300
+        while _step_of(last) < 2 and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.2)  # the periodic checkpoint of round 2 exists: round 3 (or 4) is under way
+        time.sleep(1.0)
+        proc.send_signal(signum)
+        stopped_at = time.time()
+        _, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == code and time.time() - stopped_at < 30, stderr[-2000:]
+        line = stderr.strip().splitlines()[-1]
+        name = signal.Signals(signum).name
+        assert line.startswith("fl-lightning: error: round ") and f"stopped by {name}" in line, line
+        completed = _step_of(last)
+        assert 2 <= completed < rounds and f"wrote the checkpoint of the {completed} completed rounds: {last}; resume with --ckpt_path {last}" in line, line
+        resumed = subprocess.run(_command(config, run_dir, ckpt=last, extra=slow, rounds=rounds), env=_env(),
+                                 capture_output=True, text=True, timeout=600)  # fmt: skip
+        assert resumed.returncode == 0, resumed.stderr[-2000:]
+        _assert_equal(_federated_state(last), _federated_state(tmp_path / "straight" / "last.ckpt"))
 
 
 from lightning.pytorch import Callback  # noqa: E402

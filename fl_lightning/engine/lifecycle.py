@@ -58,6 +58,10 @@ class RunLifecycle:
         from fl_lightning.reliability.stopping import StopCheckpoint
 
         callbacks: list[L.Callback] = [StopCheckpoint()]  # SIGTERM/SIGINT end the run with a checkpoint of the last completed round
+        if self.gc_freeze:
+            from fl_lightning.engine.collector import CollectorFreeze
+
+            callbacks.append(CollectorFreeze())
         data = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
         if getattr(data, "holdout_fraction", 0) > 0:  # every run with per-client held-out data scores each client's own model
             callbacks.append(PersonalizedEvaluation())  # (replaces one configured in trainer.callbacks: no double logging)

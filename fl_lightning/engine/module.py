@@ -86,6 +86,7 @@ class FederatedModule(ClientStates, Checkpointing, GlobalEvaluation, PredictionP
         attack: malicious clients poisoning their data or uploads (docs/robustness.md, "Attacks").
         lora_aggregation: how the server aggregates LoRA adapters (docs/algorithms.md 28); None: the algorithm's own.
         stages: a user's own round stages (``fl_lightning.rounds.RoundStage``; docs/architecture.md, "Your own stage").
+        gc_freeze: freeze Python's collector on the objects of the first round (``fl_lightning.engine.collector``).
     """
 
     def __init__(
@@ -108,6 +109,7 @@ class FederatedModule(ClientStates, Checkpointing, GlobalEvaluation, PredictionP
         attack: Attack | None = None,
         lora_aggregation: str | LoRAAggregation | None = None,
         stages: list[RoundStage] | None = None,
+        gc_freeze: bool = True,
     ) -> None:
         super().__init__()
         quiet_known_warnings()
@@ -133,7 +135,7 @@ class FederatedModule(ClientStates, Checkpointing, GlobalEvaluation, PredictionP
         self._training_executor = self.executor.inner  # the stages' client-side parts wrap around it
         self.faults, self.uplink, self.downlink, self.privacy, self.compression = faults, uplink or [], downlink or [], privacy, compression
         self.record_privacy, self.clock, self.asynchronous, self.robust, self.attack = record_privacy, clock, asynchronous, robust, attack
-        self.lora_aggregation, self.stages = lora_aggregation, list(stages or [])
+        self.lora_aggregation, self.stages, self.gc_freeze = lora_aggregation, list(stages or []), gc_freeze
         self.objective = Objective(model, self.federated_names + self.personal_names)
         self._build_round()
         self._checked_data = self._schema = self._partition = self._resumed_step = None
