@@ -53,7 +53,7 @@ class Checkpointing:
             "comm_totals": dict(self.comm_totals),
             "fingerprint": self.fingerprint(),
         }
-        for part in (*self.rounds.stages, self.rounds):  # a stage without state writes nothing: the checkpoint it always wrote
+        for part in (*self.rounds.stages, self.rounds, self._training_executor):  # a part without state writes nothing
             federated.update(part.checkpoint())
         checkpoint[CHECKPOINT_KEY] = federated
         wandb_ids = [str(logger.version) for logger in self.loggers if type(logger).__name__ == "WandbLogger" and logger.version]
@@ -72,6 +72,7 @@ class Checkpointing:
         for stage in self.rounds.stages:
             stage.restore(state)
         self.rounds.restore(state, self._resumed_step, getattr(self._trainer, "ckpt_path", None))
+        self._training_executor.restore(state)
         if state.get("personal_store"):  # checkpoints before personal tensors became client state
             legacy = ClientStore()
             legacy.load_state_dict(state["personal_store"])

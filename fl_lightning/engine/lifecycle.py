@@ -20,6 +20,11 @@ log = logging.getLogger(__name__)
 class RunLifecycle:
     """Of a module with ``store``, ``rounds`` (the round driver and its stages) and a trainer."""
 
+    @property
+    def training_executor(self):
+        """The executor that trains the clients (``model.execution``), inside the round stages' wrappers."""
+        return self._training_executor
+
     def prepare_data(self) -> None:
         self._previous_metrics = csv_resume.read(self.loggers)  # before Lightning's CSV writer deletes them
 

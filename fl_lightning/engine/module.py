@@ -220,8 +220,8 @@ class FederatedModule(ClientStates, Checkpointing, GlobalEvaluation, PredictionP
         facts = RunFacts(self.algorithm, data, fit_checks.cohort_size(data), trainer.world_size, trainer.max_steps, self._run_dir(),
                          self._resumed_step or 0, self.global_rank, tuple(self.personal_names), tuple(s.name for s in self.rounds.stages),
                          self.local, self.runtime)  # fmt: skip
-        for stage in self.rounds.stages:
-            stage.check(facts)
+        for part in (*self.rounds.stages, self._training_executor):
+            part.check(facts)
         if self.global_rank == 0:  # temporary files of killed checkpoint writes
             from fl_lightning.reliability.checkpoint_io import remove_stale_temporaries
 

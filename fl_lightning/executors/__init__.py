@@ -5,12 +5,13 @@ May import: core, optim, algorithms, reliability.
 
 from __future__ import annotations
 
+from fl_lightning.executors.auto import AutoExecutor
 from fl_lightning.executors.base import ClientRuntime, Executor  # noqa: F401  (the contract, re-exported)
 from fl_lightning.executors.batched import BatchedExecutionError, BatchedExecutor, Unbatchable  # noqa: F401
 from fl_lightning.executors.distributed import DistributedExecutor
 from fl_lightning.executors.sequential import SequentialExecutor
 
-EXECUTORS: dict[str, type[Executor]] = {"sequential": SequentialExecutor, "batched": BatchedExecutor}
+EXECUTORS: dict[str, type[Executor]] = {"sequential": SequentialExecutor, "batched": BatchedExecutor, "auto": AutoExecutor}
 """Short names accepted by ``--model.execution``; any ``Executor`` is accepted by class path."""
 
 

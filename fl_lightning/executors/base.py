@@ -71,6 +71,21 @@ class Executor:
         and aggregates the uploads). ``DistributedExecutor`` sums across DDP processes."""
         return None
 
+    # An executor with a state of its own, or settings a run can refuse, declares them here (``AutoExecutor``).
+    def check(self, facts: Any) -> None:
+        """Refuse the run (a ValueError naming the setting) before its first round; ``facts``: ``RunFacts``."""
+
+    def describe(self) -> str | None:
+        """The execution in words for the run's result line; None: nothing to add."""
+        return None
+
+    def checkpoint(self) -> dict:
+        """Entries for the checkpoint's ``federated`` dict (names unique to this executor)."""
+        return {}
+
+    def restore(self, state: dict) -> None:
+        """Read back what ``checkpoint`` wrote, from the checkpoint's ``federated`` dict."""
+
 
 def to_device(batch: Any, device: torch.device) -> Any:
     return batch if device.type == "cpu" else move_data_to_device(batch, device)

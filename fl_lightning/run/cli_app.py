@@ -122,7 +122,8 @@ class ConfigToLoggers(SaveConfigCallback):
             self.already_saved = True  # validate/test/predict in a run's folder keep the config it trained with
             return
         if trainer.is_global_zero:
-            for path in self.config_paths(trainer, default_dir):
+            self.written = self.config_paths(trainer, default_dir)
+            for path in self.written:
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 self.parser.save(self.config, path, skip_none=False, overwrite=True)
             config = yaml.safe_load(self.parser.dump(self.config, skip_none=False))
@@ -130,6 +131,21 @@ class ConfigToLoggers(SaveConfigCallback):
             for logger in trainer.loggers:
                 logger.log_hyperparams(config)
         self.already_saved = trainer.strategy.broadcast(True)
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """A setting the run decided while training (``execution: auto``'s choice) written into the saved config,
+        so that ``fit --config <run>/config.yaml`` reruns it exactly."""
+        record = getattr(getattr(pl_module, "training_executor", None), "recorded_setting", None)
+        setting = record() if callable(record) else None
+        if setting is None or not trainer.is_global_zero:
+            return
+        for path in getattr(self, "written", []):
+            if os.path.isfile(path):
+                with open(path) as f:
+                    config = yaml.safe_load(f)
+                config.setdefault("model", {})["execution"] = setting
+                with open(path, "w") as f:
+                    yaml.safe_dump(config, f, sort_keys=False)
 
     def config_paths(self, trainer: Trainer, default_dir: str | None) -> list[str]:
         paths = []

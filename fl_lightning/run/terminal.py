@@ -174,6 +174,10 @@ class RunSummary(Callback):
         self.sim_s = _value(trainer.callback_metrics, "time/sim_s") if getattr(pl_module, "clock", None) is not None else None
         self.compile_s = _value(trainer.callback_metrics, "time/compile_s")
         self.stacking = stacking_summary(getattr(getattr(pl_module, "executor", None), "stats", None))
+        executor = getattr(pl_module, "training_executor", None)
+        described = executor.describe() if executor is not None else None
+        if described and described not in self.mechanisms:  # e.g. the execution ``auto`` chose
+            self.mechanisms = [*self.mechanisms, described]
         self.privacy = []
         for key, _, label, attribute in PRIVACY:
             value, settings = _value(trainer.callback_metrics, key), getattr(pl_module, attribute, None)
