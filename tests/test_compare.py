@@ -302,13 +302,15 @@ def test_a_personalized_run_named_with_a_bar_is_reported_in_its_own_terms(tmp_pa
 
     sweep_path = write_sweep(tmp_path, seeds=[0], targets=[],
                              runs={"Ditto | lam": {"model.algorithm": {"class_path": "fl_lightning.algorithms.Ditto"},
-                                                   "data.init_args.holdout_fraction": 0.3}})  # fmt: skip
+                                                   "data.init_args.holdout_fraction": 0.3, "data.init_args.val_fraction": 0.2}})  # fmt: skip
     out = tmp_path / "out"
     main(["compare", "--config", str(sweep_path), "--out", str(out)])
     info = json.loads((out / "runs" / "Ditto_lam" / "seed0" / INFO).read_text())
-    assert set(info["personal"]) >= {"personal_acc_mean", "personal_acc_worst10"}
+    assert set(info["personal"]) >= {"personal_acc_mean", "personal_acc_worst10"}  # the validation half, during training
+    assert set(info["personal_test"]) >= {"personal_acc_mean", "personal_acc_worst10"}  # the test half, after it
     line = result_line("Ditto | lam", 0, info)
-    assert "each client's own model, validation half of its held-out data: mean" in line
+    assert "each client's own model, test half of its held-out data: mean" in line
+    assert f"mean {100 * info['personal_test']['personal_acc_mean']:.1f}%" in line
     assert line in capsys.readouterr().out
     assert "val_personal_acc_mean" in overview_panels({"acc_vs_rounds": 1, "val_personal_acc_mean": 1})
     assert (out / "plots" / "val_personal_acc_mean.png").is_file()
@@ -320,5 +322,6 @@ def test_a_personalized_run_named_with_a_bar_is_reported_in_its_own_terms(tmp_pa
             tables.append([])
     tables = [t for t in tables if t]
     assert any("Ditto" in line for t in tables for line in t)
+    assert "Personalized accuracy at test (client holdout, test half, mean over clients)" in (out / "summary.md").read_text()
     assert all(len({line.count("|") for line in t}) == 1 for t in tables), tables
     assert "Ditto \\textbar{} lam" in (out / "summary.tex").read_text()

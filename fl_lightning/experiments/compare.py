@@ -34,6 +34,12 @@ def _build(args: list[str]):
     return build_cli(args, run=False, exit_on_error=False)
 
 
+def _test_after_fit(cli) -> None:
+    from fl_lightning.run.cli_app import test_after_fit
+
+    test_after_fit(cli.trainer, cli.model, cli.datamodule)
+
+
 def model_bytes(module: Any) -> int:
     """Bytes of the federated tensors: the size of one model-sized message."""
     return sum(p.numel() * p.element_size() for p in module.federated_parameters())
@@ -73,10 +79,11 @@ def result_line(name: str, seed: int, info: dict[str, Any]) -> str:
             final += f", test acc {100 * info['final_test_acc']:.1f}%"
         parts.append(final + (" (no validation split)" if split == "test" else ""))
         parts.append(f"best {name_of} {100 * info['best_acc']:.1f}%")
-    personal = info.get("personal") or {}
+    half = "test" if info.get("personal_test") else "validation"  # the test half once the final test ran
+    personal = info.get("personal_test") or info.get("personal") or {}
     if "personal_acc_mean" in personal:  # a personalized method: the model each client predicts with
         parts.append(
-            f"each client's own model, validation half of its held-out data: mean {100 * personal['personal_acc_mean']:.1f}%, "
+            f"each client's own model, {half} half of its held-out data: mean {100 * personal['personal_acc_mean']:.1f}%, "
             f"worst 10% {100 * personal['personal_acc_worst10']:.1f}%"
         )
     if "unseen_acc_mean" in personal:
@@ -120,6 +127,7 @@ def run_one(
         cli = _build(args)
         start = time.perf_counter()
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+        _test_after_fit(cli)  # as fit does, with a validation split: the test set and each client's test half (test/personal_*)
     except (Exception, SystemExit) as error:  # noqa: BLE001  (a failed run is a result of the sweep)
         text = describe_failure(error)
         info.update(status="diverged" if text.startswith("diverged") else "failed", error=text)
@@ -145,6 +153,10 @@ def run_one(
             test_acc = cli.trainer.callback_metrics.get("test/acc") if split else None
             if test_acc is not None:  # the test set at the last evaluation
                 info["final_test_acc"] = float(test_acc)
+            tested = {k: float(cli.trainer.callback_metrics[f"test/{k}"]) for k in ("personal_acc_mean", "personal_acc_worst10", "unseen_acc_mean")
+                      if f"test/{k}" in cli.trainer.callback_metrics}  # fmt: skip
+            if tested:
+                info["personal_test"] = tested
     return _record(run_dir, info)
 
 

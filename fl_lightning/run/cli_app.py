@@ -544,12 +544,7 @@ class FLCli(LightningCLI):
                 experiment.finish(exit_code=1 if failed else 0)
 
     def after_fit(self) -> None:
-        if getattr(self.datamodule, "val_fraction", 0) and not self.trainer.interrupted:
-            # A validation split: the final model's test accuracy, whatever the evaluation interval.
-            for callback in self.trainer.callbacks:
-                if isinstance(callback, RoundProgressBar):
-                    callback.disable()  # the fit's bar has ended; the result line reports the test
-            self.trainer.test(self.model, datamodule=self.datamodule, verbose=False)
+        if test_after_fit(self.trainer, self.model, self.datamodule):
             test_acc, test_loss = (self.trainer.callback_metrics.get(k) for k in ("test/acc", "test/loss"))
             self.summary.test_acc = None if test_acc is None else float(test_acc)
             self.summary.test_loss = None if test_loss is None else float(test_loss)
@@ -559,6 +554,19 @@ class FLCli(LightningCLI):
                 self.summary.exported = _shown(exported)
         if self.trainer.is_global_zero:
             print(self.summary.line(), flush=True)
+
+
+def test_after_fit(trainer: Trainer, model: LightningModule, datamodule: Any) -> bool:
+    """With a validation split, the final model on the test data once the fit has ended, whatever the evaluation
+    interval: the global test set, and each client's test half (``test/personal_*``) where clients hold data out.
+    Run by ``fit`` and by each run of ``compare``; False where it did not run."""
+    if not getattr(datamodule, "val_fraction", 0) or trainer.interrupted:
+        return False
+    for callback in trainer.callbacks:
+        if isinstance(callback, RoundProgressBar):
+            callback.disable()  # the fit's bar has ended; the result line reports the test
+    trainer.test(model, datamodule=datamodule, verbose=False)
+    return True
 
 
 def _wrote_nothing(folder: Path) -> bool:
