@@ -33,7 +33,8 @@ batching; compilation falls in the untimed first round, except programs for shap
 ``torch.func`` gives any model without a framework: ``vmap`` over the round's clients of ``grad`` of the loss through
 ``functional_call``, the K steps unrolled under ``torch.compile``, the mean of the clients' models (``_compiled_generic``);
 batched rows then carry ``ratio_vs_generic`` (and ``batched_compiled`` rows ``ratio_vs_one_batch_compiled``).
-The local executions of one workload run in
+``auto`` is ``execution: auto`` (its trial rounds inside the timed rounds, so its cost includes them; rows carry
+``auto_choice``, each fit's choice). The local executions of one workload run in
 one process, interleaved and repeated (the best of each is kept), so machine noise
 hits them alike; ``ratio_vs_bare`` divides a row's client-steps/s by the bare
 loop's of the same workload and S in this invocation. The first round of every
@@ -379,7 +380,7 @@ def framework(workload: str, clients_per_round: int, rounds: int, execution: str
     model, data = build(workload, clients_per_round)
     from fl_lightning.executors import BatchedExecutor, SequentialExecutor
 
-    kwargs = {"execution": "batched"} if execution == "batched" else {}
+    kwargs = {"execution": execution} if execution in ("batched", "auto") else {}
     if execution.endswith("_compiled"):
         unit = {"compile_unit": os.environ["FL_BENCH_COMPILE_UNIT"]} if os.environ.get("FL_BENCH_COMPILE_UNIT") else {}
         if os.environ.get("FL_BENCH_STEPS_PER_CALL"):
@@ -400,6 +401,8 @@ def framework(workload: str, clients_per_round: int, rounds: int, execution: str
         accelerator="gpu" if DEVICE.type == "cuda" else "cpu", **distributed,
     )  # fmt: skip
     trainer.fit(module, datamodule=data)
+    if execution == "auto":  # what it chose, from its trial rounds (inside the timed rounds: part of its cost)
+        CHOICES.setdefault((workload, execution, clients_per_round), []).append(module.training_executor.choice)
     if workload in REALISTIC:
         STACKING[(workload, execution, clients_per_round)] = realistic.stacking(module.executor, rounds)
     inner = module.executor.inner
@@ -411,6 +414,7 @@ def framework(workload: str, clients_per_round: int, rounds: int, execution: str
 
 
 COMPILES: dict[tuple, list] = {}  # (workload, execution, S): (seconds compiling, programs compiled, of them in timed rounds) of each fit
+CHOICES: dict[tuple, list] = {}  # (workload, "auto", S): the execution each fit chose
 STACKING: dict[tuple, tuple] = {}  # realistic (workload, execution, S): (stacked_fraction, padding_waste) of the last fit
 _WORK: dict[tuple, int] = {}
 
@@ -460,6 +464,8 @@ def _best_rows(runs: list[tuple[str, str, int]], rounds: dict[str, int], repeats
         if compiles:
             row["compile_s"], row["programs_compiled"] = [c for c, _, _ in compiles], compiles[0][1]
             row["timed_compile_s"] = [t for _, _, t in compiles]  # compiling inside the timed rounds (new variants)
+        if (row["workload"], row["execution"], row["clients_per_round"]) in CHOICES:
+            row["auto_choice"] = CHOICES[(row["workload"], row["execution"], row["clients_per_round"])]
         if row["workload"] in REALISTIC:  # bare: not a federated executor
             stacked, waste = STACKING.get((row["workload"], row["execution"], row["clients_per_round"]), (None, None))
             row["stacked_fraction"] = None if stacked is None else round(stacked, 3)
@@ -550,7 +556,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where every row runs (ddp2 rows: cpu only)")
     parser.add_argument(
         "--executions", default="bare,sequential,batched,ddp2",
-        help="any of bare, sequential, batched, ddp2, sequential_compiled, batched_compiled (opt-in: one_batch, one_batch_compiled, generic_compiled)",
+        help="any of bare, sequential, batched, auto, ddp2, sequential_compiled, batched_compiled (opt-in: one_batch, one_batch_compiled, generic_compiled)",
     )  # fmt: skip
     parser.add_argument("--rounds", default=None, help="rounds of a run per workload, e.g. mlp=10,cnn=4 (default: by --quick)")
     parser.add_argument("--repeats", type=int, default=None, help="runs of each row, the best kept (default: 2 with --quick, else 3)")
@@ -625,6 +631,8 @@ def main(argv: list[str] | None = None) -> None:
         if row.get("stacked_fraction") is not None:
             waste = "-" if row["padding_waste"] is None else f"{row['padding_waste']:.0%}"
             extra += f"  stacked {row['stacked_fraction']:.0%}, padding waste {waste}"
+        if row.get("auto_choice"):
+            extra += f"  chose {', '.join(row['auto_choice'])}"
         print(f"{row['workload']:13s} {row['execution']:10s} S={row['clients_per_round']:3d} "
               f"{row['client_steps_per_s']:10.1f} steps/s {row['peak_rss_mb']:8.1f} MB  x{row['ratio_vs_bare']}{extra}")  # fmt: skip
     info = machine()
