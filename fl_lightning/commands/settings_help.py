@@ -90,8 +90,7 @@ more (docs/personalization.md, time.md, lora.md, architecture.md):
   --model.stages '[{{class_path: mine.MyStage}}]'  your own round stages (with --import mine)
 
 execution:
-  --model.execution NAME           sequential (default), batched, or auto: the faster of the two, measured
-                                   on the run's first rounds and recorded in its config.yaml (docs/performance.md)
+  --model.execution NAME           sequential (default), batched or auto (docs/performance.md)
 
 A bad setting stops the command before anything runs: one line for each bad setting, naming it
 and its allowed range (exit code 2). One class's arguments: --model.algorithm.help FedProx,
