@@ -229,7 +229,8 @@ def test_the_progress_line_and_the_tables_name_validation_and_test(tmp_path, cap
     out = tmp_path / "out"
     main(["compare", "--config", str(sweep), "--out", str(out)])
     val, test = logged(out / "runs" / "split" / "seed0", "val/acc"), logged(out / "runs" / "split" / "seed0", "test/acc")
-    assert len(val) == len(test) == 3  # the test set at every evaluation
+    # the test set at every evaluation, then the final model's test after fit (as `fit` runs it): the same model
+    assert len(val) == 3 and len(test) == 4 and test[-1] == test[-2]
     printed = capsys.readouterr().out
     assert printed.count("1 seed, no spread") == 1 and "±" not in printed  # the printed table says it too
     line = next(line for line in printed.splitlines() if line.startswith("[compare] split seed 0: global"))
