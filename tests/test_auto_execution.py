@@ -15,7 +15,12 @@ import yaml
 from fl_lightning import algorithms
 from fl_lightning.engine.module import FederatedModule
 from fl_lightning.executors import AutoExecutor, resolve_executor
-from tests.conftest import assert_resumes_bitwise, tiny_datamodule, tiny_module, tiny_trainer
+from tests.conftest import (
+    assert_resumes_bitwise,
+    tiny_datamodule,
+    tiny_module,
+    tiny_trainer,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 TWO = ["sequential", "batched"]
@@ -77,7 +82,7 @@ def test_a_resume_keeps_the_schedule_and_the_choice(tmp_path):
         return _fit(directory, AutoExecutor(TWO, rounds_each=2, choice="batched"), rounds, ckpt, enable_checkpointing=True,
                     callbacks=[checkpoint])  # fmt: skip
 
-    straight, resumed = assert_resumes_bitwise(run, tmp_path)  # resumed at round 2: the batched trial rounds, then batched
+    _, resumed = assert_resumes_bitwise(run, tmp_path)  # resumed at round 2: the batched trial rounds, then batched
     assert resumed.training_executor._rounds == 4 - 2 + 2
     # a measured choice comes back from the checkpoint and is not measured again
     executor = Timed(TWO, rounds_each=2)

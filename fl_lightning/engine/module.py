@@ -86,7 +86,7 @@ class FederatedModule(ClientStates, Checkpointing, GlobalEvaluation, PredictionP
         attack: malicious clients poisoning their data or uploads (docs/robustness.md, "Attacks").
         lora_aggregation: how the server aggregates LoRA adapters (docs/algorithms.md 28); None: the algorithm's own.
         stages: a user's own round stages (``fl_lightning.rounds.RoundStage``; docs/architecture.md, "Your own stage").
-        gc_freeze: freeze Python's collector on the objects of the first round (``fl_lightning.engine.collector``).
+        gc_freeze: freeze Python's collector on the first round's objects (``fl_lightning.engine.collector``; off: docs/performance.md).
     """
 
     def __init__(
@@ -109,7 +109,7 @@ class FederatedModule(ClientStates, Checkpointing, GlobalEvaluation, PredictionP
         attack: Attack | None = None,
         lora_aggregation: str | LoRAAggregation | None = None,
         stages: list[RoundStage] | None = None,
-        gc_freeze: bool = True,
+        gc_freeze: bool = False,
     ) -> None:
         super().__init__()
         quiet_known_warnings()
