@@ -31,6 +31,7 @@ from fl_lightning.algorithms.local_adam import LocalAdam
 from fl_lightning.algorithms.moon import MOON
 from fl_lightning.algorithms.pfedme import PFedMe
 from fl_lightning.algorithms.perfedavg import PerFedAvg
+from fl_lightning.algorithms.qffl import QFFL
 from fl_lightning.algorithms.scaffold import SCAFFOLD
 from fl_lightning.algorithms.scaffold_p import ScaffoldP
 
@@ -72,6 +73,7 @@ __all__ = [
     "Payload",
     "PFedMe",
     "PerFedAvg",
+    "QFFL",
     "RoundInfo",
     "ScaffoldP",
 ]

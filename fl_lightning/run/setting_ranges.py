@@ -189,6 +189,8 @@ RANGES: dict[str, Range] = {
     "model.algorithm[*].global_lr": Range("float", lambda v, s: v > 0, lambda v, s: f"algorithm global_lr must be > 0, got {v}",
                                           "fl_lightning.algorithms:FedAvg", 0.0),  # fmt: skip
     "model.algorithm[FedProx].mu": Range("float", _at_least(0), lambda v, s: f"FedProx mu must be >= 0, got {v}", "fl_lightning.algorithms:FedProx", -0.1),
+    "model.algorithm[QFFL].q": Range("number", lambda v, s: 0 <= v < math.inf, lambda v, s: f"QFFL q must be a number >= 0, got {v!r}",
+                                     "fl_lightning.algorithms:QFFL", -1),
     "model.algorithm[FedDyn].alpha": Range("float", lambda v, s: v > 0, lambda v, s: f"FedDyn alpha must be > 0, got {v}", "fl_lightning.algorithms:FedDyn", 0.0),
     "model.algorithm[FedSAM].rho": Range("float", _at_least(0), lambda v, s: f"FedSAM rho must be >= 0, got {v}", "fl_lightning.algorithms:FedSAM", -0.1),
     "model.algorithm[FedCM].a": Range("float", lambda v, s: 0 < v <= 1, lambda v, s: f"FedCM a must be in (0, 1], got {v}", "fl_lightning.algorithms:FedCM", 1.5),
@@ -217,7 +219,7 @@ PROJECT_ALGORITHMS = (
     "APFL", "Ditto", "FAdamET", "FAdamGT", "FedALA", "FedAdam", "FedAlt", "FedAvg", "FedAvgM", "FedAvgP", "FedAvgSVRG", "FedCM",
     "FedBABU", "FedDecorr", "FedDyn", "FedExP", "FedLADA", "FedLC", "FedMIM", "FedNTD", "FedNova", "FedProto", "FedProx", "FedRS",
     "FedRoD", "FedSAM",
-    "FedSim", "FedYogi", "LocalAdam", "MOON", "PFedMe", "PerFedAvg", "SCAFFOLD", "ScaffoldP",
+    "FedSim", "FedYogi", "LocalAdam", "MOON", "PFedMe", "PerFedAvg", "QFFL", "SCAFFOLD", "ScaffoldP",
 )  # fmt: skip
 NO_GLOBAL_LR = ("FedAlt", "FedAvgP", "FedProto", "FedSim", "ScaffoldP")  # the algorithms without a global_lr argument
 
