@@ -45,7 +45,7 @@ def test_an_unknown_class_lists_the_allowed_names_and_the_nearest(capsys, flag, 
 
 def test_an_unknown_executor_name_says_the_nearest(capsys):
     line = _one_line(capsys, "fit", *QUICK, "--model.execution", "batchd")
-    assert "execution must be one of ['batched', 'sequential']" in line and line.endswith("did you mean batched?")
+    assert "execution must be one of ['auto', 'batched', 'sequential']" in line and line.endswith("did you mean batched?")
 
 
 def test_a_typo_in_a_yaml_key_names_the_file_and_the_nearest_key(tmp_path, capsys):

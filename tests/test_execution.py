@@ -112,7 +112,7 @@ def test_executor_fallbacks_reach_through_the_message_pipeline(tmp_path):
 
 
 def test_unknown_execution_is_rejected():
-    with pytest.raises(ValueError, match="execution must be one of \\['batched', 'sequential'\\]"):
+    with pytest.raises(ValueError, match="execution must be one of \\['auto', 'batched', 'sequential'\\]"):
         FederatedModule(MLP(8, 3), execution="parallel")
 
 
