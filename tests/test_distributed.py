@@ -90,6 +90,7 @@ def test_ddp_robust_aggregation_gathers_and_equals_one_process(tmp_path):
         ("ditto", True, ()),  # a whole personal model per client (client state), FedAvg's summed uploads
         ("fedproto", False, ()),  # no model delta: per-class prototype sums, a data pass per client
         ("qffl", True, ()),  # q-FFL: the sums of F_k^q d_k and of h_k (a number per client), a data pass per client
+        ("term", False, ()),  # TERM: the sums of e^{t F_k} d_k and of e^{t F_k}
     ],
 )
 def test_ddp_partial_sums_equal_one_process(tmp_path, algorithm, skew, extra):

@@ -34,11 +34,13 @@ from fl_lightning.algorithms.perfedavg import PerFedAvg
 from fl_lightning.algorithms.qffl import QFFL
 from fl_lightning.algorithms.scaffold import SCAFFOLD
 from fl_lightning.algorithms.scaffold_p import ScaffoldP
+from fl_lightning.algorithms.term import TERM
 
 __all__ = [
     "APFL",
     "MOON",
     "SCAFFOLD",
+    "TERM",
     "Algorithm",
     "ClientContext",
     "ClientResult",

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from fl_lightning.algorithms.base import ClientContext, RoundInfo, weighted_sum_or_zeros
+from fl_lightning.algorithms.client_loss import loss_at_broadcast
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.core import params as P
 from fl_lightning.core.params import TensorDict
@@ -53,12 +54,9 @@ class QFFL(FedAvg):
         delta = P.sub(params, x)  # d_k = w_bar_k - w
         if self.q == 0:
             return {"delta": delta}, ctx.client_state
-        seen = ctx.data_pass(x)
-        losses = torch.nn.functional.cross_entropy(seen.logits, seen.target, reduction="none")
-        loss = (losses * seen.mask).sum() / seen.mask.sum()  # F_k(w^t)
+        loss = loss_at_broadcast(ctx)  # F_k(w^t)
         lipschitz = self._lipschitz(ctx.lr)
         squared = sum((t.double() ** 2).sum() for t in delta.values()) * lipschitz**2  # ||Delta w_k||^2, Delta w_k = -L d_k
-        loss = loss.double()
         scale = loss**self.q
         h = self.q * loss ** (self.q - 1) * squared + lipschitz * scale  # (30.1)
         dtype = next(iter(delta.values())).dtype

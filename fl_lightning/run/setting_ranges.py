@@ -219,7 +219,7 @@ PROJECT_ALGORITHMS = (
     "APFL", "Ditto", "FAdamET", "FAdamGT", "FedALA", "FedAdam", "FedAlt", "FedAvg", "FedAvgM", "FedAvgP", "FedAvgSVRG", "FedCM",
     "FedBABU", "FedDecorr", "FedDyn", "FedExP", "FedLADA", "FedLC", "FedMIM", "FedNTD", "FedNova", "FedProto", "FedProx", "FedRS",
     "FedRoD", "FedSAM",
-    "FedSim", "FedYogi", "LocalAdam", "MOON", "PFedMe", "PerFedAvg", "QFFL", "SCAFFOLD", "ScaffoldP",
+    "FedSim", "FedYogi", "LocalAdam", "MOON", "PFedMe", "PerFedAvg", "QFFL", "SCAFFOLD", "ScaffoldP", "TERM",
 )  # fmt: skip
 NO_GLOBAL_LR = ("FedAlt", "FedAvgP", "FedProto", "FedSim", "ScaffoldP")  # the algorithms without a global_lr argument
 
