@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from fl_lightning.core.objective import Objective
@@ -86,3 +87,17 @@ def test_scoring_a_client_that_trained_as_unseen_says_so(tmp_path, caplog):
         module.unseen_prediction_params(trained)
     said = [r.getMessage() for r in caplog.records if "trained in this run" in r.getMessage()]
     assert len(said) == 1 and f"client {trained} trained in this run" in said[0]
+
+
+def test_the_spread_across_clients_matches_numpy():
+    """_acc_var (ddof 0, q-FFL's fairness measure), _acc_best10 and _acc_worst10 against numpy on 12 clients."""
+    import numpy as np
+
+    from fl_lightning.engine.personal_eval import summary
+
+    accs = np.array([0.9, 0.5, 1.0, 0.75, 0.2, 0.6, 0.95, 0.4, 0.8, 0.3, 0.65, 0.55])
+    out = summary("personal", torch.tensor(accs), torch.zeros(12, dtype=torch.float64), torch.ones(12, dtype=torch.float64))
+    ordered = np.sort(accs)  # 10% of 12 clients: the ceiling, 2
+    assert out["personal_acc_var"] == pytest.approx(np.var(accs), abs=1e-15)
+    assert out["personal_acc_worst10"] == pytest.approx(ordered[:2].mean(), abs=1e-15)
+    assert out["personal_acc_best10"] == pytest.approx(ordered[-2:].mean(), abs=1e-15)

@@ -68,14 +68,17 @@ def client_scores(models: ClientModels, data: Any, clients: list[int], params_of
 
 
 def summary(prefix: str, accs: Tensor, losses: Tensor, sizes: Tensor) -> dict[str, float]:
-    """``<prefix>_acc_mean`` (unweighted over clients), ``_acc_weighted`` (by held-out samples), ``_acc_worst10``
-    (mean of the worst 10% of clients) and ``_loss_mean``; nothing for no client."""
+    """``<prefix>_acc_mean`` (unweighted over clients), ``_acc_weighted`` (by held-out samples), ``_acc_worst10`` and
+    ``_acc_best10`` (means of the worst and best 10% of clients), ``_acc_var`` (the unweighted variance across clients,
+    ddof 0: the fairness measure of q-FFL, Li et al. 2020) and ``_loss_mean``; nothing for no client."""
     if not len(accs):
         return {}
     return {
         f"{prefix}_acc_mean": float(accs.mean()),
         f"{prefix}_acc_weighted": float((accs * sizes).sum() / sizes.sum()),
         f"{prefix}_acc_worst10": worst_fraction_mean(accs, 0.1),
+        f"{prefix}_acc_best10": -worst_fraction_mean(-accs, 0.1),
+        f"{prefix}_acc_var": float(accs.var(unbiased=False)),
         f"{prefix}_loss_mean": float(losses.mean()),
     }
 
@@ -84,7 +87,7 @@ class PersonalizedEvaluation(Callback):
     """Each client's own model on its own held-out split (``data.holdout_fraction > 0``), the protocol of
     docs/personalization.md ("Evaluation protocol"), at every evaluation and at test:
 
-    - ``<stage>/personal_acc_mean``, ``_acc_weighted``, ``_acc_worst10``, ``_loss_mean``: every training
+    - ``<stage>/personal_acc_mean``, ``_acc_weighted``, ``_acc_worst10``, ``_acc_best10``, ``_acc_var``, ``_loss_mean``: every training
       client, with the parameters it predicts with (the algorithm's ``personal_model`` of its stored state,
       then ``personalize_step``; FedAvg: the global model);
     - ``<stage>/unseen_acc_*`` likewise for the clients that never trained (``data.new_client_fraction``),

@@ -48,6 +48,8 @@ LABELS = {
     "val/personal_acc_mean": "personalized accuracy (client holdout, validation half), mean over clients",
     "val/personal_acc_weighted": "personalized accuracy (client holdout, validation half), weighted by size",
     "val/personal_acc_worst10": "personalized accuracy (client holdout, validation half), worst 10% of clients",
+    "val/personal_acc_best10": "personalized accuracy (client holdout, validation half), best 10% of clients",
+    "val/personal_acc_var": "variance of personalized accuracy across clients (client holdout, validation half)",
     "val/personal_loss_mean": "personalized loss (client holdout), mean over clients",
     "val/unseen_acc_mean": "unseen-client accuracy after personalization, mean",
     "val/unseen_acc_weighted": "unseen-client accuracy after personalization, weighted",
