@@ -27,52 +27,72 @@ def _fit(tmp_path, algorithm, execution="sequential"):
     return module, data, initial
 
 
-def _reference(model, data, x, q):
-    """Alg. 2 of Li et al. (2020) by hand: every client, full-batch GD, L = 1 / lr, weights w_k = n_k / n."""
+def loss_of(model, params, batch):
+    inputs, target = batch
+    return torch.nn.functional.cross_entropy(torch.func.functional_call(model, params, (inputs,)), target)
+
+
+def local_rounds(model, data, x, server_step):
+    """ROUNDS rounds in which every client runs STEPS full-batch GD steps from x; ``server_step(x, clients)`` is the
+    rule's step from each client's (weight w_k = n_k / n, w_bar_k, F_k(x))."""
     sizes = data.client_sizes.double()
     weights = sizes / sizes.sum()
-
-    def loss(params, batch):
-        inputs, target = batch
-        return torch.nn.functional.cross_entropy(torch.func.functional_call(model, params, (inputs,)), target)
-
     for _ in range(ROUNDS):
-        numerator = {k: torch.zeros_like(v) for k, v in x.items()}
-        denominator = torch.zeros((), dtype=torch.float64)
+        clients = []
         for cid in range(data.num_clients):
             batch = data.client_full_batch(cid)
             w = {k: v.clone() for k, v in x.items()}
             for _ in range(STEPS):
-                grads = torch.autograd.grad(loss({k: v.requires_grad_() for k, v in w.items()}, batch), list(w.values()))
+                grads = torch.autograd.grad(loss_of(model, {k: v.requires_grad_() for k, v in w.items()}, batch), list(w.values()))
                 w = {k: (v - LR * g).detach() for (k, v), g in zip(w.items(), grads)}
-            f = loss(x, batch).detach()
-            lipschitz = 1.0 / LR
+            clients.append((weights[cid], w, loss_of(model, x, batch).detach()))
+        x = server_step(x, clients)
+    return x
+
+
+def _reference(model, data, x, q):
+    """Alg. 2 of Li et al. (2020) by hand: every client, full-batch GD, L = 1 / lr, weights w_k = n_k / n."""
+
+    def step(x, clients):
+        lipschitz = 1.0 / LR
+        numerator = {k: torch.zeros_like(v) for k, v in x.items()}
+        denominator = torch.zeros((), dtype=torch.float64)
+        for weight, w, f in clients:
             delta_w = {k: lipschitz * (x[k] - w[k]) for k in x}  # Delta w_k = L (w^t - w_bar_k)
             norm2 = sum((v**2).sum() for v in delta_w.values())
-            h = q * f ** (q - 1) * norm2 + lipschitz * f**q
             for k in x:
-                numerator[k] += weights[cid] * f**q * delta_w[k]
-            denominator += weights[cid] * h
-        x = {k: x[k] - numerator[k] / denominator for k in x}
-    return x
+                numerator[k] += weight * f**q * delta_w[k]
+            denominator += weight * (q * f ** (q - 1) * norm2 + lipschitz * f**q)
+        return {k: x[k] - numerator[k] / denominator for k in x}
+
+    return local_rounds(model, data, x, step)
+
+
+def assert_matches_reference(tmp_path, algorithm, execution, reference) -> None:
+    """The fitted global model equals ``reference(model, data, initial)`` to 1e-12 (batched: stacked, no fallback)."""
+    module, data, initial = _fit(tmp_path, algorithm, execution)
+    if execution == "batched":
+        assert not module.executor.fallbacks  # stacked, not run client by client
+    expected = reference(module.model, data, initial)
+    for name, value in module.model.named_parameters():
+        torch.testing.assert_close(value.detach(), expected[name], rtol=1e-12, atol=1e-12)
+
+
+def assert_fedavg_bitwise(tmp_path, algorithm) -> None:
+    ours, _, _ = _fit(tmp_path / "a", algorithm)
+    fedavg, _, _ = _fit(tmp_path / "f", algorithms.FedAvg())
+    for a, b in zip(ours.model.parameters(), fedavg.model.parameters()):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("q", [0.5, 1.0, 5.0])
 @pytest.mark.parametrize("execution", ["sequential", "batched"])
 def test_qffl_matches_the_reference_in_float64(tmp_path, q, execution):
-    module, data, initial = _fit(tmp_path, algorithms.QFFL(q=q), execution)
-    if execution == "batched":
-        assert not module.executor.fallbacks  # stacked, not run client by client
-    expected = _reference(module.model, data, initial, q)
-    for name, value in module.model.named_parameters():
-        torch.testing.assert_close(value.detach(), expected[name], rtol=1e-12, atol=1e-12)
+    assert_matches_reference(tmp_path, algorithms.QFFL(q=q), execution, lambda m, d, x: _reference(m, d, x, q))
 
 
 def test_q_zero_is_fedavg_bitwise(tmp_path):
-    qffl, _, _ = _fit(tmp_path / "q", algorithms.QFFL(q=0))
-    fedavg, _, _ = _fit(tmp_path / "f", algorithms.FedAvg())
-    for a, b in zip(qffl.model.parameters(), fedavg.model.parameters()):
-        assert torch.equal(a, b)
+    assert_fedavg_bitwise(tmp_path, algorithms.QFFL(q=0))
 
 
 def test_settings_are_refused_in_one_line():

@@ -7,51 +7,32 @@ import pytest
 import torch
 
 from fl_lightning import algorithms
-from tests.test_qffl import LR, ROUNDS, STEPS, _fit
+from tests.test_qffl import (
+    assert_fedavg_bitwise,
+    assert_matches_reference,
+    local_rounds,
+)
 
 
 def _reference(model, data, x, tilt):
-    """Each round: every client's K full-batch GD steps from x; x <- sum_k p_k e^{t F_k(x)} x_k / sum_k p_k e^{t F_k(x)}."""
-    sizes = data.client_sizes.double()
-    weights = sizes / sizes.sum()
+    """Each round: x <- sum_k w_k e^{t F_k(x)} w_bar_k / sum_k w_k e^{t F_k(x)}."""
 
-    def loss(params, batch):
-        inputs, target = batch
-        return torch.nn.functional.cross_entropy(torch.func.functional_call(model, params, (inputs,)), target)
+    def step(x, clients):
+        tilted = [(weight * torch.exp(tilt * f), w) for weight, w, f in clients]
+        total = sum(t for t, _ in tilted)
+        return {k: sum(t * w[k] for t, w in tilted) / total for k in x}
 
-    for _ in range(ROUNDS):
-        numerator = {k: torch.zeros_like(v) for k, v in x.items()}
-        denominator = torch.zeros((), dtype=torch.float64)
-        for cid in range(data.num_clients):
-            batch = data.client_full_batch(cid)
-            w = {k: v.clone() for k, v in x.items()}
-            for _ in range(STEPS):
-                grads = torch.autograd.grad(loss({k: v.requires_grad_() for k, v in w.items()}, batch), list(w.values()))
-                w = {k: (v - LR * g).detach() for (k, v), g in zip(w.items(), grads)}
-            tilted = weights[cid] * torch.exp(tilt * loss(x, batch).detach())
-            for k in x:
-                numerator[k] += tilted * w[k]
-            denominator += tilted
-        x = {k: numerator[k] / denominator for k in x}
-    return x
+    return local_rounds(model, data, x, step)
 
 
 @pytest.mark.parametrize("tilt", [-1.0, 1.0, 5.0])
 @pytest.mark.parametrize("execution", ["sequential", "batched"])
 def test_term_matches_the_reference_in_float64(tmp_path, tilt, execution):
-    module, data, initial = _fit(tmp_path, algorithms.TERM(tilt=tilt), execution)
-    if execution == "batched":
-        assert not module.executor.fallbacks
-    expected = _reference(module.model, data, initial, tilt)
-    for name, value in module.model.named_parameters():
-        torch.testing.assert_close(value.detach(), expected[name], rtol=1e-12, atol=1e-12)
+    assert_matches_reference(tmp_path, algorithms.TERM(tilt=tilt), execution, lambda m, d, x: _reference(m, d, x, tilt))
 
 
 def test_tilt_zero_is_fedavg_bitwise(tmp_path):
-    term, _, _ = _fit(tmp_path / "t", algorithms.TERM(tilt=0))
-    fedavg, _, _ = _fit(tmp_path / "f", algorithms.FedAvg())
-    for a, b in zip(term.model.parameters(), fedavg.model.parameters()):
-        assert torch.equal(a, b)
+    assert_fedavg_bitwise(tmp_path, algorithms.TERM(tilt=0))
 
 
 def test_a_non_finite_tilt_is_refused():

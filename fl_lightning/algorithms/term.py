@@ -7,22 +7,17 @@ Rule: docs/algorithms.md, section 30, (30.4)-(30.5).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
-from fl_lightning.algorithms.base import ClientContext, RoundInfo, weighted_sum_or_zeros
-from fl_lightning.algorithms.client_loss import loss_at_broadcast
-from fl_lightning.algorithms.fedavg import FedAvg
-from fl_lightning.core import params as P
+from fl_lightning.algorithms.base import ClientContext
+from fl_lightning.algorithms.loss_weighted import LossWeighted, loss_at_broadcast
 from fl_lightning.core.params import TensorDict
-from fl_lightning.core.state import NestedState
-from fl_lightning.core.tasks import Payload
 
 
-class TERM(FedAvg):
-    """FedAvg's local SGD; the server averages the updates with weights w_k exp(t F_k(w^t)), normalised (30.5).
+class TERM(LossWeighted):
+    """a_k = b_k = exp(t F_k(w^t)) (30.4): the updates averaged with the tilted weights, normalised (30.5).
 
     Args:
         tilt: t, a finite number; 0 is FedAvg (bitwise), t > 0 tilts toward the worst-served clients, t < 0 away.
@@ -32,40 +27,16 @@ class TERM(FedAvg):
     ``QFFL``; the rule needs a classifier.
     """
 
-    elementwise = False  # the upload's scale reads the client's loss
-    record_level_dp = False
-    linear_aggregate = True  # sums over clients of w_k e^{t F_k} d_k and of w_k e^{t F_k}
-    upload_entries = ("delta",)
-
     def __init__(self, tilt: float = 1.0, global_lr: float = 1.0) -> None:
         super().__init__(global_lr)
         if isinstance(tilt, bool) or not isinstance(tilt, int | float) or not math.isfinite(tilt):
             raise ValueError(f"TERM tilt must be a finite number, got {tilt!r}")
         self.tilt = float(tilt)
 
-    def client_finish(self, params: TensorDict, local: NestedState, ctx: ClientContext) -> tuple[Payload, NestedState]:
-        delta = P.sub(params, ctx.broadcast["x"])
-        if self.tilt == 0:
-            return {"delta": delta}, ctx.client_state
+    @property
+    def weighs(self) -> bool:
+        return self.tilt != 0
+
+    def weigh(self, delta: TensorDict, ctx: ClientContext) -> tuple[Tensor, Tensor]:
         tilted = torch.exp(self.tilt * loss_at_broadcast(ctx))  # (30.4)
-        dtype = next(iter(delta.values())).dtype
-        return {"delta": P.scale(delta, tilted.to(dtype)), "tilt": {"weight": tilted.reshape(1).to(dtype)}}, ctx.client_state
-
-    def upload_sum(self, x: TensorDict, uploads: Sequence[Payload], weights: Sequence[float] | Tensor, info: RoundInfo) -> Payload:
-        if self.tilt == 0:
-            return super().upload_sum(x, uploads, weights, info)
-        total = next(iter(x.values())).new_zeros(1)
-        for weight, upload in zip(torch.as_tensor(weights, dtype=torch.float64).tolist(), uploads):
-            total = total + weight * upload["tilt"]["weight"]
-        return {"delta": weighted_sum_or_zeros(P.part(uploads, "delta"), weights, x), "tilt": {"weight": total}}
-
-    def aggregate_sum(
-        self, x: TensorDict, sums: Payload, server_state: NestedState, info: RoundInfo, local_steps: Sequence[int]
-    ) -> tuple[TensorDict, NestedState]:
-        """(30.5): the pseudo-gradient -sum_k w_k e^{t F_k} d_k / sum_k w_k e^{t F_k}."""
-        if self.tilt == 0:
-            return super().aggregate_sum(x, sums, server_state, info, local_steps)
-        total = float(sums["tilt"]["weight"].sum())
-        if not total > 0:  # no client reported
-            return P.zeros_like(x), server_state
-        return P.scale(sums["delta"], -1.0 / total), server_state
+        return tilted, tilted
