@@ -1,5 +1,6 @@
-"""q-FFL (fl_lightning/algorithms/qffl.py, docs/algorithms.md 30) against an independent float64 reference of
-Li et al.'s q-FedAvg, sequential and batched; q = 0 is FedAvg bitwise."""
+"""The fairness rules (fl_lightning/algorithms/loss_weighted.py, docs/algorithms.md 30): q-FFL and client-level
+TERM against independent float64 references of their papers' rules, sequential and batched; at 0 each is FedAvg
+bitwise."""
 
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def local_rounds(model, data, x, server_step):
     return x
 
 
-def _reference(model, data, x, q):
+def qffl_reference(model, data, x, q):
     """Alg. 2 of Li et al. (2020) by hand: every client, full-batch GD, L = 1 / lr, weights w_k = n_k / n."""
 
     def step(x, clients):
@@ -68,31 +69,39 @@ def _reference(model, data, x, q):
     return local_rounds(model, data, x, step)
 
 
-def assert_matches_reference(tmp_path, algorithm, execution, reference) -> None:
-    """The fitted global model equals ``reference(model, data, initial)`` to 1e-12 (batched: stacked, no fallback)."""
-    module, data, initial = _fit(tmp_path, algorithm, execution)
+def term_reference(model, data, x, tilt):
+    """Each round: x <- sum_k w_k e^{t F_k(x)} w_bar_k / sum_k w_k e^{t F_k(x)}."""
+
+    def step(x, clients):
+        tilted = [(weight * torch.exp(tilt * f), w) for weight, w, f in clients]
+        total = sum(t for t, _ in tilted)
+        return {k: sum(t * w[k] for t, w in tilted) / total for k in x}
+
+    return local_rounds(model, data, x, step)
+
+
+CASES = [(f"QFFL q={q}", lambda q=q: algorithms.QFFL(q=q), lambda m, d, x, q=q: qffl_reference(m, d, x, q)) for q in (0.5, 1.0, 5.0)] + [
+    (f"TERM t={t}", lambda t=t: algorithms.TERM(tilt=t), lambda m, d, x, t=t: term_reference(m, d, x, t)) for t in (-1.0, 1.0, 5.0)
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("execution", ["sequential", "batched"])
+@pytest.mark.parametrize("name, make, reference", CASES, ids=[c[0] for c in CASES])
+def test_the_rule_matches_its_reference_in_float64(tmp_path, name, make, reference, execution):
+    module, data, initial = _fit(tmp_path, make(), execution)
     if execution == "batched":
         assert not module.executor.fallbacks  # stacked, not run client by client
     expected = reference(module.model, data, initial)
-    for name, value in module.model.named_parameters():
-        torch.testing.assert_close(value.detach(), expected[name], rtol=1e-12, atol=1e-12)
+    for param, value in module.model.named_parameters():
+        torch.testing.assert_close(value.detach(), expected[param], rtol=1e-12, atol=1e-12)
 
 
-def assert_fedavg_bitwise(tmp_path, algorithm) -> None:
-    ours, _, _ = _fit(tmp_path / "a", algorithm)
+@pytest.mark.parametrize("make", [lambda: algorithms.QFFL(q=0), lambda: algorithms.TERM(tilt=0)], ids=["QFFL q=0", "TERM t=0"])
+def test_at_zero_the_rule_is_fedavg_bitwise(tmp_path, make):
+    ours, _, _ = _fit(tmp_path / "a", make())
     fedavg, _, _ = _fit(tmp_path / "f", algorithms.FedAvg())
     for a, b in zip(ours.model.parameters(), fedavg.model.parameters()):
         assert torch.equal(a, b)
-
-
-@pytest.mark.parametrize("q", [0.5, 1.0, 5.0])
-@pytest.mark.parametrize("execution", ["sequential", "batched"])
-def test_qffl_matches_the_reference_in_float64(tmp_path, q, execution):
-    assert_matches_reference(tmp_path, algorithms.QFFL(q=q), execution, lambda m, d, x: _reference(m, d, x, q))
-
-
-def test_q_zero_is_fedavg_bitwise(tmp_path):
-    assert_fedavg_bitwise(tmp_path, algorithms.QFFL(q=0))
 
 
 def test_settings_are_refused_in_one_line():
@@ -100,3 +109,5 @@ def test_settings_are_refused_in_one_line():
         algorithms.QFFL(q=-1)
     with pytest.raises(ValueError, match=r"QFFL lipschitz must be > 0"):
         algorithms.QFFL(lipschitz=0.0)
+    with pytest.raises(ValueError, match=r"TERM tilt must be a finite number, got inf"):
+        algorithms.TERM(tilt=float("inf"))
