@@ -30,12 +30,12 @@ CANDIDATES = ("sequential", "batched")
 opt-in: their trial round compiles (10-60 s on a CPU), which a run must be long enough to win back."""
 
 
-def build_candidate(name: str) -> Executor:
+def _executors() -> dict[str, Any]:
     from fl_lightning.executors.batched import BatchedExecutor
     from fl_lightning.executors.sequential import SequentialExecutor
 
     return {"sequential": SequentialExecutor, "batched": BatchedExecutor, "sequential_compiled": lambda: SequentialExecutor(compile=True),
-            "batched_compiled": lambda: BatchedExecutor(compile=True)}[name]()  # fmt: skip
+            "batched_compiled": lambda: BatchedExecutor(compile=True)}  # fmt: skip
 
 
 class AutoExecutor(Executor):
@@ -50,8 +50,8 @@ class AutoExecutor(Executor):
     """
 
     def __init__(self, candidates: Sequence[str] = CANDIDATES, rounds_each: int = 2, choice: str | None = None) -> None:
-        known = ("sequential", "batched", "sequential_compiled", "batched_compiled")
-        candidates = list(candidates)
+        builders = _executors()
+        known, candidates = tuple(builders), list(candidates)
         if not candidates or any(c not in known for c in candidates) or len(set(candidates)) < len(candidates):
             raise ValueError(f"execution.candidates must be distinct names from {', '.join(known)}, got {candidates}")
         if type(rounds_each) is not int or rounds_each < 2:
@@ -59,7 +59,7 @@ class AutoExecutor(Executor):
         if choice is not None and choice not in candidates:
             raise ValueError(f"execution.choice must be one of the candidates {candidates} or null, got {choice!r}")
         self.candidates, self.rounds_each, self.choice = candidates, rounds_each, choice
-        self.executors = {name: build_candidate(name) for name in candidates}
+        self.executors = {name: builders[name]() for name in candidates}
         self.seconds_per_step: dict[str, float] = {}  # the timed round of each candidate: seconds per client-step
         self._rounds = 0  # rounds run by this executor (restored on resume)
 
@@ -72,14 +72,14 @@ class AutoExecutor(Executor):
         if self._rounds < self.trial_rounds:
             index, within = divmod(self._rounds, self.rounds_each)
             return self.candidates[index], self.choice is None and within == self.rounds_each - 1
-        return self.choice or self._decide(), False
+        return self.choice, False
 
-    def _decide(self) -> str:
+    def _decide(self) -> None:
+        """After the last trial round: the fastest candidate per client-step, logged once."""
         self.choice = min(self.candidates, key=lambda c: self.seconds_per_step.get(c, float("inf")))
         measured = ", ".join(f"{c} {1e3 * s:.3f}" for c, s in self.seconds_per_step.items())
         log.warning(f"execution auto: {self.choice} (ms per client-step in its timed trial round: {measured}); rerun it with "
                     f"--model.execution.init_args.choice {self.choice} (written into the run's config.yaml)")  # fmt: skip
-        return self.choice
 
     def _timed(self, method: str, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> Any:
         name, timed = self._current()
@@ -93,6 +93,8 @@ class AutoExecutor(Executor):
             steps = sum(t.num_steps for t in tasks)
             self.seconds_per_step[name] = (time.perf_counter() - start) / max(steps, 1)
         self._rounds += 1
+        if self.choice is None and self._rounds == self.trial_rounds:
+            self._decide()
         return out
 
     def run(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> Sequence[ClientResult]:
