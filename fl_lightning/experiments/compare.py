@@ -34,12 +34,6 @@ def _build(args: list[str]):
     return build_cli(args, run=False, exit_on_error=False)
 
 
-def _test_after_fit(cli) -> None:
-    from fl_lightning.run.cli_app import test_after_fit
-
-    test_after_fit(cli.trainer, cli.model, cli.datamodule)
-
-
 def model_bytes(module: Any) -> int:
     """Bytes of the federated tensors: the size of one model-sized message."""
     return sum(p.numel() * p.element_size() for p in module.federated_parameters())
@@ -127,7 +121,9 @@ def run_one(
         cli = _build(args)
         start = time.perf_counter()
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-        _test_after_fit(cli)  # as fit does, with a validation split: the test set and each client's test half (test/personal_*)
+        from fl_lightning.run.cli_app import test_after_fit
+
+        test_after_fit(cli.trainer, cli.model, cli.datamodule)  # as fit does: the test set and each client's test half
     except (Exception, SystemExit) as error:  # noqa: BLE001  (a failed run is a result of the sweep)
         text = describe_failure(error)
         info.update(status="diverged" if text.startswith("diverged") else "failed", error=text)

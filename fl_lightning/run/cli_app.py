@@ -112,6 +112,7 @@ class ConfigToLoggers(SaveConfigCallback):
     """
 
     WANDB_FILENAME = "cli_config.yaml"
+    written: list[str] = []  # the config files this process wrote (rank 0), rewritten at the fit's end
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if self.already_saved:
@@ -139,7 +140,7 @@ class ConfigToLoggers(SaveConfigCallback):
         setting = record() if callable(record) else None
         if setting is None or not trainer.is_global_zero:
             return
-        for path in getattr(self, "written", []):
+        for path in self.written:
             if os.path.isfile(path):
                 with open(path) as f:
                     config = yaml.safe_load(f)
