@@ -111,3 +111,19 @@ def test_settings_are_refused_in_one_line():
         algorithms.QFFL(lipschitz=0.0)
     with pytest.raises(ValueError, match=r"TERM tilt must be a finite number, got inf"):
         algorithms.TERM(tilt=float("inf"))
+
+
+@pytest.mark.parametrize("config", ["qffl_digits", "term_digits"])
+def test_the_config_fits_through_the_cli_and_logs_the_spread_across_clients(tmp_path, monkeypatch, config):
+    import csv
+    from pathlib import Path
+
+    from fl_lightning.commands.cli import main
+
+    monkeypatch.chdir(tmp_path)  # a folder outside the checkout, the config by its path
+    main(["fit", "--config", str(Path(__file__).resolve().parents[1] / "configs" / f"{config}.yaml"), "--trainer.max_steps", "2",
+          "--trainer.val_check_interval", "2", "--trainer.enable_progress_bar", "false"])  # fmt: skip
+    (metrics,) = (tmp_path / "runs").rglob("metrics.csv")
+    rows = [r for r in csv.DictReader(open(metrics)) if r.get("val/personal_acc_var")]
+    assert rows and all(0 <= float(r["val/personal_acc_var"]) <= 0.25 for r in rows)  # a variance of accuracies in [0, 1]
+    assert float(rows[-1]["val/personal_acc_best10"]) >= float(rows[-1]["val/personal_acc_worst10"])
