@@ -18,10 +18,10 @@ from fl_lightning.core.errors import KNOWN_ERRORS, RunInterrupted
 from fl_lightning.core.errors import essential as _essential
 
 LIGHTNING_SUBCOMMANDS = ("fit", "validate", "test", "predict")
-OTHER_SUBCOMMANDS = ("compare", "montecarlo", "partition", "fixture", "lora-fixture", "configs")
+OTHER_SUBCOMMANDS = ("compare", "tune", "montecarlo", "partition", "fixture", "lora-fixture", "configs")
 
 HELP = """\
-usage: fl-lightning [-h] [--version] [--import MODULES] {fit,validate,test,predict,compare,montecarlo,partition,fixture,lora-fixture,configs} ...
+usage: fl-lightning [-h] [--version] [--import MODULES] {fit,validate,test,predict,compare,tune,montecarlo,partition,fixture,lora-fixture,configs} ...
 
 Federated learning on PyTorch Lightning: one training step = one federated round.
 
@@ -32,6 +32,8 @@ subcommands:
   predict     run the global model on the predict set (--ckpt_path CKPT)
   compare     run every run x seed of a sweep file, then plots and tables:
               fl-lightning compare --config configs/compare_quickstart.yaml --out runs/compare_quickstart
+  tune        tune each method of a study file on Optuna with the same budget, then test the best on fresh seeds:
+              fl-lightning tune --config configs/tune_digits_study.yaml --out runs/tune_digits
   montecarlo  many seeds of one config with a confidence band (e.g. configs/svrg_least_squares_mc.yaml)
   partition   draw the label distribution of every client of a config's partition:
               fl-lightning partition --config configs/quickstart.yaml --out partition.png
@@ -204,6 +206,10 @@ def main(args: list[str] | None = None) -> None:
             from fl_lightning.experiments.compare import main as compare_main
 
             compare_main(argv[1:])
+        elif argv[0] == "tune":  # many fits on Optuna, see fl_lightning/experiments/tune.py
+            from fl_lightning.experiments.tune import main as tune_main
+
+            tune_main(argv[1:])
         elif argv[0] == "partition":
             from fl_lightning.experiments.partition_plot import main as partition_main
 
