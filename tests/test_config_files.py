@@ -35,7 +35,7 @@ def _flat(tree: dict | list, prefix: str = "") -> dict:
 # and tests/test_lora_aggregation_cli.py compose and run them on offline fixtures.
 OVERLAYS = sorted(
     p.name for p in (ROOT / "configs").glob("*.yaml")
-    if "base" in (yaml.safe_load(p.read_text()) or {}) and "runs" not in yaml.safe_load(p.read_text())
+    if "base" in (yaml.safe_load(p.read_text()) or {}) and not {"runs", "methods"} & set(yaml.safe_load(p.read_text()))
     and not p.name.startswith(("fedit_", "lora_"))
 )  # fmt: skip
 

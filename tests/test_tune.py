@@ -129,3 +129,12 @@ def test_best_so_far_and_the_config_of_dotted_keys():
     assert best_so_far([0.3, 0.1, 0.2], maximize=False) == [0.3, 0.1, 0.1]
     assert nested({"model.algorithm": {"class_path": "X"}, "model.algorithm.init_args.mu": 0.1, "trainer.max_steps": 2}) == {
         "model": {"algorithm": {"class_path": "X", "init_args": {"mu": 0.1}}}, "trainer": {"max_steps": 2}}
+
+
+def test_the_shipped_study_and_its_defaults_sweep_load():
+    from fl_lightning.experiments.sweep import load_sweep
+
+    root = Path(__file__).resolve().parents[1] / "configs"
+    study = load_study(root / "tune_digits_study.yaml")
+    assert len(study.methods) == 6 and {m.trials for m in study.methods.values()} == {20} and study.test_seeds == [100, 101, 102]
+    assert set(load_sweep(root / "tune_digits_defaults.yaml").runs) == set(study.methods)
