@@ -105,7 +105,7 @@ class FedFV(FedAvg):
         grads = -to_rows({k: torch.stack([d[k] for d in deltas]) for k in x}, x)  # g_k = w^t - w_k
         losses = torch.cat([u["loss"]["f"] for u in uploads]).double().tolist()
         order = sorted(range(len(uploads)), key=lambda i: losses[i])  # (30.13), ties in upload order
-        w = torch.as_tensor(weights, dtype=torch.float64)
+        w = torch.as_tensor(weights, dtype=torch.float64).to(grads.device)
         g = w @ project_conflicts(grads, order, kept_unprojected(order, self.alpha))
         if self.tau:
             ids = torch.cat([u["client"]["id"] for u in uploads]).to(torch.int64)

@@ -56,6 +56,6 @@ class FedMGDAPlus(FedAvg):
             return Algorithm.aggregate(self, x, uploads, [1.0 / m] * m, server_state, info, local_steps)  # (30.20)
         units = P.part(uploads, "delta")
         rows = torch.stack([torch.cat([u[k].reshape(-1).double() for k in x]) for u in units])
-        lam = min_norm_weights(rows @ rows.T, self.epsilon)
+        lam = min_norm_weights((rows @ rows.T).cpu(), self.epsilon)  # an m x m problem: on the CPU
         return P.scale(P.weighted_sum(units, lam), -1.0), server_state
 
