@@ -34,6 +34,7 @@ class FedMGDAPlus(FedAvg):
 
     elementwise = False  # the normalisation reads the update's norm
     linear_aggregate = False  # (30.18) reads every update
+    upload_entries = ("delta",)  # u_k, shaped like x
 
     def __init__(self, epsilon: float = 0.1, global_lr: float = 1.0) -> None:
         super().__init__(global_lr)
