@@ -6,7 +6,8 @@ one-process run.
     python benchmarks/ddp_check.py --devices 1 --out single.pt
 
 ``--algorithm scaffold`` has client state (``fedproto``, ``fedala``: a whole model per client; ``fedproto``
-uploads class prototypes, summed, and no model delta); ``fadam_et`` uploads ``y_delta`` only from
+uploads class prototypes, summed, and no model delta); ``fedfv`` (tau = 2) and ``fedmgda`` gather every upload,
+FedFV's with its loss and the past updates kept in its server state; ``fadam_et`` uploads ``y_delta`` only from
 its tracking subset (results of different structure in one round); ``--skew`` gives
 clients unequal sizes and one local epoch, so their local steps differ. ``--bernoulli p``
 activates each client with probability p (weights 1/(N p), rounds may be empty or leave a
@@ -23,6 +24,7 @@ whose uploads were gathered or summed across the processes.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from pathlib import Path
@@ -34,7 +36,7 @@ import torch  # noqa: E402
 
 from datamodules import IID, FederatedDataModule, QuantitySkew  # noqa: E402
 from fl_lightning import FederatedModule, LocalTraining, UniformSampling  # noqa: E402
-from fl_lightning.algorithms import MOON, QFFL, SCAFFOLD, TERM, Ditto, FAdamET, FedALA, FedAvg, FedProto, ScaffoldP  # noqa: E402
+from fl_lightning.algorithms import MOON, QFFL, SCAFFOLD, TERM, Ditto, FAdamET, FedALA, FedAvg, FedFV, FedMGDAPlus, FedProto, ScaffoldP  # noqa: E402
 from fl_lightning.reliability.faults import ClientFailure, ClientFaults  # noqa: E402
 from fl_lightning.core.participation import BernoulliParticipation  # noqa: E402
 from fl_lightning.pipeline.privacy import ClientPrivacy  # noqa: E402
@@ -44,7 +46,7 @@ from fl_lightning.core.state import flatten_state  # noqa: E402
 from models import MLP  # noqa: E402
 
 ALGORITHMS = {"fedavg": FedAvg, "scaffold": SCAFFOLD, "fadam_et": FAdamET, "scaffold_p": ScaffoldP, "moon": MOON, "fedproto": FedProto, "fedala": FedALA, "ditto": Ditto,
-              "qffl": QFFL, "term": TERM}
+              "qffl": QFFL, "term": TERM, "fedfv": functools.partial(FedFV, tau=2), "fedmgda": FedMGDAPlus}
 
 
 class FedAvgFailFirst(FedAvg):

@@ -20,7 +20,9 @@ from fl_lightning.algorithms.fedntd import FedNTD
 from fl_lightning.algorithms.fedrod import FedRoD
 from fl_lightning.algorithms.fedrs import FedRS
 from fl_lightning.algorithms.fedexp import FedExP
+from fl_lightning.algorithms.fedfv import FedFV
 from fl_lightning.algorithms.fedlada import FedLADA
+from fl_lightning.algorithms.fedmgda import FedMGDAPlus
 from fl_lightning.algorithms.fedmim import FedMIM
 from fl_lightning.algorithms.fednova import FedNova
 from fl_lightning.algorithms.fedopt import FedAdam, FedAvgM, FedYogi
@@ -59,8 +61,10 @@ __all__ = [
     "FedDecorr",
     "FedDyn",
     "FedExP",
+    "FedFV",
     "FedLADA",
     "FedLC",
+    "FedMGDAPlus",
     "FedMIM",
     "FedNTD",
     "FedNova",

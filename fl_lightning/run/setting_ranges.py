@@ -199,6 +199,13 @@ RANGES: dict[str, Range] = {
     ),
     "model.algorithm[FedAdam].tau": Range("float", lambda v, s: v > 0, lambda v, s: f"FedAdam tau must be > 0, got {v}", "fl_lightning.algorithms:FedAdam", 0.0),
     "model.algorithm[FedExP].eps": Range("float", lambda v, s: v > 0, lambda v, s: f"FedExP eps must be > 0, got {v}", "fl_lightning.algorithms:FedExP", 0.0),
+    "model.algorithm[FedFV].alpha": Range("number", lambda v, s: 0 <= v <= 1, lambda v, s: f"FedFV alpha must be a number in [0, 1], got {v!r}",
+                                          "fl_lightning.algorithms:FedFV", 1.5),
+    "model.algorithm[FedFV].tau": Range("int", _at_least(0), lambda v, s: f"FedFV tau must be an int >= 0, got {v!r}", "fl_lightning.algorithms:FedFV", -1),
+    "model.algorithm[FedMGDAPlus].epsilon": Range(
+        "number", lambda v, s: 0 <= v <= 1, lambda v, s: f"FedMGDAPlus epsilon must be a number in [0, 1], got {v!r}",
+        "fl_lightning.algorithms:FedMGDAPlus", -0.1,
+    ),
 }
 
 # The classes a class setting below a class setting accepts by short name (the parser's list,
@@ -217,7 +224,8 @@ CLASS_SETTINGS = {
 PROJECT_DATA = ("FederatedDataModule", "VisionDataModule", "TextDataModule", "InstructionDataModule")
 PROJECT_ALGORITHMS = (
     "APFL", "Ditto", "FAdamET", "FAdamGT", "FedALA", "FedAdam", "FedAlt", "FedAvg", "FedAvgM", "FedAvgP", "FedAvgSVRG", "FedCM",
-    "FedBABU", "FedDecorr", "FedDyn", "FedExP", "FedLADA", "FedLC", "FedMIM", "FedNTD", "FedNova", "FedProto", "FedProx", "FedRS",
+    "FedBABU", "FedDecorr", "FedDyn", "FedExP", "FedFV", "FedLADA", "FedLC", "FedMGDAPlus", "FedMIM", "FedNTD", "FedNova", "FedProto",
+    "FedProx", "FedRS",
     "FedRoD", "FedSAM",
     "FedSim", "FedYogi", "LocalAdam", "MOON", "PFedMe", "PerFedAvg", "QFFL", "SCAFFOLD", "ScaffoldP", "TERM",
 )  # fmt: skip
