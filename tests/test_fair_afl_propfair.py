@@ -209,7 +209,8 @@ def test_the_config_fits_through_the_cli(tmp_path, monkeypatch, config):
     main(["fit", "--config", str(Path(__file__).resolve().parents[1] / "configs" / f"{config}.yaml"), "--trainer.max_steps", "2",
           "--trainer.val_check_interval", "2", "--trainer.enable_progress_bar", "false"])  # fmt: skip
     (metrics,) = (tmp_path / "runs").rglob("metrics.csv")
-    rows = list(csv.DictReader(open(metrics)))
+    with open(metrics) as f:
+        rows = list(csv.DictReader(f))
     spread = [r for r in rows if r.get("val/personal_acc_var")]
     assert spread and all(0 <= float(r["val/personal_acc_var"]) <= 0.25 for r in spread)
     if config == "afl_digits":  # lambda over the 20 clients: its entropy at most log 20, its largest weight above 1/20

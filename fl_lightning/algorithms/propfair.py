@@ -1,4 +1,4 @@
-"""PropFair, proportional fairness (Zhang, Dong, Liang, Cheng, TMLR 2023): clients minimise -log(M - loss), so a
+"""PropFair, proportional fairness (Zhang, Malekmohammadi, Chen, Yu, TMLR 2023): clients minimise -log(M - loss), so a
 client's gradient is scaled by 1 / (M - loss) and the clients served worst move most; aggregation is FedAvg's.
 
 Rule: docs/algorithms.md, section 30, (30.10)-(30.12).
