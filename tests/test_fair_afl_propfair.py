@@ -108,6 +108,21 @@ def test_afl_matches_its_reference_in_float64(tmp_path, mixture, lambda_lr, doma
         assert float(lam.min()) == 0.0  # the projection clipped a client: the boundary case is covered
 
 
+def test_afl_with_lambda_fixed_is_fedavg_with_uniform_weights(tmp_path):
+    """lambda_lr = 0 keeps lambda uniform: each update weighs 1/N / sum of 1/N = 1/S, FedAvg's uniform weighting (to
+    float tolerance: the weights are normalised differently)."""
+    ours, _, _ = _fit(tmp_path / "a", algorithms.AFL(lambda_lr=0))
+    torch.manual_seed(0)
+    model = MLP(in_features=8, num_classes=3, hidden=[4]).double()
+    fedavg = FederatedModule(model, algorithms.FedAvg(), LocalTraining(lr=LR, steps=STEPS, batch_size=None))
+    data = tiny_datamodule(num_clients=4, dtype="float64")
+    data.participation = UniformSampling(4, weighting="uniform")
+    tiny_trainer(tmp_path / "f", ROUNDS, precision="64-true").fit(fedavg, datamodule=data)
+    assert torch.equal(ours.server_state["mixture"]["lambda"], torch.full((4,), 0.25, dtype=torch.float64))
+    for a, b in zip(ours.model.parameters(), fedavg.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
 def propfair_surrogate(f, baseline, epsilon, branches):
     """-log(M - f), Huberized: for M - f < epsilon its tangent at M - f = epsilon (Zhang et al., Eq. of PropFair)."""
     if baseline - f >= epsilon:
