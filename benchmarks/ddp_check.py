@@ -36,7 +36,7 @@ import torch  # noqa: E402
 
 from datamodules import IID, FederatedDataModule, QuantitySkew  # noqa: E402
 from fl_lightning import FederatedModule, LocalTraining, UniformSampling  # noqa: E402
-from fl_lightning.algorithms import MOON, QFFL, SCAFFOLD, TERM, Ditto, FAdamET, FedALA, FedAvg, FedFV, FedMGDAPlus, FedProto, ScaffoldP  # noqa: E402
+from fl_lightning.algorithms import AFL, MOON, QFFL, SCAFFOLD, TERM, Ditto, FAdamET, FedALA, FedAvg, FedFV, FedMGDAPlus, FedProto, PropFair, ScaffoldP  # noqa: E402
 from fl_lightning.reliability.faults import ClientFailure, ClientFaults  # noqa: E402
 from fl_lightning.core.participation import BernoulliParticipation  # noqa: E402
 from fl_lightning.pipeline.privacy import ClientPrivacy  # noqa: E402
@@ -46,7 +46,8 @@ from fl_lightning.core.state import flatten_state  # noqa: E402
 from models import MLP  # noqa: E402
 
 ALGORITHMS = {"fedavg": FedAvg, "scaffold": SCAFFOLD, "fadam_et": FAdamET, "scaffold_p": ScaffoldP, "moon": MOON, "fedproto": FedProto, "fedala": FedALA, "ditto": Ditto,
-              "qffl": QFFL, "term": TERM, "fedfv": functools.partial(FedFV, tau=2), "fedmgda": FedMGDAPlus}
+              "qffl": QFFL, "term": TERM, "fedfv": functools.partial(FedFV, tau=2), "fedmgda": FedMGDAPlus,
+              "afl": AFL, "afl_eg": lambda: AFL(mixture="exponentiated", lambda_lr=1.0), "propfair": PropFair}
 
 
 class FedAvgFailFirst(FedAvg):

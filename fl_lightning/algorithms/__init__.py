@@ -3,6 +3,7 @@
 May import: core, optim.
 """
 
+from fl_lightning.algorithms.afl import AFL
 from fl_lightning.algorithms.apfl import APFL
 from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientResult, Payload, RoundInfo
 from fl_lightning.algorithms.ditto import Ditto
@@ -33,12 +34,14 @@ from fl_lightning.algorithms.local_adam import LocalAdam
 from fl_lightning.algorithms.moon import MOON
 from fl_lightning.algorithms.pfedme import PFedMe
 from fl_lightning.algorithms.perfedavg import PerFedAvg
+from fl_lightning.algorithms.propfair import PropFair
 from fl_lightning.algorithms.qffl import QFFL
 from fl_lightning.algorithms.scaffold import SCAFFOLD
 from fl_lightning.algorithms.scaffold_p import ScaffoldP
 from fl_lightning.algorithms.term import TERM
 
 __all__ = [
+    "AFL",
     "APFL",
     "MOON",
     "SCAFFOLD",
@@ -79,6 +82,7 @@ __all__ = [
     "Payload",
     "PFedMe",
     "PerFedAvg",
+    "PropFair",
     "QFFL",
     "RoundInfo",
     "ScaffoldP",

@@ -199,6 +199,11 @@ class Algorithm:
         """Refuse local training (``LocalTraining``) this rule cannot run, before any training: a one-line
         ``ValueError`` naming the setting (default: every local training is fine)."""
 
+    def bind_data(self, data: Any) -> None:
+        """Read the facts of the clients' data the rule needs (e.g. AFL's domains and client sizes), before
+        ``server_state_init``; the module calls it at setup on every process. A one-line ``ValueError`` where the data
+        lacks them (default: nothing is read)."""
+
     # ---- state declarations -------------------------------------------------
     def client_state_init(self, x: TensorDict) -> NestedState:
         """Initial persistent state of a client never seen before."""

@@ -207,6 +207,9 @@ class FederatedModule(ClientStates, Checkpointing, GlobalEvaluation, PredictionP
         data = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
         if callable(check_data) and data is not None:
             check_data(data)  # e.g. sequences longer than a language model's positions: one line, before anything runs
+        bind_data = getattr(self.algorithm, "bind_data", None)
+        if callable(bind_data) and data is not None:
+            bind_data(data)  # before the server state, which may be sized by the data (AFL's lambda)
         if self.server_state is None:
             self.server_state = self.algorithm.server_state_init(P.detach_clone(self.global_params()))
 

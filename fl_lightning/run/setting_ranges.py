@@ -191,6 +191,11 @@ RANGES: dict[str, Range] = {
     "model.algorithm[FedProx].mu": Range("float", _at_least(0), lambda v, s: f"FedProx mu must be >= 0, got {v}", "fl_lightning.algorithms:FedProx", -0.1),
     "model.algorithm[QFFL].q": Range("number", lambda v, s: 0 <= v < math.inf, lambda v, s: f"QFFL q must be a number >= 0, got {v!r}",
                                      "fl_lightning.algorithms:QFFL", -1),
+    "model.algorithm[AFL].lambda_lr": Range("number", lambda v, s: 0 <= v < math.inf, lambda v, s: f"AFL lambda_lr must be a number >= 0, got {v!r}",
+                                            "fl_lightning.algorithms:AFL", -0.1),
+    "model.algorithm[PropFair].baseline": Range(
+        "number", _finite_positive, lambda v, s: f"PropFair baseline must be a number > 0, got {v!r}", "fl_lightning.algorithms:PropFair", 0.0
+    ),
     "model.algorithm[FedDyn].alpha": Range("float", lambda v, s: v > 0, lambda v, s: f"FedDyn alpha must be > 0, got {v}", "fl_lightning.algorithms:FedDyn", 0.0),
     "model.algorithm[FedSAM].rho": Range("float", _at_least(0), lambda v, s: f"FedSAM rho must be >= 0, got {v}", "fl_lightning.algorithms:FedSAM", -0.1),
     "model.algorithm[FedCM].a": Range("float", lambda v, s: 0 < v <= 1, lambda v, s: f"FedCM a must be in (0, 1], got {v}", "fl_lightning.algorithms:FedCM", 1.5),
@@ -223,11 +228,11 @@ CLASS_SETTINGS = {
 }  # fmt: skip
 PROJECT_DATA = ("FederatedDataModule", "VisionDataModule", "TextDataModule", "InstructionDataModule")
 PROJECT_ALGORITHMS = (
-    "APFL", "Ditto", "FAdamET", "FAdamGT", "FedALA", "FedAdam", "FedAlt", "FedAvg", "FedAvgM", "FedAvgP", "FedAvgSVRG", "FedCM",
+    "AFL", "APFL", "Ditto", "FAdamET", "FAdamGT", "FedALA", "FedAdam", "FedAlt", "FedAvg", "FedAvgM", "FedAvgP", "FedAvgSVRG", "FedCM",
     "FedBABU", "FedDecorr", "FedDyn", "FedExP", "FedFV", "FedLADA", "FedLC", "FedMGDAPlus", "FedMIM", "FedNTD", "FedNova", "FedProto",
     "FedProx", "FedRS",
     "FedRoD", "FedSAM",
-    "FedSim", "FedYogi", "LocalAdam", "MOON", "PFedMe", "PerFedAvg", "QFFL", "SCAFFOLD", "ScaffoldP", "TERM",
+    "FedSim", "FedYogi", "LocalAdam", "MOON", "PFedMe", "PerFedAvg", "PropFair", "QFFL", "SCAFFOLD", "ScaffoldP", "TERM",
 )  # fmt: skip
 NO_GLOBAL_LR = ("FedAlt", "FedAvgP", "FedProto", "FedSim", "ScaffoldP")  # the algorithms without a global_lr argument
 
