@@ -26,6 +26,7 @@ from typing import Any
 import lightning as L
 
 from fl_lightning.experiments.study import Method, Study, load_study
+from fl_lightning.experiments.tune_report import budgets, check_validation_split, counts, report
 
 HOST = socket.gethostname()
 
@@ -124,12 +125,6 @@ def recover(optuna_study: Any) -> list[int]:
             optuna_study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
             lost.append(trial.number)
     return lost
-
-
-def counts(optuna_study: Any) -> dict[str, int]:
-    optuna = _optuna()
-    states = [t.state for t in optuna_study.get_trials(deepcopy=False)]
-    return {name: sum(s == getattr(optuna.trial.TrialState, name.upper()) for s in states) for name in ("complete", "pruned", "fail", "running")}
 
 
 class Tuner:
@@ -248,15 +243,6 @@ def test_run(args: list[str], run_dir: Path, info_path: Path) -> dict[str, Any]:
     return info
 
 
-def check_validation_split(data: Any, study: Study) -> None:
-    """Tuning on the test set would make the test meaningless: the metric must come from a validation split."""
-    if study.metric.startswith("val/") and not getattr(data, "val_fraction", 0):
-        raise ValueError(
-            f"study {study.path}: metric {study.metric} would be the test set (the base config has no validation split); "
-            "set data.init_args.val_fraction in (0, 1) in overrides"
-        )
-
-
 def _percent(value: float | None) -> str:
     return "n/a" if value is None else f"{100 * value:.1f}%"
 
@@ -276,8 +262,6 @@ def _outcome(pruning: TrialPruning, error: str | None, metric: str) -> str:
 
 def tune(config: str | Path, out: str | Path, storage_url: str | None = None, jobs: int = 1, test: bool = True) -> Study:
     """Check the study and its budget, run every method's trials (in ``jobs`` processes), test the best, report."""
-    from fl_lightning.experiments.tune_report import budgets, report
-
     study, out = load_study(config), Path(out).resolve()
     lines = budgets(study, out)  # every method's config built once: a bad key stops here, before any trial
     for line in lines:
@@ -329,8 +313,6 @@ def main(argv: list[str]) -> None:
         Tuner(study, Path(ns.out).resolve(), ns.storage).run()
         return
     if ns.report_only:
-        from fl_lightning.experiments.tune_report import report
-
         study, out = load_study(ns.config), Path(ns.out).resolve()
         tuner = Tuner(study, out, ns.storage)
         for path in report(study, out, tuner, tuner.test(train=False)):

@@ -28,11 +28,25 @@ def clients_per_round(data: Any) -> float | None:
     return None
 
 
+def check_validation_split(data: Any, study: Study) -> None:
+    """Tuning on the test set would make the test meaningless: the metric must come from a validation split."""
+    if study.metric.startswith("val/") and not getattr(data, "val_fraction", 0):
+        raise ValueError(
+            f"study {study.path}: metric {study.metric} would be the test set (the base config has no validation split); "
+            "set data.init_args.val_fraction in (0, 1) in overrides"
+        )
+
+
+def counts(optuna_study: Any) -> dict[str, int]:
+    """The study's trials by state: complete, pruned, fail, running."""
+    states = [t.state.name for t in optuna_study.get_trials(deepcopy=False)]
+    return {name: states.count(name.upper()) for name in ("complete", "pruned", "fail", "running")}
+
+
 def budgets(study: Study, out: Path) -> list[str]:
     """Build every method's config once (a bad key: one line, before any trial), check that the methods get equal
     budgets (trials x rounds x clients per round) unless the study allows otherwise, and return the lines to print."""
     from fl_lightning.experiments.compare import _build
-    from fl_lightning.experiments.tune import check_validation_split
 
     each = {}
     for name, method in study.methods.items():
@@ -61,8 +75,6 @@ def budget_text(trials: int, rounds: int, clients: float | None) -> str:
 
 def rows(study: Study, tuner: Any, tested: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """One row per method: its trials, budget, best trial and test accuracy over the test seeds."""
-    from fl_lightning.experiments.tune import counts
-
     table = []
     for name, method in study.methods.items():
         optuna_study = tuner.optuna_study(name)
