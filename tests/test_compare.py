@@ -140,6 +140,7 @@ def test_compare_writes_plots_and_tables_with_the_logged_numbers(tmp_path):
         ({"runs": {"a": {"trainer.logger": "x"}}}, r"runs.a: trainer.logger is set by compare"),
         ({"runs": {"a": {"not a key": 1}}}, "is not a dotted CLI key"),
         ({"runs": {"a b": {}, "a_b": {}}}, "share the directory name"),
+        ({"scatter": ["K=3", "K=2"]}, "scatter must name two different runs of"),
     ],
 )
 def test_bad_sweep_files_are_rejected_with_the_setting_named(tmp_path, changes, message):
