@@ -304,7 +304,8 @@ def test_a_personalized_run_named_with_a_bar_is_reported_in_its_own_terms(tmp_pa
 
     sweep_path = write_sweep(tmp_path, seeds=[0], targets=[],
                              runs={"Ditto | lam": {"model.algorithm": {"class_path": "fl_lightning.algorithms.Ditto"},
-                                                   "data.init_args.holdout_fraction": 0.3, "data.init_args.val_fraction": 0.2}})  # fmt: skip
+                                                   "data.init_args.holdout_fraction": 0.3, "data.init_args.val_fraction": 0.2},
+                                   "FedAvg": {"data.init_args.holdout_fraction": 0.3, "data.init_args.val_fraction": 0.2}})  # fmt: skip
     out = tmp_path / "out"
     main(["compare", "--config", str(sweep_path), "--out", str(out)])
     info = json.loads((out / "runs" / "Ditto_lam" / "seed0" / INFO).read_text())
@@ -327,3 +328,23 @@ def test_a_personalized_run_named_with_a_bar_is_reported_in_its_own_terms(tmp_pa
     assert "Personalized accuracy at test (client holdout, test half, mean over clients)" in (out / "summary.md").read_text()
     assert all(len({line.count("|") for line in t}) == 1 for t in tables), tables
     assert "Ditto \\textbar{} lam" in (out / "summary.tex").read_text()
+
+
+    # each client's final test accuracy from the runs' clients.csv: a box per run, and FedAvg against Ditto client by client
+    final = {}
+    for run, folder in (("Ditto | lam", "Ditto_lam"), ("FedAvg", "FedAvg")):
+        rows = [r for r in csv.DictReader(open(out / "runs" / folder / "seed0" / "clients.csv")) if r["split"] == "test"]
+        assert {r["round"] for r in rows} == {"5"} and len(rows) == 6  # the test of the final model, every client
+        final[run] = {int(r["client"]): r for r in rows}
+        drawn = [r for r in csv.DictReader(open(out / "plots" / "clients_test_acc.csv")) if r["run"] == run]
+        assert [(int(r["client"]), float(r["personal_acc"])) for r in drawn] == [(c, float(r["personal_acc"])) for c, r in final[run].items()]
+        share = float(logged(out / "runs" / folder / "seed0", "test/personal_acc_below50")[-1])
+        assert share == float(np.float32(np.mean([float(r["personal_acc"]) < 0.5 for r in rows])))
+        row = next(line for line in lines if line.startswith("| Share of clients below 50% accuracy at test"))
+        assert f"{100 * share:.1f}" in row.replace("\\|", "").split("|")[2 if run != "FedAvg" else 3]
+    assert all(r["global_acc"] == r["personal_acc"] for r in final["FedAvg"].values())  # FedAvg predicts with the global model
+    assert any(r["global_acc"] != r["personal_acc"] for r in final["Ditto | lam"].values())
+    pairs = list(csv.DictReader(open(out / "plots" / "clients_scatter_Ditto_lam_vs_FedAvg.csv")))
+    assert [(int(p["client"]), float(p["Ditto | lam personal_acc"]), float(p["FedAvg personal_acc"])) for p in pairs] == [
+        (c, float(final["Ditto | lam"][c]["personal_acc"]), float(final["FedAvg"][c]["personal_acc"])) for c in range(6)]
+    assert (out / "plots" / "clients_test_acc.png").is_file() and (out / "plots" / "clients_scatter_Ditto_lam_vs_FedAvg.png").is_file()
