@@ -59,6 +59,11 @@ def write_sweep(tmp_path: Path, **changes) -> Path:
     return path
 
 
+def read_csv(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
 def logged(run_dir: Path, column: str) -> list[float]:
     with open(run_dir / "metrics.csv") as f:
         return [float(r[column]) for r in csv.DictReader(f) if r.get(column)]
@@ -333,10 +338,10 @@ def test_a_personalized_run_named_with_a_bar_is_reported_in_its_own_terms(tmp_pa
     # each client's final test accuracy from the runs' clients.csv: a box per run, and FedAvg against Ditto client by client
     final = {}
     for run, folder, last in (("Ditto | lam", "Ditto_lam", "5"), ("FedAvg", "FedAvg", "1")):
-        rows = [r for r in csv.DictReader(open(out / "runs" / folder / "seed0" / "clients.csv")) if r["split"] == "test"]
+        rows = [r for r in read_csv(out / "runs" / folder / "seed0" / "clients.csv") if r["split"] == "test"]
         assert {r["round"] for r in rows} == {last} and len(rows) == 6  # the test of the final model, every client
         final[run] = {int(r["client"]): r for r in rows}
-        drawn = [r for r in csv.DictReader(open(out / "plots" / "clients_test_acc.csv")) if r["run"] == run]
+        drawn = [r for r in read_csv(out / "plots" / "clients_test_acc.csv") if r["run"] == run]
         assert [(int(r["client"]), float(r["personal_acc"])) for r in drawn] == [(c, float(r["personal_acc"])) for c, r in final[run].items()]
         share = float(logged(out / "runs" / folder / "seed0", "test/personal_acc_below50")[-1])
         assert share == float(np.float32(np.mean([float(r["personal_acc"]) < 0.5 for r in rows])))
@@ -344,7 +349,7 @@ def test_a_personalized_run_named_with_a_bar_is_reported_in_its_own_terms(tmp_pa
         assert f"{100 * share:.1f}" in row.replace("\\|", "").split("|")[2 if run != "FedAvg" else 3]
     assert all(r["global_acc"] == r["personal_acc"] for r in final["FedAvg"].values())  # FedAvg predicts with the global model
     assert any(r["global_acc"] != r["personal_acc"] for r in final["Ditto | lam"].values())
-    pairs = list(csv.DictReader(open(out / "plots" / "clients_scatter_Ditto_lam_vs_FedAvg.csv")))
+    pairs = read_csv(out / "plots" / "clients_scatter_Ditto_lam_vs_FedAvg.csv")
     assert [(int(p["client"]), float(p["Ditto | lam personal_acc"]), float(p["FedAvg personal_acc"])) for p in pairs] == [
         (c, float(final["Ditto | lam"][c]["personal_acc"]), float(final["FedAvg"][c]["personal_acc"])) for c in range(6)]
     assert (out / "plots" / "clients_test_acc.png").is_file() and (out / "plots" / "clients_scatter_Ditto_lam_vs_FedAvg.png").is_file()
