@@ -2,7 +2,8 @@
 
 ``PersonalizedEvaluation``: each client's own model (what the algorithm says it predicts with)
 on its own held-out data, for the training clients and for unseen ones; logs the mean, the
-weighted mean and the worst 10% of clients.
+weighted mean, the worst and best 10% of clients, the variance and the share below thresholds, and writes every
+client's accuracy to ``clients.csv`` (``fl_lightning.engine.client_record``).
 ``GradientNorm``: the stationarity measure of Chen, Cao, Yuan & Wen 2023 (arXiv:2309.17409; docs/algorithms.md §14), the gradient
 of f(u, V) = (1/n) sum_i f_i(u, v_i) on all clients' training data.
 Both run at every evaluation (``trainer.val_check_interval``).
@@ -171,17 +172,21 @@ class PersonalizedEvaluation(Callback):
         return seen, client_scores(pl_module, data, unseen, pl_module.unseen_prediction_params, part) if unseen else []
 
     def evaluate(self, pl_module, part: str | None = None) -> dict[str, float]:
-        seen, unseen = self.scores(pl_module, part)
+        return self._summaries(*self.scores(pl_module, part))
+
+    def _summaries(self, seen: list[ClientScore], unseen: list[ClientScore]) -> dict[str, float]:
         return {**score_summary("personal", seen, self.below), **score_summary("unseen", unseen, self.below)}
 
     def _log(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if trainer.sanity_checking:
             return
         seen, unseen = self.scores(pl_module, "validation" if stage == "val" else "test")
-        for name, value in {**score_summary("personal", seen, self.below), **score_summary("unseen", unseen, self.below)}.items():
+        for name, value in self._summaries(seen, unseen).items():
             pl_module.log(f"{stage}/{name}", value, on_step=False, on_epoch=True, batch_size=1)
         if self._record is not None:
-            rows = [{"round": trainer.global_step - 1, "split": stage, "client": s.client, "samples": s.samples, "global_acc": s.global_acc,
+            # the 0-based round the evaluation follows; a test alone (global_step 0) names its checkpoint's
+            step = trainer.global_step or getattr(pl_module, "_resumed_step", None) or 0
+            rows = [{"round": step - 1, "split": stage, "client": s.client, "samples": s.samples, "global_acc": s.global_acc,
                      "personal_acc": s.acc, "seen": int(is_seen)}
                     for is_seen, group in ((True, seen), (False, unseen)) for s in group]  # fmt: skip
             self._record.add(sorted(rows, key=lambda r: r["client"]))
