@@ -303,7 +303,9 @@ def test_sweep_wandb_key_adds_a_wandb_logger_next_to_the_csv_logger(tmp_path):
 
 def test_a_personalized_run_named_with_a_bar_is_reported_in_its_own_terms(tmp_path, capsys):
     """The per-run line and run_info carry the model each client predicts with (not only the global model), the
-    overview draws it, and a run name with `|` (the attack study's "attack | defence") keeps the tables' columns."""
+    overview draws it, and a run name with `|` (the attack study's "attack | defence") keeps the tables' columns; each
+    client's final test accuracy from the runs' clients.csv is drawn per run and run against run, the share below 50 %
+    tabulated."""
     from fl_lightning.experiments.compare import result_line
     from fl_lightning.experiments.plots import overview_panels
 

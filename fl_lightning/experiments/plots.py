@@ -359,7 +359,7 @@ def plot_client_records(
     seeds = sorted({r["seed"] for run in runs for r in records[run]})
     _boxes(plots / f"{CLIENTS_ACC}.png", {run: [r["personal_acc"] for r in records[run]] for run in runs}, styles,
            "test accuracy of the model the client predicts with",
-           f"{title}: each client's test accuracy, final evaluation (seeds {seeds} pooled)".strip(": "))  # fmt: skip
+           f"{title}\neach client's test accuracy, final model (seeds {seeds} pooled)".strip())  # fmt: skip
     with open(plots / f"{CLIENTS_ACC}.csv", "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["run", "seed", "client", "round", "samples", "global_acc", "personal_acc"])
@@ -391,7 +391,7 @@ def _client_scatter(plots: Path, rows_a, rows_b, a: str, b: str, st: dict, title
     ax.set_xlabel(f"{a}: client's test accuracy")
     ax.set_ylabel(f"{b}: client's test accuracy")
     above, below = int((ys > xs).sum()), int((ys < xs).sum())
-    ax.set_title(f"{title}: one dot per client and seed; {b} better for {above}, worse for {below}".strip(": "), fontsize=8)
+    ax.set_title(f"{title}\none dot per client and seed; {b} better for {above}, worse for {below}".strip(), fontsize=8)
     ax.grid(alpha=0.3)
     fig.savefig(plots / f"{name}.png", dpi=110)
     plt.close(fig)
