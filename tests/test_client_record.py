@@ -99,3 +99,16 @@ def test_every_client_at_every_evaluation_recomputes_the_logged_summaries_and_a_
 def test_a_threshold_outside_0_1_is_refused(below):
     with pytest.raises(ValueError, match=r"PersonalizedEvaluation.below must be accuracies in \(0, 1\), got"):
         PersonalizedEvaluation(below=below)
+
+
+def test_the_tables_mark_the_lowest_share_below_a_threshold_as_the_best():
+    from fl_lightning.experiments.history import History
+    from fl_lightning.experiments.tables import summary_tables
+
+    def run(acc, share):
+        return History([{"val/acc": acc, "test/personal_acc_below50": share, "round": 1.0}])
+
+    (table,) = summary_tables({"A": [run(0.9, 0.1), run(0.91, 0.12)], "B": [run(0.5, 0.6), run(0.52, 0.62)]}, [0, 1], [])
+    share = next(row for row in table.rows if row[0].startswith("Share of clients below 50% accuracy at test (client holdout, test half)"))
+    assert share[1:] == ["**11.0 ± 1.4**", "61.0 ± 1.4"]  # fewer clients below is better
+    assert table.rows[0][1:] == ["**90.5 ± 0.7**", "51.0 ± 1.4"]

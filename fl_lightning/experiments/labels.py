@@ -25,10 +25,12 @@ BEST_ON_TEST = "best evaluation (selected on the test set)"
 
 @dataclass(frozen=True)
 class Measured:
-    """``quantity`` names the split; ``model`` which model was evaluated on it."""
+    """``quantity`` names the split; ``model`` which model was evaluated on it; ``higher_is_better`` which way
+    the tables mark the best run."""
 
     quantity: str
     model: str
+    higher_is_better: bool = True
 
     def row(self, when: str) -> str:
         """A table row: ``Test accuracy, global model, final evaluation (%)``."""
@@ -80,5 +82,6 @@ def measured(metric: str, validation_split: bool = True) -> Measured:
         stage, who, percent = below.groups()
         clients, at = "clients" if who == "personal" else "unseen clients", " at test" if stage == "test" else ""
         half = "test half" if stage == "test" else "validation half"
-        return Measured(f"Share of {clients} below {percent}% accuracy{at} (client holdout, {half})", PERSONAL if who == "personal" else UNSEEN)
+        return Measured(f"Share of {clients} below {percent}% accuracy{at} (client holdout, {half})", PERSONAL if who == "personal" else UNSEEN,
+                        higher_is_better=False)  # fmt: skip
     return METRICS[metric]

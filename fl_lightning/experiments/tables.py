@@ -217,7 +217,7 @@ def summary_tables(
             long_rows += [["accuracy", row.replace(" (%)", ""), "", run, s, v, ""] for s, v in values]
             judged.append([100.0 * v for _, v in values] if values and not failed_cell(run) else None)
             cells.append(failed_cell(run) or _with_seeds(fmt_mean_std([v for _, v in values], 1, 100.0), len(values), total))
-        accuracy.rows.append([row, *(marked(c, m) for c, m in zip(cells, marks(judged)))])
+        accuracy.rows.append([row, *(marked(c, m) for c, m in zip(cells, marks(judged, what.higher_is_better)))])
     rounds = []
     for run in runs:
         values = [(seeds[i], histories[run][i].last(ROUND)) for i in range(len(histories[run]))]
