@@ -18,7 +18,7 @@ from fl_lightning import FederatedModule, LocalTraining
 from fl_lightning.algorithms import FedSim
 from fl_lightning.engine.client_record import COLUMNS, FILE
 from fl_lightning.engine.personal_eval import PersonalizedEvaluation
-from fl_lightning.models import MLP
+from models import MLP
 from tests.conftest import tiny_datamodule, tiny_trainer
 
 
