@@ -59,6 +59,11 @@ def write_sweep(tmp_path: Path, **changes) -> Path:
     return path
 
 
+def read_csv(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
 def logged(run_dir: Path, column: str) -> list[float]:
     with open(run_dir / "metrics.csv") as f:
         return [float(r[column]) for r in csv.DictReader(f) if r.get(column)]
@@ -140,6 +145,7 @@ def test_compare_writes_plots_and_tables_with_the_logged_numbers(tmp_path):
         ({"runs": {"a": {"trainer.logger": "x"}}}, r"runs.a: trainer.logger is set by compare"),
         ({"runs": {"a": {"not a key": 1}}}, "is not a dotted CLI key"),
         ({"runs": {"a b": {}, "a_b": {}}}, "share the directory name"),
+        ({"scatter": ["K=3", "K=2"]}, "scatter must name two different runs of"),
     ],
 )
 def test_bad_sweep_files_are_rejected_with_the_setting_named(tmp_path, changes, message):
@@ -297,13 +303,16 @@ def test_sweep_wandb_key_adds_a_wandb_logger_next_to_the_csv_logger(tmp_path):
 
 def test_a_personalized_run_named_with_a_bar_is_reported_in_its_own_terms(tmp_path, capsys):
     """The per-run line and run_info carry the model each client predicts with (not only the global model), the
-    overview draws it, and a run name with `|` (the attack study's "attack | defence") keeps the tables' columns."""
+    overview draws it, and a run name with `|` (the attack study's "attack | defence") keeps the tables' columns; each
+    client's final test accuracy from the runs' clients.csv is drawn per run and run against run, the share below 50 %
+    tabulated."""
     from fl_lightning.experiments.compare import result_line
     from fl_lightning.experiments.plots import overview_panels
 
     sweep_path = write_sweep(tmp_path, seeds=[0], targets=[],
                              runs={"Ditto | lam": {"model.algorithm": {"class_path": "fl_lightning.algorithms.Ditto"},
-                                                   "data.init_args.holdout_fraction": 0.3, "data.init_args.val_fraction": 0.2}})  # fmt: skip
+                                                   "data.init_args.holdout_fraction": 0.3, "data.init_args.val_fraction": 0.2},
+                                   "FedAvg": {"data.init_args.holdout_fraction": 0.3, "data.init_args.val_fraction": 0.2, "trainer.max_steps": 2}})  # fmt: skip
     out = tmp_path / "out"
     main(["compare", "--config", str(sweep_path), "--out", str(out)])
     info = json.loads((out / "runs" / "Ditto_lam" / "seed0" / INFO).read_text())
@@ -326,3 +335,23 @@ def test_a_personalized_run_named_with_a_bar_is_reported_in_its_own_terms(tmp_pa
     assert "Personalized accuracy at test (client holdout, test half, mean over clients)" in (out / "summary.md").read_text()
     assert all(len({line.count("|") for line in t}) == 1 for t in tables), tables
     assert "Ditto \\textbar{} lam" in (out / "summary.tex").read_text()
+
+
+    # each client's final test accuracy from the runs' clients.csv: a box per run, and FedAvg against Ditto client by client
+    final = {}
+    for run, folder, last in (("Ditto | lam", "Ditto_lam", "5"), ("FedAvg", "FedAvg", "1")):
+        rows = [r for r in read_csv(out / "runs" / folder / "seed0" / "clients.csv") if r["split"] == "test"]
+        assert {r["round"] for r in rows} == {last} and len(rows) == 6  # the test of the final model, every client
+        final[run] = {int(r["client"]): r for r in rows}
+        drawn = [r for r in read_csv(out / "plots" / "clients_test_acc.csv") if r["run"] == run]
+        assert [(int(r["client"]), float(r["personal_acc"])) for r in drawn] == [(c, float(r["personal_acc"])) for c, r in final[run].items()]
+        share = float(logged(out / "runs" / folder / "seed0", "test/personal_acc_below50")[-1])
+        assert share == float(np.float32(np.mean([float(r["personal_acc"]) < 0.5 for r in rows])))
+        row = next(line for line in lines if line.startswith("| Share of clients below 50% accuracy at test"))
+        assert f"{100 * share:.1f}" in row.replace("\\|", "").split("|")[2 if run != "FedAvg" else 3]
+    assert all(r["global_acc"] == r["personal_acc"] for r in final["FedAvg"].values())  # FedAvg predicts with the global model
+    assert any(r["global_acc"] != r["personal_acc"] for r in final["Ditto | lam"].values())
+    pairs = read_csv(out / "plots" / "clients_scatter_Ditto_lam_vs_FedAvg.csv")
+    assert [(int(p["client"]), float(p["Ditto | lam personal_acc"]), float(p["FedAvg personal_acc"])) for p in pairs] == [
+        (c, float(final["Ditto | lam"][c]["personal_acc"]), float(final["FedAvg"][c]["personal_acc"])) for c in range(6)]
+    assert (out / "plots" / "clients_test_acc.png").is_file() and (out / "plots" / "clients_scatter_Ditto_lam_vs_FedAvg.png").is_file()

@@ -51,7 +51,7 @@ def test_the_test_writes_each_clients_global_and_personal_accuracy(tmp_path):
     from lightning.pytorch.loggers import CSVLogger
 
     from fl_lightning.algorithms import FedSim
-    from fl_lightning.engine.personal_eval import CLIENTS_FILE
+    from fl_lightning.engine.client_record import FILE
 
     data = tiny_datamodule(num_clients=6, holdout_fraction=0.4, new_client_fraction=0.34)
     torch.manual_seed(0)
@@ -63,7 +63,7 @@ def test_the_test_writes_each_clients_global_and_personal_accuracy(tmp_path):
     trainer = tiny_trainer(tmp_path, 3, logger=CSVLogger(tmp_path, name="run"))
     trainer.fit(module, datamodule=data)
     trainer.test(module, datamodule=data, verbose=False)
-    rows = list(csv.DictReader(open(tmp_path / "run" / "version_0" / CLIENTS_FILE)))
+    rows = [r for r in csv.DictReader(open(tmp_path / "run" / "version_0" / FILE)) if r["split"] == "test"]
     unseen = set(data.unseen_clients)
     assert [int(r["client"]) for r in rows] == [c for c in range(6) if len(data.client_holdout_part(c, "test"))]
     assert {int(r["client"]) for r in rows if r["seen"] == "0"} == unseen and unseen

@@ -246,7 +246,7 @@ def test_the_result_line_names_the_personalized_and_unseen_numbers():
     line = summary.line()
     assert "test acc 0.4500 (final model)" in line
     assert ("per-client acc 0.8125 (the model each client predicts with, on the validation half of its held-out data, mean; "
-            "worst 10% 0.2500; per client at test: personal_clients.csv)") in line  # fmt: skip
+            "worst 10% 0.2500; per client at every evaluation: clients.csv)") in line  # fmt: skip
     assert "unseen clients 0.7500" in line
 
 

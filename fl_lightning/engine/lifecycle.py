@@ -68,8 +68,9 @@ class RunLifecycle:
 
             callbacks.append(CollectorFreeze())
         data = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
-        if getattr(data, "holdout_fraction", 0) > 0:  # every run with per-client held-out data scores each client's own model
-            callbacks.append(PersonalizedEvaluation())  # (replaces one configured in trainer.callbacks: no double logging)
+        configured = any(isinstance(c, PersonalizedEvaluation) for c in getattr(self._trainer, "callbacks", None) or [])
+        if getattr(data, "holdout_fraction", 0) > 0 and not configured:  # every run with per-client held-out data scores each
+            callbacks.append(PersonalizedEvaluation())  # client's own model (one configured in trainer.callbacks keeps its settings)
         return callbacks
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:

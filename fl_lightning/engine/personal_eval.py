@@ -2,7 +2,8 @@
 
 ``PersonalizedEvaluation``: each client's own model (what the algorithm says it predicts with)
 on its own held-out data, for the training clients and for unseen ones; logs the mean, the
-weighted mean and the worst 10% of clients.
+weighted mean, the worst and best 10% of clients, the variance and the share below thresholds, and writes every
+client's accuracy to ``clients.csv`` (``fl_lightning.engine.client_record``).
 ``GradientNorm``: the stationarity measure of Chen, Cao, Yuan & Wen 2023 (arXiv:2309.17409; docs/algorithms.md §14), the gradient
 of f(u, V) = (1/n) sum_i f_i(u, v_i) on all clients' training data.
 Both run at every evaluation (``trainer.val_check_interval``).
@@ -11,18 +12,19 @@ Both run at every evaluation (``trainer.val_check_interval``).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
-from torch import Tensor
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch import Callback, LightningModule, Trainer
+from torch import Tensor
 
 from fl_lightning.core import params as P
+from fl_lightning.engine.client_record import ClientRecord
 
-
-CLIENTS_FILE = "personal_clients.csv"
-"""Per client: id, samples, the global and the personal accuracy on its test half, seen or unseen (at test)."""
+DEFAULT_BELOW = (0.5,)
+"""The accuracy thresholds whose share of clients below is logged (``_acc_below50``)."""
 
 
 def worst_fraction_mean(values: torch.Tensor, fraction: float = 0.1) -> float:
@@ -31,26 +33,50 @@ def worst_fraction_mean(values: torch.Tensor, fraction: float = 0.1) -> float:
     return float(values.sort().values[:k].mean())
 
 
+def below_name(threshold: float) -> str:
+    """``acc_below50`` for 0.5: the metric of the share of clients below ``threshold``, named in percent."""
+    return f"acc_below{100 * threshold:g}"
+
+
 def _client_params(module, client_id: int) -> dict:
     return {**module.global_params(), **module.client_personal(client_id)}
 
 
 class ClientModels(Protocol):
-    """What personalized evaluation reads: the objective, the device, and the parameters each client
-    predicts with (``FederatedModule`` implements it)."""
+    """What personalized evaluation reads: the objective, the device, the global parameters and the parameters
+    each client predicts with (``FederatedModule`` implements it)."""
 
     objective: Any
     device: torch.device
+
+    def global_params(self) -> dict: ...
 
     def prediction_params(self, client_id: int) -> dict: ...
 
     def unseen_prediction_params(self, client_id: int) -> dict: ...
 
 
-def client_scores(models: ClientModels, data: Any, clients: list[int], params_of, part: str | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """Each client's (accuracy, loss, held-out size) with ``params_of(client)`` on its held-out split, or on its
-    ``part`` of it (``"validation"``, ``"test"``)."""
-    accs, losses, sizes = [], [], []
+@dataclass(frozen=True)
+class ClientScore:
+    """One client on its held-out split: the accuracy and loss of the parameters it predicts with, and the global
+    model's accuracy (the same number when the client predicts with the global model)."""
+
+    client: int
+    samples: int
+    acc: float
+    loss: float
+    global_acc: float
+
+
+def _same(a: dict, b: dict) -> bool:
+    """Whether two parameter dicts hold the same values (views of one tensor compare without a pass over it)."""
+    return a.keys() == b.keys() and all(a[k].data_ptr() == b[k].data_ptr() and a[k].shape == b[k].shape or torch.equal(a[k], b[k]) for k in a)
+
+
+def client_scores(models: ClientModels, data: Any, clients: list[int], params_of, part: str | None = None) -> list[ClientScore]:
+    """Each client's ``ClientScore`` with ``params_of(client)`` on its held-out split, or on its ``part`` of it
+    (``"validation"``, ``"test"``); clients with no held-out sample there are left out."""
+    x, scores = models.global_params(), []
     for cid in clients:
         if len(data.client_holdout[cid] if part is None else data.client_holdout_part(cid, part)) == 0:
             continue
@@ -58,19 +84,20 @@ def client_scores(models: ClientModels, data: Any, clients: list[int], params_of
         batch = move_data_to_device(data.client_holdout_batch(cid, part) if part else data.client_holdout_batch(cid), models.device)
         with torch.no_grad():
             loss, logits, target = models.objective.at(params, batch)
-        accs.append((logits.argmax(-1) == target).double().mean())
-        losses.append(loss.double())
-        sizes.append(float(target.numel()))
-    if not accs:
-        empty = torch.zeros(0, dtype=torch.float64)
-        return empty, empty, empty
-    return torch.stack(accs).cpu(), torch.stack(losses).cpu(), torch.tensor(sizes, dtype=torch.float64)
+            acc = float((logits.argmax(-1) == target).double().mean())
+            global_acc = acc
+            if not _same(params, x):  # a personalized model: the global one is scored too
+                _, logits, target = models.objective.at(x, batch)
+                global_acc = float((logits.argmax(-1) == target).double().mean())
+        scores.append(ClientScore(cid, int(target.numel()), acc, float(loss.double()), global_acc))
+    return scores
 
 
-def summary(prefix: str, accs: Tensor, losses: Tensor, sizes: Tensor) -> dict[str, float]:
+def summary(prefix: str, accs: Tensor, losses: Tensor, sizes: Tensor, below: tuple[float, ...] = DEFAULT_BELOW) -> dict[str, float]:
     """``<prefix>_acc_mean`` (unweighted over clients), ``_acc_weighted`` (by held-out samples), ``_acc_worst10`` and
     ``_acc_best10`` (means of the worst and best 10% of clients), ``_acc_var`` (the unweighted variance across clients,
-    ddof 0: the fairness measure of q-FFL, Li et al. 2020) and ``_loss_mean``; nothing for no client."""
+    ddof 0: the fairness measure of q-FFL, Li et al. 2020), ``_acc_below<p>`` (the share of clients whose accuracy is
+    below p %, for each threshold of ``below``) and ``_loss_mean``; nothing for no client."""
     if not len(accs):
         return {}
     return {
@@ -79,29 +106,56 @@ def summary(prefix: str, accs: Tensor, losses: Tensor, sizes: Tensor) -> dict[st
         f"{prefix}_acc_worst10": worst_fraction_mean(accs, 0.1),
         f"{prefix}_acc_best10": -worst_fraction_mean(-accs, 0.1),
         f"{prefix}_acc_var": float(accs.var(unbiased=False)),
+        **{f"{prefix}_{below_name(t)}": float((accs < t).double().mean()) for t in below},
         f"{prefix}_loss_mean": float(losses.mean()),
     }
+
+
+def score_summary(prefix: str, scores: list[ClientScore], below: tuple[float, ...] = DEFAULT_BELOW) -> dict[str, float]:
+    """``summary`` of ``client_scores``, in float64."""
+    columns = [torch.tensor([getattr(s, k) for s in scores], dtype=torch.float64) for k in ("acc", "loss", "samples")]
+    return summary(prefix, *columns, below)
 
 
 class PersonalizedEvaluation(Callback):
     """Each client's own model on its own held-out split (``data.holdout_fraction > 0``), the protocol of
     docs/personalization.md ("Evaluation protocol"), at every evaluation and at test:
 
-    - ``<stage>/personal_acc_mean``, ``_acc_weighted``, ``_acc_worst10``, ``_acc_best10``, ``_acc_var``, ``_loss_mean``: every training
-      client, with the parameters it predicts with (the algorithm's ``personal_model`` of its stored state,
-      then ``personalize_step``; FedAvg: the global model);
+    - ``<stage>/personal_acc_mean``, ``_acc_weighted``, ``_acc_worst10``, ``_acc_best10``, ``_acc_var``,
+      ``_acc_below<p>``, ``_loss_mean``: every training client, with the parameters it predicts with (the
+      algorithm's ``personal_model`` of its stored state, then ``personalize_step``; FedAvg: the global model);
     - ``<stage>/unseen_acc_*`` likewise for the clients that never trained (``data.new_client_fraction``),
-      each after one round of the algorithm's local training on its own training split.
+      each after one round of the algorithm's local training on its own training split;
+    - every client's row in ``clients.csv`` in the run's folder (``fl_lightning.engine.client_record``).
 
     ``<stage>`` says which half of each client's held-out split it was measured on: ``val`` the validation half
     (for selection: "best" by ``val/personal_acc_mean``), ``test`` the test half (reported). Added to every run whose
-    data has a held-out split (``FederatedModule.configure_callbacks``)."""
+    data has a held-out split (``FederatedModule.configure_callbacks``), unless ``trainer.callbacks`` has one.
+
+    Args:
+        below: the accuracy thresholds, each in (0, 1), whose share of clients below is logged
+            (``_acc_below50`` for 0.5).
+    """
+
+    def __init__(self, below: float | list[float] = DEFAULT_BELOW[0]) -> None:
+        thresholds = tuple(below) if isinstance(below, (list, tuple)) else (below,)
+        if not all(isinstance(t, (int, float)) and 0 < t < 1 for t in thresholds):
+            raise ValueError(f"PersonalizedEvaluation.below must be accuracies in (0, 1), got {below}")
+        self.below = tuple(sorted({float(t) for t in thresholds}))
+        self._record: ClientRecord | None = None
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._check(pl_module)
 
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.is_global_zero:  # after a checkpoint's restore: global_step is the resumed round (0: a new fit)
+            self._record = ClientRecord(pl_module._run_dir())
+            self._record.start(trainer.global_step)
+
     def on_test_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._check(pl_module)
+        if trainer.is_global_zero and self._record is None:  # a test alone appends to its folder's record
+            self._record = ClientRecord(pl_module._run_dir())
 
     @staticmethod
     def _check(pl_module) -> None:
@@ -109,65 +163,39 @@ class PersonalizedEvaluation(Callback):
             raise ValueError("PersonalizedEvaluation needs data.holdout_fraction in (0, 1), got 0")
 
     @torch.no_grad()
-    def evaluate(self, pl_module, part: str | None = None) -> dict[str, float]:
+    def scores(self, pl_module, part: str | None = None) -> tuple[list[ClientScore], list[ClientScore]]:
+        """The training clients' and the unseen clients' ``ClientScore`` on ``part`` of their held-out split."""
         data = pl_module.datamodule
         part = part if callable(getattr(data, "client_holdout_part", None)) else None
-        metrics = summary("personal", *client_scores(pl_module, data, list(range(data.num_clients)), pl_module.prediction_params, part))
+        seen = client_scores(pl_module, data, list(range(data.num_clients)), pl_module.prediction_params, part)
         unseen = list(getattr(data, "unseen_clients", []) or [])
-        if unseen:
-            metrics.update(summary("unseen", *client_scores(pl_module, data, unseen, pl_module.unseen_prediction_params, part)))
-        return metrics
+        return seen, client_scores(pl_module, data, unseen, pl_module.unseen_prediction_params, part) if unseen else []
+
+    def evaluate(self, pl_module, part: str | None = None) -> dict[str, float]:
+        return self._summaries(*self.scores(pl_module, part))
+
+    def _summaries(self, seen: list[ClientScore], unseen: list[ClientScore]) -> dict[str, float]:
+        return {**score_summary("personal", seen, self.below), **score_summary("unseen", unseen, self.below)}
 
     def _log(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if trainer.sanity_checking:
             return
-        for name, value in self.evaluate(pl_module, "validation" if stage == "val" else "test").items():
+        seen, unseen = self.scores(pl_module, "validation" if stage == "val" else "test")
+        for name, value in self._summaries(seen, unseen).items():
             pl_module.log(f"{stage}/{name}", value, on_step=False, on_epoch=True, batch_size=1)
+        if self._record is not None:
+            # the 0-based round the evaluation follows; a test alone (global_step 0) names its checkpoint's
+            step = trainer.global_step or getattr(pl_module, "_resumed_step", None) or 0
+            rows = [{"round": step - 1, "split": stage, "client": s.client, "samples": s.samples, "global_acc": s.global_acc,
+                     "personal_acc": s.acc, "seen": int(is_seen)}
+                    for is_seen, group in ((True, seen), (False, unseen)) for s in group]  # fmt: skip
+            self._record.add(sorted(rows, key=lambda r: r["client"]))
 
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._log(trainer, pl_module, "val")
 
     def on_test_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._log(trainer, pl_module, "test")
-        if trainer.is_global_zero:
-            self.write_clients(trainer, pl_module)
-
-    @torch.no_grad()
-    def client_rows(self, pl_module) -> list[dict[str, Any]]:
-        """Per client, on the test half of its held-out data: its id, samples, the global model's and its own
-        prediction model's accuracy, and whether it trained (``seen``) or is an unseen client."""
-        data = pl_module.datamodule
-        x = pl_module.global_params()
-        unseen = set(getattr(data, "unseen_clients", []) or [])
-        rows = []
-        for cid in sorted(set(range(data.num_clients)) | unseen):
-            indices = data.client_holdout_part(cid, "test") if callable(getattr(data, "client_holdout_part", None)) else data.client_holdout[cid]
-            if len(indices) == 0:
-                continue
-            own = pl_module.unseen_prediction_params(cid) if cid in unseen else pl_module.prediction_params(cid)
-            batch = move_data_to_device(data.client_holdout_batch(cid, "test"), pl_module.device)
-            scores = []
-            for params in (x, own):
-                _, logits, target = pl_module.objective.at(params, batch)
-                scores.append(float((logits.argmax(-1) == target).double().mean()))
-            rows.append({"client": cid, "samples": int(target.numel()), "global_acc": scores[0], "personal_acc": scores[1],
-                         "seen": int(cid not in unseen)})  # fmt: skip
-        return rows
-
-    def write_clients(self, trainer: Trainer, pl_module) -> None:
-        """``personal_clients.csv`` in the run's folder (``client_rows`` of the tested model)."""
-        import csv
-        import os
-
-        run_dir = next((lg.log_dir for lg in trainer.loggers if getattr(lg, "log_dir", None)), None) or trainer.default_root_dir
-        rows = self.client_rows(pl_module)
-        if not rows or not run_dir:
-            return
-        os.makedirs(run_dir, exist_ok=True)
-        with open(os.path.join(run_dir, CLIENTS_FILE), "w", newline="") as file:
-            writer = csv.DictWriter(file, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
 
 
 class GradientNorm(Callback):

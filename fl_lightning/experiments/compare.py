@@ -3,7 +3,8 @@
 Each run is an ordinary ``fl-lightning fit`` (same parser, same config file plus the
 sweep's dotted keys), run in this process one after another and logged with a
 CSVLogger to ``DIR/runs/<name>/seed<s>/`` (and wandb if the sweep asks). Then:
-``DIR/plots/*.png`` + ``*.csv`` (mean ± std over seeds), ``DIR/overview.png``,
+``DIR/plots/*.png`` + ``*.csv`` (mean ± std over seeds; from the runs' ``clients.csv``, each client's final
+test accuracy per run and run against run), ``DIR/overview.png``,
 ``DIR/summary.md`` and ``DIR/summary.tex`` (accuracy, wall time, cost-to-target, each row naming
 its split and model) and ``DIR/summary.csv`` (per seed). A run that fails or diverges is recorded
 (``run_info.json``, the Failures section of ``summary.md``, the plot legends), printed once, and
@@ -210,9 +211,36 @@ def load_per_client(sweep: Sweep, out: Path, statuses: dict[str, list[str | None
     return accuracies, rounds
 
 
+def load_client_records(sweep: Sweep, out: Path, statuses: dict[str, list[str | None]]) -> dict[str, list[dict[str, Any]]]:
+    """Per run: every training client's row of each finished seed's final test evaluation (the last ``test`` round of its
+    ``clients.csv``, ``PersonalizedEvaluation``), with its ``seed``; runs without such rows are left out."""
+    from fl_lightning.engine.client_record import FILE
+
+    records: dict[str, list[dict[str, Any]]] = {}
+    for name in sweep.runs:
+        for seed, status in zip(sweep.seeds, statuses[name]):
+            path = sweep.run_dir(out, name, seed) / FILE
+            if status is not None or not path.is_file():
+                continue
+            with open(path, newline="") as f:
+                rows = [r for r in csv.DictReader(f) if r["split"] == "test" and r["seen"] == "1"]
+            if not rows:
+                continue
+            last = max(int(r["round"]) for r in rows)
+            final = {int(r["client"]): r for r in rows if int(r["round"]) == last}  # a test run twice: its last rows
+            records.setdefault(name, []).extend({"seed": seed, "client": cid, "round": last, "samples": int(r["samples"]),
+                                                 "global_acc": float(r["global_acc"]), "personal_acc": float(r["personal_acc"])}
+                                                for cid, r in sorted(final.items()))  # fmt: skip
+    return records
+
+
 def report(sweep: Sweep, out: Path) -> list[Path]:
     """Plots and tables from the logged runs in ``out/runs``."""
-    from fl_lightning.experiments.plots import plot_all, plot_per_client
+    from fl_lightning.experiments.plots import (
+        plot_all,
+        plot_client_records,
+        plot_per_client,
+    )
     from fl_lightning.experiments.tables import write_summary
 
     histories = load_histories(sweep, out)
@@ -221,6 +249,7 @@ def report(sweep: Sweep, out: Path) -> list[Path]:
     written = plot_all(histories, out, title, statuses=statuses)
     per_client, rounds = load_per_client(sweep, out, statuses)
     written += plot_per_client(per_client, out, title, rounds)
+    written += plot_client_records(load_client_records(sweep, out, statuses), out, title, sweep.scatter)
     written += list(write_summary(histories, sweep.seeds, sweep.targets, out, title, statuses, seconds))
     return written
 

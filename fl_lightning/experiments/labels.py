@@ -8,6 +8,8 @@ each run (compare.py) uses the same words.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from fl_lightning.experiments.history import ACC, TEST_ACC
@@ -23,10 +25,12 @@ BEST_ON_TEST = "best evaluation (selected on the test set)"
 
 @dataclass(frozen=True)
 class Measured:
-    """``quantity`` names the split; ``model`` which model was evaluated on it."""
+    """``quantity`` names the split; ``model`` which model was evaluated on it; ``higher_is_better`` which way
+    the tables mark the best run."""
 
     quantity: str
     model: str
+    higher_is_better: bool = True
 
     def row(self, when: str) -> str:
         """A table row: ``Test accuracy, global model, final evaluation (%)``."""
@@ -59,8 +63,25 @@ METRICS: dict[str, Measured] = {  # metric in metrics.csv -> what it measured; t
 EXTRA = [metric for metric in METRICS if metric not in (ACC, TEST_ACC)]  # rows added when logged
 
 
+BELOW = re.compile(r"(val|test)/(personal|unseen)_acc_below([\d.]+)")
+"""The share of clients below an accuracy threshold in percent (``PersonalizedEvaluation.below``): rows where logged."""
+
+
+def below_metrics(logged: Iterable[str]) -> list[str]:
+    """The logged ``<stage>/<personal|unseen>_acc_below<p>`` metrics: test before validation, then by threshold."""
+    found = [BELOW.fullmatch(m) for m in logged]
+    return [m[0] for m in sorted(filter(None, found), key=lambda m: (m[1] != "test", m[2], float(m[3])))]
+
+
 def measured(metric: str, validation_split: bool = True) -> Measured:
     """What ``metric`` measured; without a validation split ``val/acc`` is the test set's accuracy."""
     if metric == ACC and not validation_split:
         return METRICS[TEST_ACC]
+    below = BELOW.fullmatch(metric)
+    if below is not None:
+        stage, who, percent = below.groups()
+        clients, at = "clients" if who == "personal" else "unseen clients", " at test" if stage == "test" else ""
+        half = "test half" if stage == "test" else "validation half"
+        return Measured(f"Share of {clients} below {percent}% accuracy{at} (client holdout, {half})", PERSONAL if who == "personal" else UNSEEN,
+                        higher_is_better=False)  # fmt: skip
     return METRICS[metric]

@@ -24,6 +24,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from fl_lightning.experiments.history import ACC, BYTES, PER_CLIENT, ROUND, SIM_TIME, TEST_ACC, UPLOADS, History, seed_curve  # noqa: E402
+from fl_lightning.experiments.labels import BELOW, measured  # noqa: E402
 
 LABELS = {
     ACC: "validation accuracy",  # the test set when the data has no validation split (data.val_fraction)
@@ -107,6 +108,9 @@ def label(key: str, short: bool = False) -> str:
         return SHORT_LABELS[key]
     if key in LABELS:
         return LABELS[key]
+    if BELOW.fullmatch(key):  # the share of clients below an accuracy threshold
+        quantity = measured(key).quantity
+        return quantity[0].lower() + quantity[1:]
     name = key.split("/", 1)[-1]
     name = re.sub(r"^(.+)_norm$", r"‖\1‖", name)  # algo/h_norm -> ‖h‖
     name = re.sub(r"_s$", " (s)", name)  # seconds
@@ -288,6 +292,25 @@ def plot_all(
     return written
 
 
+def _boxes(path: Path, values: Mapping[str, Sequence[float]], styles: Mapping[str, dict], ylabel: str, title: str) -> None:
+    """A box per run (no fliers) with every value as a jittered dot."""
+    runs = list(values)
+    fig, ax = plt.subplots(figsize=(max(4.5, 1.3 * len(runs) + 2), 4.2), layout="constrained")
+    ax.boxplot([values[run] for run in runs], showfliers=False, widths=0.5)
+    rng = np.random.default_rng(0)
+    for i, run in enumerate(runs, start=1):
+        points = np.asarray(values[run], dtype=float)
+        ax.scatter(i + rng.uniform(-0.15, 0.15, len(points)), points, s=10, alpha=0.6,
+                   color=styles[run]["color"], marker=styles[run]["marker"])  # fmt: skip
+    ax.set_xticks(range(1, len(runs) + 1), runs, rotation=20 if len(runs) > 3 else 0)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3, axis="y")
+    ax.set_title(title, fontsize=9)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plot_per_client(
     accuracies: Mapping[str, Sequence[float]], out: Path, title: str = "", rounds: Mapping[str, float] | None = None
 ) -> list[Path]:
@@ -300,20 +323,8 @@ def plot_per_client(
     plots = out / "plots"
     plots.mkdir(parents=True, exist_ok=True)
     styles = {run: style(i) for i, run in enumerate(accuracies)}
-    fig, ax = plt.subplots(figsize=(max(4.5, 1.3 * len(runs) + 2), 4.2), layout="constrained")
-    ax.boxplot([accuracies[run] for run in runs], showfliers=False, widths=0.5)
-    rng = np.random.default_rng(0)
-    for i, run in enumerate(runs, start=1):
-        values = np.asarray(accuracies[run], dtype=float)
-        ax.scatter(i + rng.uniform(-0.15, 0.15, len(values)), values, s=10, alpha=0.6,
-                   color=styles[run]["color"], marker=styles[run]["marker"])  # fmt: skip
-    ax.set_xticks(range(1, len(runs) + 1), runs, rotation=20 if len(runs) > 3 else 0)
-    ax.set_ylabel("accuracy on the client's held-out data")
-    ax.set_ylim(-0.02, 1.02)
-    ax.grid(alpha=0.3, axis="y")
-    ax.set_title(f"{title}: per-client accuracy at the last evaluation (clients of all seeds)".strip(": "), fontsize=9)
-    fig.savefig(plots / "per_client_acc.png", dpi=110)
-    plt.close(fig)
+    _boxes(plots / "per_client_acc.png", {run: accuracies[run] for run in runs}, styles, "accuracy on the client's held-out data",
+           f"{title}: per-client accuracy at the last evaluation (clients of all seeds)".strip(": "))  # fmt: skip
     with open(plots / "per_client_acc.csv", "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["run", "round", "clients", "mean", "median", "worst10", "min", "max"])
@@ -323,3 +334,69 @@ def plot_per_client(
             writer.writerow([run, f"{(rounds or {}).get(run, float('nan')):g}", len(values), repr(float(values.mean())),
                              repr(float(np.median(values))), repr(float(worst)), repr(float(values[0])), repr(float(values[-1]))])  # fmt: skip
     return [plots / "per_client_acc.png", plots / "per_client_acc.csv"]
+
+
+CLIENTS_ACC = "clients_test_acc"
+"""``plots/clients_test_acc.png``: each run's per-client test accuracy at the final evaluation (``clients.csv``)."""
+
+
+def plot_client_records(
+    records: Mapping[str, Sequence[Mapping[str, Any]]], out: Path, title: str = "", pair: tuple[str, str] | None = None
+) -> list[Path]:
+    """From the runs' ``clients.csv`` (``compare.load_client_records``: each training client's row of each seed's final
+    test evaluation), the accuracy of the model each client predicts with on the test half of its held-out data:
+
+    - ``plots/clients_test_acc.png`` + ``.csv``: a box per run over its clients, seeds pooled, every client a dot;
+    - ``plots/clients_scatter_<A>_vs_<B>.png`` + ``.csv``: run B's accuracy against run A's, one dot per client and
+      seed (the same client of the same seed: the same data), for ``pair`` or else the first run against each other.
+    """
+    runs = [run for run, rows in records.items() if rows]
+    if not runs:
+        return []
+    plots = out / "plots"
+    plots.mkdir(parents=True, exist_ok=True)
+    styles = {run: style(i) for i, run in enumerate(records)}
+    seeds = sorted({r["seed"] for run in runs for r in records[run]})
+    _boxes(plots / f"{CLIENTS_ACC}.png", {run: [r["personal_acc"] for r in records[run]] for run in runs}, styles,
+           "test accuracy of the model the client predicts with",
+           f"{title}\neach client's test accuracy, final model (seeds {seeds} pooled)".strip())  # fmt: skip
+    with open(plots / f"{CLIENTS_ACC}.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["run", "seed", "client", "round", "samples", "global_acc", "personal_acc"])
+        for run in runs:
+            writer.writerows([run, r["seed"], r["client"], r["round"], r["samples"], repr(r["global_acc"]), repr(r["personal_acc"])]
+                             for r in records[run])  # fmt: skip
+    written = [plots / f"{CLIENTS_ACC}.png", plots / f"{CLIENTS_ACC}.csv"]
+    pairs = [pair] if pair is not None else [(runs[0], other) for other in runs[1:]]
+    for a, b in pairs:
+        if a in runs and b in runs:
+            written += _client_scatter(plots, records[a], records[b], a, b, styles[b], title)
+    return written
+
+
+def _client_scatter(plots: Path, rows_a, rows_b, a: str, b: str, st: dict, title: str) -> list[Path]:
+    """Run ``b``'s per-client test accuracy against run ``a``'s, paired by (seed, client), with the diagonal."""
+    of_a = {(r["seed"], r["client"]): r["personal_acc"] for r in rows_a}
+    paired = [(key, of_a[key], r["personal_acc"]) for r in rows_b if (key := (r["seed"], r["client"])) in of_a]
+    if not paired:
+        return []
+    name = f"clients_scatter_{re.sub(r'[^A-Za-z0-9.=+-]+', '_', a).strip('_')}_vs_{re.sub(r'[^A-Za-z0-9.=+-]+', '_', b).strip('_')}"
+    xs, ys = np.array([p[1] for p in paired]), np.array([p[2] for p in paired])
+    fig, ax = plt.subplots(figsize=(4.6, 4.4), layout="constrained")
+    ax.plot([0, 1], [0, 1], color="0.6", lw=1, linestyle="--")
+    ax.scatter(xs, ys, s=14, alpha=0.7, color=st["color"], marker=st["marker"])
+    ax.set_xlim(-0.02, 1.02)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_aspect("equal")
+    ax.set_xlabel(f"{a}: client's test accuracy")
+    ax.set_ylabel(f"{b}: client's test accuracy")
+    above, below = int((ys > xs).sum()), int((ys < xs).sum())
+    ax.set_title(f"{title}\none dot per client and seed; {b} better for {above}, worse for {below}".strip(), fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.savefig(plots / f"{name}.png", dpi=110)
+    plt.close(fig)
+    with open(plots / f"{name}.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["seed", "client", f"{a} personal_acc", f"{b} personal_acc"])
+        writer.writerows([seed, client, repr(float(x)), repr(float(y))] for (seed, client), x, y in paired)
+    return [plots / f"{name}.png", plots / f"{name}.csv"]

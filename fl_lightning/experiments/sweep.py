@@ -12,6 +12,8 @@ runs:                              # name -> dotted CLI keys of that run (may be
 grid:                              # optional: every run x every combination of these values,
   model.local.lr: [0.01, 0.03]     # named "<run> lr=0.01", ...
 targets: [0.8, 0.9]                # accuracy targets: cost tables on validation (and test) accuracy
+scatter: [FedAvg, FedAvg K=1]      # optional: the pair of runs whose per-client test accuracies are drawn
+                                   # against each other (default: the first run against each other run)
 wandb: {project: my-project}       # optional: also log every run to wandb (WandbLogger init_args;
                                    # group = run name, job_type = sweep file name, name = "<run> seed<s>")
 ```
@@ -29,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 
-KEYS = ("base", "seeds", "overrides", "runs", "grid", "targets", "wandb")
+KEYS = ("base", "seeds", "overrides", "runs", "grid", "targets", "scatter", "wandb")
 RESERVED = {  # set by compare itself for every run
     "seed_everything": "use `seeds`",
     "data.init_args.seed": "use `seeds`",
@@ -48,6 +50,7 @@ class Sweep:
     overrides: dict[str, Any] = field(default_factory=dict)
     targets: list[float] = field(default_factory=list)
     wandb: dict[str, Any] | None = None
+    scatter: tuple[str, str] | None = None
 
     def run_dir(self, out: Path, name: str, seed: int) -> Path:
         return out / "runs" / dir_name(name) / f"seed{seed}"
@@ -139,6 +142,10 @@ def load_sweep(path: str | Path) -> Sweep:
     if len(set(targets)) != len(targets):
         raise _error(path, f"targets must be distinct, got {targets}")
 
+    scatter = raw.get("scatter")
+    if scatter is not None and not (isinstance(scatter, list) and len(scatter) == 2 and len(set(scatter)) == 2 and set(scatter) <= set(checked_runs)):
+        raise _error(path, f"scatter must name two different runs of {list(checked_runs)}, got {scatter!r}")
+
     wandb = raw.get("wandb")
     if wandb is not None and not isinstance(wandb, dict):
         raise _error(path, f"wandb must be a mapping of WandbLogger arguments (e.g. {{project: name}}), got {wandb!r}")
@@ -151,6 +158,7 @@ def load_sweep(path: str | Path) -> Sweep:
         overrides=_check_keys(path, "overrides", raw.get("overrides")),
         targets=sorted(float(t) for t in targets),
         wandb=dict(wandb) if wandb is not None else None,
+        scatter=tuple(scatter) if scatter is not None else None,
     )
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fl_lightning.experiments.history import ACC, BYTES, COSTS, PER_CLIENT, ROUND, TEST_ACC, UPLOADS, History, cost_to_target, mean_std
-from fl_lightning.experiments.labels import AT_BEST_VAL, BEST_ON_TEST, EXTRA, FINAL, METRICS, measured
+from fl_lightning.experiments.labels import AT_BEST_VAL, BEST_ON_TEST, EXTRA, FINAL, METRICS, below_metrics, measured
 from fl_lightning.experiments.noise import RULE, marked, marks
 
 SCALE = {BYTES: 1e-6}  # bytes are reported in MB
@@ -196,9 +196,8 @@ def summary_tables(
                "`data.init_args.val_fraction` for one), so the best evaluation is selected on the test set.")
         measures = [(val, FINAL, lambda h: h.final(ACC)), (val, BEST_ON_TEST, lambda h: h.best(ACC))]
     logged = {m for hs in histories.values() for h in hs for m in h.metrics()}
-    for metric in EXTRA:
-        if metric in logged:
-            measures.append((METRICS[metric], FINAL, lambda h, m=metric: h.final(m)))
+    for metric in [m for m in EXTRA if m in logged] + below_metrics(logged):
+        measures.append((measured(metric), FINAL, lambda h, m=metric: h.final(m)))
     models = list(dict.fromkeys(what.model for what, _, _ in measures))
     spread = (f"Mean ± std (sample, ddof=1) over seeds {list(seeds)}" if total > 1
               else f"Seed {seeds[0]} (1 seed, no spread: no difference can be told from seed noise)")  # fmt: skip
@@ -218,7 +217,7 @@ def summary_tables(
             long_rows += [["accuracy", row.replace(" (%)", ""), "", run, s, v, ""] for s, v in values]
             judged.append([100.0 * v for _, v in values] if values and not failed_cell(run) else None)
             cells.append(failed_cell(run) or _with_seeds(fmt_mean_std([v for _, v in values], 1, 100.0), len(values), total))
-        accuracy.rows.append([row, *(marked(c, m) for c, m in zip(cells, marks(judged)))])
+        accuracy.rows.append([row, *(marked(c, m) for c, m in zip(cells, marks(judged, what.higher_is_better)))])
     rounds = []
     for run in runs:
         values = [(seeds[i], histories[run][i].last(ROUND)) for i in range(len(histories[run]))]

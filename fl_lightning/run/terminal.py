@@ -213,8 +213,8 @@ class RunSummary(Callback):
         if "personal_acc_mean" in self.personal:
             parts.append(
                 f"per-client acc {self.personal['personal_acc_mean']:.4f} (the model each client predicts with, on the validation "
-                f"half of its held-out data, mean; worst 10% {self.personal['personal_acc_worst10']:.4f}; per client at test: "
-                "personal_clients.csv)"
+                f"half of its held-out data, mean; worst 10% {self.personal['personal_acc_worst10']:.4f}; per client at every "
+                "evaluation: clients.csv)"
             )
         if "unseen_acc_mean" in self.personal:
             parts.append(f"unseen clients {self.personal['unseen_acc_mean']:.4f}")
