@@ -91,8 +91,52 @@ def test_num_clients_takes_the_first_users_and_a_validation_share_is_drawn_from_
         LeafDataModule(str(tmp_path), num_clients=13, participation=UniformSampling(2)).setup()
 
 
-def test_a_malformed_file_is_refused_in_one_line_naming_it(tmp_path):
+def _fedavg_reference(written: dict, x: dict, model, rounds: int, lr: float) -> dict:
+    """FedAvg from the written JSON alone: every client one full-batch GD step a round, weights n_k / n."""
+    clients = [_rows(d, torch.float64) for d in written["train"].values()]
+    n = sum(len(y) for _, y in clients)
+    for _ in range(rounds):
+        new = {k: torch.zeros_like(v) for k, v in x.items()}
+        for inputs, target in clients:
+            w = {k: v.clone().requires_grad_() for k, v in x.items()}
+            loss = torch.nn.functional.cross_entropy(torch.func.functional_call(model, w, (inputs,)), target)
+            for (k, v), g in zip(w.items(), torch.autograd.grad(loss, list(w.values()))):
+                new[k] += len(target) / n * (v - lr * g).detach()
+        x = new
+    return x
+
+
+@pytest.mark.parametrize("execution", ["sequential", "batched"])
+def test_fedavg_on_the_users_matches_a_reference_from_the_json_in_float64(tmp_path, execution):
+    from fl_lightning import algorithms
+    from fl_lightning.core.config import LocalTraining
+    from fl_lightning.engine.module import FederatedModule
+    from models import MLP
+    from tests.conftest import tiny_trainer
+
+    written = write_leaf(tmp_path / "leaf")
+    torch.manual_seed(0)
+    model = MLP(in_features=784, num_classes=62, hidden=[4]).double()
+    initial = {k: v.detach().clone() for k, v in model.named_parameters()}
+    # one epoch of batch 16: each client (6..14 samples) takes one full-batch step; batched, the clients' unequal
+    # batches are padded and masked into one stacked step
+    local = LocalTraining(lr=0.5, steps=None, epochs=1, batch_size=16)
+    module = FederatedModule(model, algorithms.FedAvg(), local, execution=execution)
+    data = LeafDataModule(str(tmp_path / "leaf"), participation=UniformSampling(USERS, weighting="samples"), dtype="float64")
+    tiny_trainer(tmp_path, 2, precision="64-true").fit(module, datamodule=data)
+    if execution == "batched":
+        assert not module.executor.fallbacks  # stacked, not run client by client
+    expected = _fedavg_reference(written, initial, model, 2, 0.5)
+    for name, value in module.model.named_parameters():
+        torch.testing.assert_close(value.detach(), expected[name], rtol=1e-12, atol=1e-12)
+    assert all(not torch.equal(expected[k], initial[k]) for k in initial)  # it trained
+
+
+def test_a_malformed_file_is_refused_in_one_line_naming_it(tmp_path, monkeypatch, capsys):
+    from fl_lightning.commands.cli import main
+
     write_leaf(tmp_path)
+    monkeypatch.chdir(tmp_path)
     bad = sorted((tmp_path / "train").glob("*.json"))[1]
     body = json.loads(bad.read_text())
     body["num_samples"][2] += 1
@@ -100,7 +144,12 @@ def test_a_malformed_file_is_refused_in_one_line_naming_it(tmp_path):
     with pytest.raises(ValueError) as error:
         LeafDataModule(str(tmp_path), participation=UniformSampling(2)).setup()
     user = body["users"][2]
-    assert str(error.value) == f"{bad}: user {user!r} has num_samples {body['num_samples'][2]} but {body['num_samples'][2] - 1} x and {body['num_samples'][2] - 1} y"
+    line = f"{bad}: user {user!r} has num_samples {body['num_samples'][2]} but {body['num_samples'][2] - 1} x and {body['num_samples'][2] - 1} y"
+    assert str(error.value) == line
+    with pytest.raises(SystemExit) as stop:  # the CLI: exit code 2 and that line
+        main(["fit", "--config", str(ROOT / "configs" / "leaf_femnist.yaml"), "--data.init_args.root", str(tmp_path),
+              "--trainer.logger", "false", "--trainer.enable_progress_bar", "false"])  # fmt: skip
+    assert stop.value.code == 2 and capsys.readouterr().err.strip().splitlines()[-1] == f"fl-lightning: error: {line}"
     body["num_samples"][2] -= 1
     body["user_data"][user]["x"][0] = body["user_data"][user]["x"][0][:-1]  # 783 pixels
     bad.write_text(json.dumps(body))
