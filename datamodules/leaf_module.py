@@ -7,11 +7,12 @@ import os
 import torch
 from torch.utils.data import TensorDataset
 
+from fl_lightning.core.participation import Participation, UniformSampling
+
 from .client_indices import HeldOutSplit
 from .federated import _DTYPES, _HOLDOUT_STREAM, FederatedDataModule
 from .leaf import TASKS, LeafData, leaf_files, read_leaf
 from .sources import DataSource
-from fl_lightning.core.participation import Participation, UniformSampling
 
 
 class LeafDataModule(FederatedDataModule):

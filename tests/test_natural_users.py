@@ -186,6 +186,7 @@ def test_the_femnist_config_fits_through_the_cli_on_a_leaf_folder(tmp_path, monk
           "--data.init_args.participation.init_args.clients_per_round", "4", "--trainer.max_steps", "2",
           "--trainer.val_check_interval", "2", "--trainer.enable_progress_bar", "false"])  # fmt: skip
     (metrics,) = (tmp_path / "runs").rglob("metrics.csv")
-    rows = [r for r in csv.DictReader(open(metrics)) if r.get("val/personal_acc_mean")]
+    every = list(csv.DictReader(metrics.open()))
+    rows = [r for r in every if r.get("val/personal_acc_mean")]
     assert rows and 0 <= float(rows[-1]["val/personal_acc_worst10"]) <= float(rows[-1]["val/personal_acc_mean"]) <= 1
-    assert any(r.get("test/acc") for r in csv.DictReader(open(metrics)))
+    assert any(r.get("test/acc") for r in every)
