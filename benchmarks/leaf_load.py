@@ -6,7 +6,7 @@ Writes a LEAF folder to a temporary directory (``--per-file`` users a file, as L
 ``--samples`` samples, 90 % train and 10 % test as ``preprocess.sh -t sample --tf 0.9``; pixels 1.0 or k / 255 as
 FEMNIST's JSON holds them), then reads it in fresh processes:
 
-- ``read_leaf``: the wall time and the peak resident memory over the process's start (``ru_maxrss`` less the
+- ``read_leaf``: the wall and CPU time (the CPU time is the steadier on a shared machine) and the peak resident memory over the process's start (``ru_maxrss`` less the
   RSS after the imports), and, in a second process, the peak of the traced allocations (``tracemalloc``: numpy
   buffers and the parsed JSON; it slows the parse, so it is timed apart);
 - ``naive`` (the comparison): the same files, each user's rows a tensor, all of them concatenated at the end.
@@ -53,11 +53,11 @@ load = (lambda f: read_leaf(f)) if {how!r} == "read_leaf" else naive
 base = rss_mb()
 if {traced}:
     tracemalloc.start()
-start = time.perf_counter()
+start, cpu = time.perf_counter(), time.process_time()
 out = load({folder!r})
-seconds = time.perf_counter() - start
+seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
 x, y = (out.x, out.y) if {how!r} == "read_leaf" else out
-result = dict(seconds=seconds, rows=len(y), tensors_mb=(x.nbytes + y.nbytes) / 2**20,
+result = dict(seconds=seconds, cpu_seconds=cpu, rows=len(y), tensors_mb=(x.nbytes + y.nbytes) / 2**20,
               peak_rss_over_start_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base)
 if {traced}:
     result["tracemalloc_peak_mb"] = tracemalloc.get_traced_memory()[1] / 2**20

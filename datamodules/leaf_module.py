@@ -30,7 +30,8 @@ class LeafDataModule(FederatedDataModule):
         root: the LEAF folder holding ``train/*.json`` and ``test/*.json`` (LEAF's ``data/<task>/data``).
         task: ``"femnist"`` (x: 784 floats, a ``[1, 28, 28]`` image; y: 62 classes) or ``"shakespeare"``
             (x: 80 characters as int64 codes of ``leaf.SHAKESPEARE_LETTERS``; y: the next character's code, 81 classes).
-        num_clients: the first this many users (files sorted by name, users in file order); ``None``: every user.
+        num_clients: the first this many users (files sorted by name, users in file order; the other training files
+            are still parsed, to tell their users from those found only in the test files); ``None``: every user.
         val_fraction: share of each client's training samples held out, pooled over the clients, as the
             validation set, in [0, 1) (``FederatedDataModule``); 0: the global validation set is the test set.
         participation, eval_batch_size, seed, dtype: as ``FederatedDataModule`` (``dtype`` is FEMNIST's pixels).
