@@ -8,6 +8,7 @@ from .partition import IID, Contiguous, Dirichlet, NaturalPartition, Partitioner
 from .sources import SOURCES, DataSource, load_source, register
 from .text import TASKS, TextDataModule
 from .instruction import InstructionDataModule
+from .leaf_module import LeafDataModule
 from .vision import SPECS, VisionDataModule
 from . import binary  # noqa: F401,E402  (registers binary_digits, binary_mnist)
 
@@ -21,6 +22,7 @@ __all__ = [
     "Dirichlet",
     "FederatedDataModule",
     "InstructionDataModule",
+    "LeafDataModule",
     "NaturalPartition",
     "Partitioner",
     "QuantitySkew",
