@@ -69,6 +69,9 @@ def weighted_sum(dicts: Sequence[TensorDict], weights: Sequence[float] | Tensor)
     """
     if len(dicts) == 0:
         raise ValueError("weighted_sum needs at least one tensor dict")
+    if isinstance(weights, Tensor) and isinstance(dicts, StackedDicts) and torch.compiler.is_compiling():
+        # traced into the compiled round: the weights stay a tensor (no host read), each stacked tensor contracted once
+        return {k: torch.tensordot(weights.to(v.dtype), v, dims=1) for k, v in dicts.stacked.items()}
     weights = weights.tolist() if isinstance(weights, Tensor) else [float(w) for w in weights]  # a tensor: one read, not one per client
     weight_tensors: dict[tuple, Tensor] = {}  # one per dtype and device, not one per tensor name
     out = {}

@@ -268,6 +268,25 @@ class FederatedModule(ClientStates, Checkpointing, GlobalEvaluation, PredictionP
                 param.grad = pseudo_grad[name].to(param.dtype)
         optimizer.step()
 
+    def server_inputs(self, x: TensorDict, server_state: NestedState, weights: Any) -> Any:
+        """What the compiled round needs of the server (``ServerInputs``), or why its optimizer has no pure form."""
+        from fl_lightning.executors.round_program import ServerInputs
+        from fl_lightning.optim.functional import functional_step
+
+        optimizer = self.optimizers().optimizer
+        if getattr(self, "_functional", (None,))[0] is not optimizer:  # once per optimizer
+            self._functional = (optimizer, functional_step(optimizer))
+        step = self._functional[1]
+        return step if isinstance(step, str) else ServerInputs(x, server_state, weights, step)
+
+    def commit_round(self, compiled: Any) -> None:
+        """A compiled round's new x and optimizer state, written back; the optimizer steps with every ``.grad`` None
+        first (nothing moves), so that Lightning counts the round as it counts ``apply_update``'s."""
+        optimizer = self.optimizers()
+        optimizer.zero_grad(set_to_none=True)
+        optimizer.step()
+        compiled.commit()
+
     def log_round(self, round: Round, uploads: Any, results: Any) -> None:
         compile_s = getattr(self.executor.inner, "compile_seconds", None)
         lr = self.local.lr_at(round.plan.round)

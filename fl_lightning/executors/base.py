@@ -71,6 +71,15 @@ class Executor:
         and aggregates the uploads). ``DistributedExecutor`` sums across DDP processes."""
         return None
 
+    runs_rounds = False
+    """Whether ``run_round`` may run a whole round (``BatchedExecutor`` with ``compile_round``)."""
+
+    def run_round(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime, server: Any) -> Any:
+        """The round as one compiled program (``fl_lightning.executors.round_program.CompiledRound``): the clients, the
+        aggregate and the server step, to commit once the stages admit it; None where it does not (the round then runs
+        step by step). ``server``: ``ServerInputs``, or why the server step has no pure form."""
+        return None
+
     # An executor with a state of its own, or settings a run can refuse, declares them here (``AutoExecutor``).
     def check(self, facts: Any) -> None:
         """Refuse the run (a ValueError naming the setting) before its first round; ``facts``: ``RunFacts``."""

@@ -40,6 +40,7 @@ from fl_lightning.executors.dpsgd import client_noise, dp_sampler, private_grad_
 from fl_lightning.core.errors import FLError, interrupted, one_line
 from fl_lightning.executors import masking as M
 from fl_lightning.executors.base import ClientRuntime, Executor, check_loss, data_pass_fn, finish_client, seed_client, to_device
+from fl_lightning.executors.round_program import CompiledRound, RoundProgram
 from fl_lightning.executors.compiled import DEFAULT_MAX_VARIANTS, CompiledPrograms, Uncompilable, log_fallback, tensor_lr
 from fl_lightning.executors.sequential import SequentialExecutor, compiled_unsupported_reason
 from fl_lightning.core.local_loss import client_loss, defines_local_loss
@@ -322,6 +323,9 @@ class BatchedExecutor(Executor):
         max_buckets: the most such groups a round is split into (1: one stack, whatever the waste).
         masked_stacking: stack clients with unequal local work by padding and masking (true, the default); false
             runs such rounds sequentially, as before masked stacking (a declared reason).
+        compile_round: with ``compile``, run each round that allows it as one compiled program: the clients' local
+            steps, the aggregate and the server optimizer's step together (``fl_lightning.executors.round_program``,
+            docs/performance.md "The compiled round"); other rounds run as without it, the reason logged once.
         steps_per_call: with ``compile``, the step program's steps per call in masked rounds: 1 (the default) or 2
             (two consecutive steps of the same stack as one program, the pair program: half the calls, each paying
             dynamo's and AOT's entry, for about twice the compile time; docs/performance.md, "Two steps a call").
@@ -333,6 +337,7 @@ class BatchedExecutor(Executor):
         self, max_stacked_clients: int | None = None, verify_first_round: bool = False, compile: bool = False,
         max_variants: int = DEFAULT_MAX_VARIANTS, backend: str = "inductor", compile_unit: str = "auto",
         max_padding_waste: float = 0.5, max_buckets: int = 4, masked_stacking: bool = True, steps_per_call: int = 1,
+        compile_round: bool = False,
     ) -> None:
         if max_stacked_clients is not None and (type(max_stacked_clients) is not int or max_stacked_clients < 1):
             raise ValueError(f"execution.max_stacked_clients must be an integer >= 1 or null, got {max_stacked_clients!r}")
@@ -342,6 +347,8 @@ class BatchedExecutor(Executor):
             raise ValueError(f"execution.max_buckets must be an integer >= 1, got {max_buckets!r}")
         if type(masked_stacking) is not bool:
             raise ValueError(f"execution.masked_stacking must be true or false, got {masked_stacking!r}")
+        if type(compile_round) is not bool or (compile_round and not compile):
+            raise ValueError(f"execution.compile_round must be true or false, and true only with execution.compile true, got {compile_round!r}")
         self.max_padding_waste, self.max_buckets, self.masked_stacking = float(max_padding_waste), max_buckets, masked_stacking
         self._work = [0, 0]
         #: rounds run, rounds run stacked, and the stacked work (rows x steps x clients) that was real and that was padding
@@ -353,6 +360,7 @@ class BatchedExecutor(Executor):
         self.compile = compile
         self.programs = CompiledPrograms(stacked=True, max_variants=max_variants, backend=backend, unit=compile_unit, steps_per_call=steps_per_call) if compile else None
         self.compile_unit = compile_unit
+        self.round_program = RoundProgram(backend, max_variants) if compile_round else None
         self.compile_fallbacks: Counter[str] = Counter()  # compiled execution: stacked rounds run eagerly, by reason
         self.fallbacks: Counter[str] = Counter()  # rounds run sequentially, by reason
         self._finish_per_client: set[type] = set()  # rules whose client_finish reads ctx.client_id
@@ -408,6 +416,24 @@ class BatchedExecutor(Executor):
             log.warning("batched execution falls back to sequential: %s", reason)
         self.fallbacks[reason] += 1
         return self.sequential.run(tasks, info, runtime)
+
+    @property
+    def runs_rounds(self) -> bool:
+        return self.round_program is not None
+
+    def run_round(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime, server: Any) -> CompiledRound | None:
+        program = self.round_program
+        if program is None or not tasks or tasks.warmup:
+            return None
+        reason = program.unsupported(tasks, runtime, server, self._idealised(tasks, runtime)) or self.unsupported_reason(tasks, runtime)
+        compiled = program.run(tasks, info, runtime, server, _load_states, self._means) if reason is None else None
+        if compiled is None:
+            program.fallback(reason or program.disabled)
+            return None
+        self.stats["rounds"] += 1
+        self.stats["stacked_rounds"] += 1
+        self.stats["real_work"] += len(tasks) * runtime.local.steps * runtime.local.batch_size
+        return compiled
 
     @staticmethod
     def unsupported_reason(tasks: Sequence[ClientTask], runtime: ClientRuntime) -> str | None:
@@ -674,7 +700,10 @@ class BatchedExecutor(Executor):
     @property
     def compile_seconds(self) -> float | None:
         """Seconds spent compiling so far, stacked and sequential (None: not compiled execution)."""
-        return None if self.programs is None else self.programs.compile_seconds + self.sequential.compile_seconds
+        if self.programs is None:
+            return None
+        fused = self.round_program.compile_seconds if self.round_program is not None else 0.0
+        return self.programs.compile_seconds + self.sequential.compile_seconds + fused
 
     def _compiled_rule(self, eager_rule, runtime, params, client_state, ids, broadcast, info, batches, record, loss=None, personal=None):
         """The stacked clients' K steps as one compiled program, S padded up (``padded_clients``: the

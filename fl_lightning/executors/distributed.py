@@ -178,6 +178,13 @@ class DistributedExecutor(Executor):
         everyone = [dataclasses.replace(r, upload_bytes=int(row[3])) if r.upload_bytes is None and row[4] else r for r, row in zip(gathered, rows)]
         return _share_loss_terms(everyone, results, runtime)
 
+    @property
+    def runs_rounds(self) -> bool:
+        return not _distributed() and self.inner.runs_rounds
+
+    def run_round(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime, server: Any):
+        return None if _distributed() else self.inner.run_round(tasks, info, runtime, server)
+
     def run_summed(self, tasks: Sequence[ClientTask], info: RoundInfo, runtime: ClientRuntime) -> SummedRound | None:
         """The round's uploads summed across the ranks (None: one process, no weights, or an algorithm
         whose aggregate is not declared linear, which ``run`` gathers)."""

@@ -62,6 +62,10 @@ class RoundHost(Protocol):
 
     def log_round(self, round: Round, uploads: Sequence[Any], results: Sequence[Any]) -> None: ...
 
+    def server_inputs(self, x: TensorDict, server_state: NestedState, weights: Any) -> Any: ...
+
+    def commit_round(self, compiled: Any) -> None: ...
+
 
 def local_steps(data: Any, clients: list[int], local: Any) -> list[int]:
     """Each client's K: the data's ``clients_num_local_steps`` (all at once) where it has one, else client by client."""
@@ -78,6 +82,7 @@ class SynchronousRounds:
     def __init__(self, stages: Sequence[RoundStage]) -> None:
         self.stages = sorted(stages, key=lambda s: s.order)
         self.summable = not any(s.reads_each_upload for s in self.stages)
+        self.fusable = all(s.fusable for s in self.stages)  # the compiled round may run (fl_lightning.executors.round_program)
         self.through_sums = any(s.adds_to_sum for s in self.stages)
         self.rounds_run = self.clients_trained = 0
 
@@ -105,8 +110,11 @@ class SynchronousRounds:
         weigh = next((w for w in (s.aggregation_weights(r) for s in stages) if w is not None), None)
         r.weights = weigh or functools.partial(survivor_weights, plan.clients, plan.weights)
         runtime = host.runtime(r.weights if linear else None)
+        compiled = None
         try:
-            r.summed = host.executor.run_summed(r.tasks, info, runtime) if linear else None
+            if linear and self.fusable and host.executor.runs_rounds:  # the whole round as one compiled program
+                compiled = host.executor.run_round(r.tasks, info, runtime, host.server_inputs(x, server_state, r.weights))
+            r.summed = compiled.summed if compiled is not None else host.executor.run_summed(r.tasks, info, runtime) if linear else None
             r.results = RoundResults.of(r.summed.results if r.summed is not None else host.executor.run(r.tasks, info, runtime))
         except DivergenceError as error:  # a client's loss (the built-in executors check it)
             raise host.diverged(str(error)) from error
@@ -121,12 +129,18 @@ class SynchronousRounds:
             if r.skipped is not None:  # e.g. fewer clients than the robust rule's assumption on f
                 log.warning("round %d: skipped (nothing aggregated, no client state kept): %s", plan.round, r.skipped)
                 return self.empty(host, r)
-        pseudo_grad, host.server_state = self.aggregate(host, r)
+        if compiled is not None:  # aggregated in the program: committed now that the stages admitted the round
+            pseudo_grad, host.server_state = None, compiled.server_state
+        else:
+            pseudo_grad, host.server_state = self.aggregate(host, r)
         r.metrics.update({f"algo/{k}": v for k, v in algorithm.metrics(host.server_state, info).items()})
         for stage in stages:
             stage.finish(r, len(r.results))
         store_results(host.store, r.results)
-        host.apply_update(pseudo_grad)
+        if compiled is not None:
+            host.commit_round(compiled)
+        else:
+            host.apply_update(pseudo_grad)
         for stage in stages:
             stage.after_step(r)
         bad = first_non_finite({"x": host.global_params()})

@@ -13,6 +13,7 @@ log = logging.getLogger(__name__)
 
 class FaultsStage(RoundStage):
     name = "faults"
+    fusable = True  # it shapes the cohort; a round whose clients then differ in work runs step by step
     order = SHAPE
     setting = "model.faults"
 

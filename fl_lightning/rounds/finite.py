@@ -22,6 +22,7 @@ class TrainingLossCheck(RoundStage):
 
     name = "loss_check"
     order = ADMIT
+    fusable = True
 
     def __init__(self, max_loss_growth: float | None) -> None:
         self.max_loss_growth = max_loss_growth
@@ -75,6 +76,7 @@ class FiniteUploads(RoundStage):
 
     name = "finite_uploads"
     order = CHECK
+    fusable = True  # the compiled round reports each client's uploads finite or not (``round.summed.non_finite``)
 
     def admit(self, round: Round) -> None:
         if round.summed is not None:

@@ -151,6 +151,10 @@ class RoundStage:
     its settings), each with the reason; the docs' composition table is generated from it."""
     reads_each_upload: ClassVar[bool] = False
     """Whether the stage needs every upload of the round in one place (no sums across processes)."""
+    fusable: ClassVar[bool] = False
+    """Whether the compiled round (the clients, the aggregate and the server step as one program, docs/performance.md)
+    may run with this stage in the chain: the stage reads only the round's results as columns and its summed facts
+    (``round.summed``), and changes neither the cohort's work, the uploads, the weights nor the sum."""
 
     def local_training(self, runtime: Any, private: bool) -> Any:
         """What local training uses (a ``ClientRuntime``), with this stage's part: an attack's poisoned
