@@ -361,6 +361,8 @@ class BatchedExecutor(Executor):
         self.programs = CompiledPrograms(stacked=True, max_variants=max_variants, backend=backend, unit=compile_unit, steps_per_call=steps_per_call) if compile else None
         self.compile_unit = compile_unit
         self.round_program = RoundProgram(backend, max_variants) if compile_round else None
+        if compile_round:
+            self.stats["compiled_rounds"] = 0  # rounds run as one program (``run_round``)
         self.compile_fallbacks: Counter[str] = Counter()  # compiled execution: stacked rounds run eagerly, by reason
         self.fallbacks: Counter[str] = Counter()  # rounds run sequentially, by reason
         self._finish_per_client: set[type] = set()  # rules whose client_finish reads ctx.client_id
@@ -432,6 +434,7 @@ class BatchedExecutor(Executor):
             return None
         self.stats["rounds"] += 1
         self.stats["stacked_rounds"] += 1
+        self.stats["compiled_rounds"] += 1
         self.stats["real_work"] += len(tasks) * runtime.local.steps * runtime.local.batch_size
         return compiled
 

@@ -376,4 +376,5 @@ def stacking_summary(stats: dict | None) -> str | None:
         return None
     work = stats["real_work"] + stats["padded_work"]
     waste = stats["padded_work"] / work if work else 0.0
-    return f"{stats['stacked_rounds']} of {stats['rounds']} rounds stacked, {100 * waste:.0f}% of their work padding"
+    fused = f", {stats['compiled_rounds']} as one compiled program" if "compiled_rounds" in stats else ""
+    return f"{stats['stacked_rounds']} of {stats['rounds']} rounds stacked{fused}, {100 * waste:.0f}% of their work padding"
