@@ -59,6 +59,8 @@ class CorrelatedNoise:
         delta: the delta of the reported (epsilon, delta), in (0, 1).
         bands: b >= 1 of ``"banded"`` (None: the schedule's separation, the most its sensitivity's closed form
             allows); at most the separation.
+        horizon: the number of rounds T the banded matrix is optimised for (None: ``trainer.max_steps``); a run
+            stopped before it resumes to it with the same matrix. Its Toeplitz coefficients serve any number of rounds.
     """
 
     method = "rdp"
@@ -71,6 +73,7 @@ class CorrelatedNoise:
         noise_multiplier: float = 1.0,
         delta: float = 1e-5,
         bands: int | None = None,
+        horizon: int | None = None,
     ) -> None:
         if mechanism not in MECHANISMS:
             raise ValueError(f"privacy.mechanism must be one of {', '.join(MECHANISMS)}, got {mechanism!r}")
@@ -79,7 +82,9 @@ class CorrelatedNoise:
             raise ValueError(f"privacy.bands must be an integer >= 1 (or null: the participation's separation), got {bands!r}")
         if bands is not None and mechanism != "banded":
             raise ValueError(f"privacy.bands applies to mechanism 'banded' only, got mechanism {mechanism!r}")
-        self.mechanism, self.bands = mechanism, bands
+        if horizon is not None and (isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1):
+            raise ValueError(f"privacy.horizon must be an integer >= 1 (or null: trainer.max_steps), got {horizon!r}")
+        self.mechanism, self.bands, self.horizon = mechanism, bands, horizon
         self.clip_norm, self.noise_multiplier, self.delta = float(clip_norm), float(noise_multiplier), float(delta)
         self.current_clip = self.clip_norm
         self.coefficients: torch.Tensor | None = None
@@ -101,13 +106,14 @@ class CorrelatedNoise:
             )
         separation = participation.separation
         if self.mechanism == "banded":
-            bands = min(self.bands or separation, rounds)
+            bands = self.bands or separation
             if bands > separation:
                 raise ValueError(
                     f"privacy.bands={bands} exceeds CyclicParticipation.groups={separation} (the separation of a client's rounds), "
                     "which banded matrix factorization's sensitivity assumes; lower privacy.bands or raise groups"
                 )
-            self.coefficients = banded_toeplitz(bands, rounds)
+            horizon = self.horizon or rounds
+            self.coefficients = banded_toeplitz(min(bands, horizon), horizon)
         groups = [participation.rounds_of(g, rounds) for g in range(min(separation, num_clients))]
         c = None if self.coefficients is None else self.coefficients.numpy()
         self.sensitivity = sensitivities("banded" if c is not None else "tree", groups, rounds, c)
