@@ -262,5 +262,6 @@ def test_the_configs_fit_through_the_cli_and_log_epsilon(tmp_path, monkeypatch, 
     main(["fit", "--config", str(ROOT / "configs" / f"{config}.yaml"), "--trainer.max_steps", "2", "--trainer.val_check_interval", "2",
           "--trainer.enable_progress_bar", "false"])  # fmt: skip
     (metrics,) = (tmp_path / "runs").rglob("metrics.csv")
-    epsilons = [float(r["privacy/epsilon"]) for r in csv.DictReader(open(metrics)) if r.get("privacy/epsilon")]
+    with open(metrics) as rows:
+        epsilons = [float(r["privacy/epsilon"]) for r in csv.DictReader(rows) if r.get("privacy/epsilon")]
     assert len(epsilons) == 2 and 0 < epsilons[0] < epsilons[1] < math.inf

@@ -35,8 +35,8 @@ from fl_lightning.engine.prediction import PredictionParams
 from fl_lightning.engine.round_log import publish, round_row
 from fl_lightning.executors import ClientRuntime, Executor, resolve_executor
 from fl_lightning.lora import LoRAAggregation
-from fl_lightning.pipeline.messages import Stage
 from fl_lightning.pipeline.correlated_noise import CorrelatedNoise
+from fl_lightning.pipeline.messages import Stage
 from fl_lightning.pipeline.privacy import ClientPrivacy
 from fl_lightning.pipeline.record_privacy import RecordPrivacy
 from fl_lightning.reliability import csv_resume
