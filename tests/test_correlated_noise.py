@@ -29,40 +29,49 @@ RDP_ORDERS = [1.1 + 0.1 * i for i in range(99)] + list(range(11, 64)) + [128, 25
 
 
 # ---- the numpy reference ------------------------------------------------------------------------------
-def tree_nodes(rounds):
-    """(height, index) of every node completed within ``rounds`` leaves."""
-    return [(h, i) for h in range(rounds.bit_length()) for i in range(rounds >> h)]
+def tree_nodes(rounds, period=None):
+    """(height, first leaf) of every node completed within ``rounds`` leaves, a new tree every ``period``."""
+    period = period or rounds
+    return [(h, start + (i << h)) for start in range(0, rounds, period) for h in range(min(period, rounds - start).bit_length())
+            for i in range(min(period, rounds - start) >> h)]  # fmt: skip
 
 
-def dyadic(t):
-    """The dyadic nodes (height, index) whose leaves are exactly 0 .. t - 1."""
-    nodes, start = [], 0
+def dyadic(t, start=0):
+    """The dyadic nodes (height, first leaf) whose leaves are exactly start .. start + t - 1."""
+    nodes = []
     for h in reversed(range(t.bit_length())):
         if t & (1 << h):
-            nodes.append((h, start >> h))
+            nodes.append((h, start))
             start += 1 << h
     return nodes
 
 
-def subtree_estimate(z, height, index):
+def subtree_estimate(z, height, first):
     """Honaker's estimate of a node's sum: least squares (pseudo-inverse) on every noisy node of its subtree."""
-    first, leaves = index << height, 1 << height
+    leaves = 1 << height
     rows, values = [], []
     for h in range(height + 1):
-        for i in range((first >> h), (first >> h) + (leaves >> h)):
+        for i in range(leaves >> h):
             row = np.zeros(leaves)
-            row[(i << h) - first : ((i + 1) << h) - first] = 1.0
+            row[i << h : (i + 1) << h] = 1.0
             rows.append(row)
-            values.append(z[(h, i)])
+            values.append(z[(h, first + (i << h))])
     return np.ones(leaves) @ np.linalg.pinv(np.array(rows)) @ np.array(values)
 
 
-def tree_reference(z, rounds, efficient):
-    """w_t = (prefix noise of t + 1 leaves) - (of t leaves), the prefix's noise its dyadic nodes' (Kairouz et al.)."""
-    def prefix(t):
-        return sum((subtree_estimate(z, h, i) if efficient else z[(h, i)]) for h, i in dyadic(t)) if t else 0.0
+def tree_reference(z, rounds, efficient, period=None):
+    """w_t = (prefix noise of t + 1 leaves) - (of t leaves) within the round's tree, a prefix's noise its dyadic
+    nodes' (Kairouz et al.); a new tree starts from no noise."""
+    period = period or rounds
 
-    return np.array([prefix(t + 1) - prefix(t) for t in range(rounds)])
+    def prefix(t, start):
+        return sum((subtree_estimate(z, h, f) if efficient else z[(h, f)]) for h, f in dyadic(t, start)) if t else 0.0
+
+    out = []
+    for t in range(rounds):
+        start = t - t % period
+        out.append(prefix(t - start + 1, start) - prefix(t - start, start))
+    return np.array(out)
 
 
 def banded_matrix(c, rounds):
@@ -73,9 +82,9 @@ def banded_matrix(c, rounds):
     return C
 
 
-def draws(rounds, size, seed=0):
+def draws(rounds, size, seed=0, period=None):
     rng = np.random.default_rng(seed)
-    return {node: rng.standard_normal(size) for node in tree_nodes(rounds)}
+    return {node: rng.standard_normal(size) for node in tree_nodes(rounds, period)}
 
 
 def from_table(z):
@@ -83,13 +92,13 @@ def from_table(z):
 
 
 # ---- the noise ----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("efficient", [False, True])
-def test_tree_noise_is_the_papers_linear_map_of_the_node_draws(efficient):
+@pytest.mark.parametrize("efficient, period", [(False, None), (True, None), (True, 5)])
+def test_tree_noise_is_the_papers_linear_map_of_the_node_draws(efficient, period):
     rounds = 13
-    z = draws(rounds, 5)
-    noise = TreeNoise(from_table(z), efficient)
+    z = draws(rounds, 5, period=period)
+    noise = TreeNoise(from_table(z), efficient, period)
     got = np.stack([noise.next().numpy() for _ in range(rounds)])
-    np.testing.assert_allclose(got, tree_reference(z, rounds, efficient), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(got, tree_reference(z, rounds, efficient, period), rtol=0, atol=1e-12)
 
 
 def test_banded_noise_is_c_inverse_z_and_keeps_b_minus_one_vectors():
@@ -143,27 +152,30 @@ def reference_sensitivity(C, release, groups, rounds, t):
     return best
 
 
-def tree_dense(rounds):
-    nodes = tree_nodes(rounds)
+def tree_dense(rounds, period=None):
+    nodes = tree_nodes(rounds, period)
     C = np.zeros((len(nodes), rounds))
-    for r, (h, i) in enumerate(nodes):
-        C[r, i << h : (i + 1) << h] = 1.0
-    return C, [((i + 1) << h) - 1 for h, i in nodes]
+    for r, (h, f) in enumerate(nodes):
+        C[r, f : f + (1 << h)] = 1.0
+    return C, [f + (1 << h) - 1 for h, f in nodes]
 
 
-@pytest.mark.parametrize("mechanism, groups, rounds", [("tree", 1, 9), ("tree_efficient", 3, 20), ("tree", 32, 32), ("banded", 4, 37),
-                                                       ("banded", 1, 10)])  # fmt: skip
-def test_sensitivity_and_epsilon_match_an_independent_computation(mechanism, groups, rounds):
-    settings = CorrelatedNoise(mechanism, noise_multiplier=3.0, delta=1e-5)
+@pytest.mark.parametrize("mechanism, groups, rounds, restart", [("tree", 1, 9, None), ("tree_efficient", 3, 20, None), ("tree", 32, 32, None),
+                                                                ("tree", 3, 20, 3), ("tree", 4, 23, 6), ("banded", 4, 37, None),
+                                                                ("banded", 1, 10, None)])  # fmt: skip
+def test_sensitivity_and_epsilon_match_an_independent_computation(mechanism, groups, rounds, restart):
+    settings = CorrelatedNoise(mechanism, noise_multiplier=3.0, delta=1e-5, restart=restart)
     settings.prepare(CyclicParticipation(groups), 2 * groups, rounds)
     if mechanism == "banded":
         C, release = banded_matrix(settings.coefficients.numpy(), rounds), list(range(rounds))
     else:
-        C, release = tree_dense(rounds)
+        C, release = tree_dense(rounds, restart)
     expected = [reference_sensitivity(C, release, groups, rounds, t) for t in range(1, rounds + 1)]
     np.testing.assert_allclose(settings.sensitivity, expected, rtol=0, atol=1e-12)
     if mechanism != "banded" and groups >= rounds:  # one participation: sqrt(ceil(log2(T + 1))) (Kairouz et al.)
         assert settings.sensitivity[-1] == pytest.approx(math.sqrt(math.ceil(math.log2(rounds + 1))), abs=1e-12)
+    if restart == groups and rounds % groups == 0:  # one participation per tree, E trees: group 0's leaf 0 in each
+        assert settings.sensitivity[-1] == pytest.approx(math.sqrt(rounds // groups * math.ceil(math.log2(groups + 1))), abs=1e-12)
     if mechanism == "banded":  # bands <= separation, no participation in the last b - 1 rounds: sqrt(k) max column norm
         k, full = math.ceil(rounds / groups), np.linalg.norm(C, axis=0).max()
         if (k - 1) * groups <= rounds - groups:

@@ -59,6 +59,9 @@ class CorrelatedNoise:
         delta: the delta of the reported (epsilon, delta), in (0, 1).
         bands: b >= 1 of ``"banded"`` (None: the schedule's separation, the most its sensitivity's closed form
             allows); at most the separation.
+        restart: the trees' ``"tree"``/``"tree_efficient"``: a new tree every ``restart`` rounds (Kairouz et al.'s
+            restart per epoch: with ``restart`` = the separation, each tree holds one participation of each client;
+            None: one tree for the run).
         horizon: the number of rounds T the banded matrix is optimised for (None: ``trainer.max_steps``); a run
             stopped before it resumes to it with the same matrix. Its Toeplitz coefficients serve any number of rounds.
     """
@@ -73,6 +76,7 @@ class CorrelatedNoise:
         noise_multiplier: float = 1.0,
         delta: float = 1e-5,
         bands: int | None = None,
+        restart: int | None = None,
         horizon: int | None = None,
     ) -> None:
         if mechanism not in MECHANISMS:
@@ -84,7 +88,9 @@ class CorrelatedNoise:
             raise ValueError(f"privacy.bands applies to mechanism 'banded' only, got mechanism {mechanism!r}")
         if horizon is not None and (isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1):
             raise ValueError(f"privacy.horizon must be an integer >= 1 (or null: trainer.max_steps), got {horizon!r}")
-        self.mechanism, self.bands, self.horizon = mechanism, bands, horizon
+        if restart is not None and (isinstance(restart, bool) or not isinstance(restart, int) or restart < 1 or mechanism == "banded"):
+            raise ValueError(f"privacy.restart must be an integer >= 1 (or null: one tree), for the tree mechanisms only; got {restart!r}")
+        self.mechanism, self.bands, self.horizon, self.restart = mechanism, bands, horizon, restart
         self.clip_norm, self.noise_multiplier, self.delta = float(clip_norm), float(noise_multiplier), float(delta)
         self.current_clip = self.clip_norm
         self.coefficients: torch.Tensor | None = None
@@ -116,7 +122,7 @@ class CorrelatedNoise:
             self.coefficients = banded_toeplitz(min(bands, horizon), horizon)
         groups = [participation.rounds_of(g, rounds) for g in range(min(separation, num_clients))]
         c = None if self.coefficients is None else self.coefficients.numpy()
-        self.sensitivity = sensitivities("banded" if c is not None else "tree", groups, rounds, c)
+        self.sensitivity = sensitivities("banded" if c is not None else "tree", groups, rounds, c, self.restart)
         self.rounds = rounds
 
     def noise(self, seed: int, size: int) -> TreeNoise | BandedNoise:
@@ -124,13 +130,13 @@ class CorrelatedNoise:
         on the CPU in float64."""
         from fl_lightning.core.participation import derive_seed
 
-        def draw(height: int, index: int) -> torch.Tensor:
-            generator = torch.Generator().manual_seed(derive_seed(seed, CORRELATED_STREAM, height, index))
+        def draw(height: int, first: int) -> torch.Tensor:
+            generator = torch.Generator().manual_seed(derive_seed(seed, CORRELATED_STREAM, height, first))
             return torch.randn(size, generator=generator, dtype=torch.float64)
 
         if self.mechanism == "banded":
             return BandedNoise(draw, self.coefficients)
-        return TreeNoise(draw, efficient=self.mechanism == "tree_efficient")
+        return TreeNoise(draw, efficient=self.mechanism == "tree_efficient", period=self.restart)
 
     def epsilon(self, rounds_done: int) -> float:
         """Epsilon after the first ``rounds_done`` rounds' release (32.8)."""

@@ -24,7 +24,8 @@ import torch
 from torch import Tensor
 
 Draw = Callable[[int, int], Tensor]
-"""``draw(height, index)``: the standard Gaussian vector of a tree node, or of round ``index`` (height 0)."""
+"""``draw(height, first)``: the standard Gaussian vector of the tree node of ``height`` whose first leaf is round
+``first``, or of round ``first`` (height 0)."""
 
 
 def honaker_variances(heights: int) -> list[float]:
@@ -36,41 +37,44 @@ def honaker_variances(heights: int) -> list[float]:
 
 
 class TreeNoise:
-    """The noise w_t of tree aggregation, one round at a time (32.3, 32.4); ``efficient``: Honaker's estimator."""
+    """The noise w_t of tree aggregation, one round at a time (32.3, 32.4); ``efficient``: Honaker's estimator;
+    ``period``: a new tree every ``period`` rounds (Kairouz et al.'s restart per epoch; None: one tree)."""
 
-    def __init__(self, draw: Draw, efficient: bool) -> None:
-        self.draw, self.efficient = draw, efficient
+    def __init__(self, draw: Draw, efficient: bool, period: int | None = None) -> None:
+        self.draw, self.efficient, self.period = draw, efficient, period
         self.leaves = 0
-        self.stack: list[tuple[int, Tensor]] = []  # (height, noise estimate) of the prefix's dyadic nodes
-        self.previous: Tensor | None = None  # the previous prefix's noise
+        self.stack: list[tuple[int, int, Tensor]] = []  # (height, first leaf, noise estimate) of the prefix's dyadic nodes
+        self.previous: Tensor | None = None  # the previous prefix's noise (None: a tree starts)
 
     def next(self) -> Tensor:
-        height, index, estimate = 0, self.leaves, self.draw(0, self.leaves)
+        if self.period is not None and self.leaves % self.period == 0:
+            self.stack, self.previous = [], None
+        height, first, estimate = 0, self.leaves, self.draw(0, self.leaves)
         while self.stack and self.stack[-1][0] == height:
-            _, left = self.stack.pop()
-            height, index = height + 1, index // 2
-            own = self.draw(height, index)
+            _, first, left = self.stack.pop()
+            height += 1
+            own = self.draw(height, first)
             if self.efficient:  # inverse-variance weights of the node's own noise and its children's estimates
                 v = honaker_variances(height + 1)
                 estimate = v[height] * (own + (left + estimate) / (2.0 * v[height - 1]))
             else:
                 estimate = own
-        self.stack.append((height, estimate))
+        self.stack.append((height, first, estimate))
         self.leaves += 1
-        prefix = torch.stack([e for _, e in self.stack]).sum(0)
+        prefix = torch.stack([e for _, _, e in self.stack]).sum(0)
         noise = prefix if self.previous is None else prefix - self.previous
         self.previous = prefix
         return noise
 
     def state_dict(self) -> dict[str, Tensor]:
-        nodes = torch.stack([e for _, e in self.stack]) if self.stack else torch.zeros(0)
+        nodes = torch.stack([e for _, _, e in self.stack]) if self.stack else torch.zeros(0)
         previous = self.previous if self.previous is not None else torch.zeros(0)
-        heights = torch.tensor([h for h, _ in self.stack], dtype=torch.int64)
-        return {"rounds": torch.tensor(self.leaves), "heights": heights, "nodes": nodes, "previous": previous}
+        keys = torch.tensor([[h, f] for h, f, _ in self.stack], dtype=torch.int64).reshape(-1, 2)
+        return {"rounds": torch.tensor(self.leaves), "nodes_at": keys, "nodes": nodes, "previous": previous}
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
         self.leaves = int(state["rounds"])
-        self.stack = [(int(h), e.clone()) for h, e in zip(state["heights"], state["nodes"])]
+        self.stack = [(int(h), int(f), e.clone()) for (h, f), e in zip(state["nodes_at"].tolist(), state["nodes"])]
         self.previous = state["previous"].clone() if self.leaves else None
 
 
@@ -137,24 +141,29 @@ def banded_toeplitz(bands: int, rounds: int, iterations: int = 200) -> Tensor:
     return c / torch.linalg.vector_norm(c)
 
 
-def tree_rows(rounds: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The tree's nodes completed within ``rounds``: (first leaf, width, round of release) of each, the
-    release the round of its last leaf."""
+def tree_rows(rounds: int, period: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The nodes completed within ``rounds`` of a tree restarted every ``period`` rounds (None: one tree):
+    (first leaf, width, round of release) of each, the release the round of its last leaf."""
     first, width = [], []
-    for height in range(max(rounds, 1).bit_length()):
-        span = 1 << height
-        starts = np.arange(0, rounds - span + 1, span)
-        first.append(starts)
-        width.append(np.full(len(starts), span))
+    period = period or max(rounds, 1)
+    for start in range(0, rounds, period):
+        leaves = min(period, rounds - start)
+        for height in range(leaves.bit_length()):
+            span = 1 << height
+            starts = start + np.arange(0, leaves - span + 1, span)
+            first.append(starts)
+            width.append(np.full(len(starts), span))
     first, width = np.concatenate(first), np.concatenate(width)
     return first, width, first + width - 1
 
 
-def sensitivities(mechanism: str, participations: list[np.ndarray], rounds: int, coefficients: np.ndarray | None = None) -> np.ndarray:
+def sensitivities(mechanism: str, participations: list[np.ndarray], rounds: int, coefficients: np.ndarray | None = None,
+                  period: int | None = None) -> np.ndarray:  # fmt: skip
     """Delta_t of (32.7) for t = 1..T: the L2 sensitivity (per unit clip norm) of the first t rounds' release
     C X + Z, the maximum over the schedule's participation patterns (each an array of rounds) of
     ||(|C| 1_pattern) restricted to the rows released by round t||; exact where C >= 0 (the tree; a banded
-    C whose bands do not exceed the separation has no cross terms)."""
+    C whose bands do not exceed the separation has no cross terms). The trees of a restarted tree (``period``)
+    are its rows' blocks: their Gaussian releases compose into one of the summed squared sensitivities."""
     worst = np.zeros(rounds)
     for pattern in participations:
         x = np.zeros(rounds)
@@ -163,7 +172,7 @@ def sensitivities(mechanism: str, participations: list[np.ndarray], rounds: int,
             row = np.convolve(x, np.abs(coefficients))[:rounds]  # (|C| x)_r, released at round r
             squared = np.cumsum(row**2)
         else:
-            first, width, release = tree_rows(rounds)
+            first, width, release = tree_rows(rounds, period)
             counts = np.concatenate([[0.0], np.cumsum(x)])
             per_round = np.zeros(rounds)
             np.add.at(per_round, release, (counts[first + width] - counts[first]) ** 2)
