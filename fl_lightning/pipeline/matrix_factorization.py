@@ -104,41 +104,51 @@ class BandedNoise:
         self.history = [w.clone() for w in state["history"]] if self.rounds else []
 
 
-def prefix_error(c: Tensor, rounds: int) -> Tensor:
-    """||A C^{-1}||_F^2 ||c||^2 of (32.6): the total squared error of the T prefix sums per unit sensitivity,
-    for the banded Toeplitz C of coefficients ``c`` (A: the prefix-sum matrix)."""
-    index = torch.arange(rounds)
-    lag = index[:, None] - index[None, :]
-    padded = torch.cat([c, torch.zeros(1, dtype=c.dtype)])
-    C = padded[torch.where((lag >= 0) & (lag < len(c)), lag, len(c))]
-    unit = torch.zeros(rounds, 1, dtype=c.dtype)
+def prefix_error(c: np.ndarray, rounds: int) -> tuple[float, np.ndarray]:
+    """||A C^{-1}||_F^2 ||c||^2 of (32.6) and its gradient in c: the total squared error of the T prefix sums per unit
+    sensitivity for the banded Toeplitz C of coefficients ``c`` (A: the prefix-sum matrix). O(T b) time and memory:
+    d = C^{-1} e_0 (C's inverse is Toeplitz with coefficients d), e = cumsum(d), S = sum_k (T - k) e_k^2; with
+    lambda = C^{-T} A^T W A d (W = diag(T - k)), dS/dc_j = -2 sum_k lambda_k d_{k-j}."""
+    from scipy.linalg import solve_banded
+
+    c, bands = np.asarray(c, dtype=np.float64), len(c)
+    lower = np.zeros((bands, rounds))  # C in solve_banded's layout: row i holds the i-th subdiagonal
+    for j in range(bands):
+        lower[j, : rounds - j] = c[j]
+    unit = np.zeros(rounds)
     unit[0] = 1.0
-    d = torch.linalg.solve_triangular(C, unit, upper=False)[:, 0]  # the Toeplitz inverse's coefficients
-    e = torch.cumsum(d, 0)  # A C^{-1}'s coefficients
-    return (torch.arange(rounds, 0, -1, dtype=c.dtype) * e**2).sum() * (c**2).sum()
+    d = solve_banded((bands - 1, 0), lower, unit)
+    weights = np.arange(rounds, 0, -1, dtype=np.float64)
+    e = np.cumsum(d)
+    S = float(weights @ e**2)
+    g = np.cumsum((weights * e)[::-1])[::-1]  # A^T W A d
+    upper = np.zeros((bands, rounds))  # C^T: row b-1-i holds the i-th superdiagonal
+    for j in range(bands):
+        upper[bands - 1 - j, j:] = c[j]
+    lam = solve_banded((0, bands - 1), upper, g)
+    dS = np.array([-2.0 * float(lam[j:] @ d[: rounds - j]) for j in range(bands)])
+    norm = float(c @ c)
+    return S * norm, dS * norm + 2.0 * S * c
 
 
-def banded_toeplitz(bands: int, rounds: int, iterations: int = 200) -> Tensor:
+def banded_toeplitz(bands: int, rounds: int) -> Tensor:
     """The b coefficients of the banded Toeplitz C minimising (32.6), scaled to unit column norm: c_0 = 1 and
-    c_1..c_{b-1} by L-BFGS in float64 from the truncated square root of the prefix-sum matrix
-    (c_j = binom(2j, j) / 4^j, Fichtenberger et al. 2023), then c / ||c||."""
+    c_1..c_{b-1} by L-BFGS-B (scipy) in float64 with the gradient of ``prefix_error``, from the truncated square
+    root of the prefix-sum matrix (c_j = binom(2j, j) / 4^j, Fichtenberger et al. 2023), then c / ||c||."""
+    from scipy.optimize import minimize
+
     bands = min(bands, rounds)
-    start = [math.comb(2 * j, j) / 4.0**j for j in range(1, bands)]
-    if not start:
+    if bands == 1:
         return torch.ones(1, dtype=torch.float64)
-    theta = torch.tensor(start, dtype=torch.float64, requires_grad=True)
-    optimizer = torch.optim.LBFGS([theta], lr=1.0, max_iter=iterations, tolerance_grad=1e-12, tolerance_change=1e-15,
-                                  line_search_fn="strong_wolfe")  # fmt: skip
+    start = np.array([math.comb(2 * j, j) / 4.0**j for j in range(1, bands)])
 
-    def loss() -> Tensor:
-        optimizer.zero_grad()
-        value = prefix_error(torch.cat([torch.ones(1, dtype=torch.float64), theta]), rounds)
-        value.backward()
-        return value
+    def loss(theta: np.ndarray) -> tuple[float, np.ndarray]:
+        value, grad = prefix_error(np.concatenate([[1.0], theta]), rounds)
+        return value, grad[1:]
 
-    optimizer.step(loss)
-    c = torch.cat([torch.ones(1, dtype=torch.float64), theta.detach()])
-    return c / torch.linalg.vector_norm(c)
+    theta = minimize(loss, start, jac=True, method="L-BFGS-B", options={"maxiter": 500, "ftol": 1e-15, "gtol": 1e-12}).x
+    c = np.concatenate([[1.0], theta])
+    return torch.from_numpy(c / np.linalg.norm(c))
 
 
 def tree_rows(rounds: int, period: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
