@@ -382,3 +382,45 @@ class BernoulliParticipation(Participation):
         if self.weighting == "active_mean":
             return clients, torch.full((len(clients),), 1.0 / max(len(clients), 1), dtype=torch.float64)
         return clients, 1.0 / (num_clients * p[clients])
+
+
+class CyclicParticipation(Participation):
+    """A fixed cyclic schedule: client n belongs to group n mod ``groups`` and group t mod ``groups`` trains
+    in round t, so each client takes part every ``groups`` rounds exactly (the minimum separation that
+    correlated-noise mechanisms assume; ``groups=1``: every client every round). No randomness: the schedule
+    is public and fixed before training (docs/privacy.md, "Without sampling").
+
+    Args:
+        groups: G >= 1, the number of groups and the rounds between a client's participations.
+        weighting: ``"uniform"`` (1/|group| each) or ``"samples"`` (proportional to the clients' training-set
+            sizes, normalised over the group).
+    """
+
+    pure_sampling = True
+
+    def __init__(self, groups: int = 1, weighting: Literal["uniform", "samples"] = "uniform") -> None:
+        if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+            raise ValueError(f"CyclicParticipation.groups must be an integer >= 1, got {groups!r}")
+        if weighting not in ("uniform", "samples"):
+            raise ValueError(f"CyclicParticipation.weighting must be 'uniform' or 'samples', got {weighting!r}")
+        self.groups, self.weighting = groups, weighting
+
+    @property
+    def separation(self) -> int:
+        """Rounds between two participations of one client."""
+        return self.groups
+
+    def validate(self, num_clients: int) -> None:
+        if self.groups > num_clients:
+            raise ValueError(f"CyclicParticipation.groups={self.groups} exceeds num_clients={num_clients}; allowed range is 1..{num_clients}")
+
+    def rounds_of(self, group: int, rounds: int) -> np.ndarray:
+        """The rounds (of ``0 .. rounds - 1``) in which ``group`` trains."""
+        return np.arange(group % self.groups, rounds, self.groups)
+
+    def sample(self, round_idx: int, client_sizes: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        clients = torch.arange(round_idx % self.groups, len(client_sizes), self.groups)
+        if self.weighting == "samples":
+            sizes = client_sizes[clients].double()
+            return clients, sizes / sizes.sum()
+        return clients, torch.full((len(clients),), 1.0 / len(clients), dtype=torch.float64)

@@ -35,6 +35,7 @@ from fl_lightning.engine.prediction import PredictionParams
 from fl_lightning.engine.round_log import publish, round_row
 from fl_lightning.executors import ClientRuntime, Executor, resolve_executor
 from fl_lightning.lora import LoRAAggregation
+from fl_lightning.pipeline.correlated_noise import CorrelatedNoise
 from fl_lightning.pipeline.messages import Stage
 from fl_lightning.pipeline.privacy import ClientPrivacy
 from fl_lightning.pipeline.record_privacy import RecordPrivacy
@@ -77,7 +78,7 @@ class FederatedModule(ClientStates, Checkpointing, GlobalEvaluation, PredictionP
         store: where per-client state lives: in memory (default) or a ``DiskClientStore``.
         faults: simulated client dropout, stragglers, failure limits and loss-growth divergence.
         uplink / downlink: message stages on the uploads / the broadcast (``fl_lightning.pipeline.messages``).
-        privacy: client-level DP (``ClientPrivacy``): clip and noise stages, the accountant, ``privacy/epsilon``.
+        privacy: client-level DP: ``ClientPrivacy`` (sampled) or ``CorrelatedNoise`` (DP-FTRL, banded MF), ``privacy/epsilon``.
         compression: compressors of the uploads and the broadcast with error feedback (docs/compression.md).
         record_privacy: record-level DP-SGD in local training (docs/privacy.md), ``privacy/record_epsilon``.
         clock: simulated time (docs/time.md): rounds wait for their slowest client or a deadline.
@@ -100,7 +101,7 @@ class FederatedModule(ClientStates, Checkpointing, GlobalEvaluation, PredictionP
         faults: ClientFaults = ClientFaults(),
         uplink: list[Stage] | None = None,
         downlink: list[Stage] | None = None,
-        privacy: ClientPrivacy | None = None,
+        privacy: ClientPrivacy | CorrelatedNoise | None = None,
         compression: Compression | None = None,
         record_privacy: RecordPrivacy | None = None,
         clock: SimClock | None = None,

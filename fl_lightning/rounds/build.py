@@ -100,9 +100,11 @@ def _optional_stages(s: RoundSettings) -> list[RoundStage]:
 
         stages.append(AttackStage(s.attack))
     if s.privacy is not None:
+        from fl_lightning.pipeline.correlated_noise import CorrelatedNoise
         from fl_lightning.rounds.client_privacy import ClientPrivacyStage
+        from fl_lightning.rounds.correlated_noise import CorrelatedNoiseStage
 
-        stages.append(ClientPrivacyStage(s.privacy))
+        stages.append((CorrelatedNoiseStage if isinstance(s.privacy, CorrelatedNoise) else ClientPrivacyStage)(s.privacy))
     if s.record_privacy is not None:
         from fl_lightning.rounds.record_privacy import RecordPrivacyStage
 
