@@ -5,6 +5,7 @@ every run gets (a mixin of ``FederatedModule``)."""
 from __future__ import annotations
 
 import logging
+import warnings
 from typing import Any
 
 import lightning as L
@@ -15,6 +16,16 @@ from fl_lightning.reliability import csv_resume
 from fl_lightning.reliability.faults import ClientError
 
 log = logging.getLogger(__name__)
+
+
+def quiet_known_warnings() -> None:
+    """Silence Lightning warnings that do not apply to a round loop: the round-plan loader does no data work,
+    a checkpoint taken after the server step is exactly the state to resume from, and under DDP every rank
+    aggregates the same uploads and logs the same round metrics (nothing to sync)."""
+    for message in (".*does not have many workers.*", ".*no pre-optimization state was saved.*",
+                    ".*overridden `transfer_batch_to_device` in `LightningModule`.*", ".*isinstance\\(treespec, LeafSpec\\)` is deprecated.*",
+                    ".*when logging on epoch level in distributed setting.*"):  # fmt: skip
+        warnings.filterwarnings("ignore", message=message)
 
 
 class RunLifecycle:

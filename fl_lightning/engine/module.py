@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-import warnings
 from typing import Any
 
 import lightning as L
@@ -29,8 +28,9 @@ from fl_lightning.core.state import ClientStore, NestedState
 from fl_lightning.engine import fit_checks
 from fl_lightning.engine.checkpointing import Checkpointing
 from fl_lightning.engine.client_states import ClientStates
+from fl_lightning.engine.compiled_round import CompiledRoundHost
 from fl_lightning.engine.evaluation import GlobalEvaluation
-from fl_lightning.engine.lifecycle import RunLifecycle
+from fl_lightning.engine.lifecycle import RunLifecycle, quiet_known_warnings
 from fl_lightning.engine.prediction import PredictionParams
 from fl_lightning.engine.round_log import publish, round_row
 from fl_lightning.executors import ClientRuntime, Executor, resolve_executor
@@ -49,17 +49,7 @@ log = logging.getLogger(__name__)
 DIVERGENCE_ADVICE = "lower local.lr or the algorithm's global_lr"
 
 
-def quiet_known_warnings() -> None:
-    """Silence Lightning warnings that do not apply to a round loop: the round-plan loader does no data work,
-    a checkpoint taken after the server step is exactly the state to resume from, and under DDP every rank
-    aggregates the same uploads and logs the same round metrics (nothing to sync)."""
-    for message in (".*does not have many workers.*", ".*no pre-optimization state was saved.*",
-                    ".*overridden `transfer_batch_to_device` in `LightningModule`.*", ".*isinstance\\(treespec, LeafSpec\\)` is deprecated.*",
-                    ".*when logging on epoch level in distributed setting.*"):  # fmt: skip
-        warnings.filterwarnings("ignore", message=message)
-
-
-class FederatedModule(ClientStates, Checkpointing, GlobalEvaluation, PredictionParams, RunLifecycle, L.LightningModule):
+class FederatedModule(ClientStates, Checkpointing, GlobalEvaluation, PredictionParams, RunLifecycle, CompiledRoundHost, L.LightningModule):
     """Owns the global model, the server state, the client store and the round (docs/architecture.md).
 
     Each training step receives a ``RoundPlan`` from the datamodule and runs one round: the round's driver
@@ -268,25 +258,6 @@ class FederatedModule(ClientStates, Checkpointing, GlobalEvaluation, PredictionP
             for name, param in zip(self.federated_names, self.federated_parameters()):
                 param.grad = pseudo_grad[name].to(param.dtype)
         optimizer.step()
-
-    def server_inputs(self, x: TensorDict, server_state: NestedState, weights: Any) -> Any:
-        """What the compiled round needs of the server (``ServerInputs``), or why its optimizer has no pure form."""
-        from fl_lightning.executors.round_program import ServerInputs
-        from fl_lightning.optim.functional import functional_step
-
-        optimizer = self.optimizers().optimizer
-        if getattr(self, "_functional", (None,))[0] is not optimizer:  # once per optimizer
-            self._functional = (optimizer, functional_step(optimizer))
-        step = self._functional[1]
-        return step if isinstance(step, str) else ServerInputs(x, server_state, weights, step)
-
-    def commit_round(self, compiled: Any) -> None:
-        """A compiled round's new x and optimizer state, written back; the optimizer steps with every ``.grad`` None
-        first (nothing moves), so that Lightning counts the round as it counts ``apply_update``'s."""
-        optimizer = self.optimizers()
-        optimizer.zero_grad(set_to_none=True)
-        optimizer.step()
-        compiled.commit()
 
     def log_round(self, round: Round, uploads: Any, results: Any) -> None:
         compile_s = getattr(self.executor.inner, "compile_seconds", None)

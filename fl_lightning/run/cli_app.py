@@ -605,7 +605,8 @@ def _save_schema(parser: Any, args: list[str]) -> None:
 def build(args: list[str] | None = None, run: bool = True, exit_on_error: bool = True) -> FLCli:
     import fl_lightning.models  # noqa: F401  (registers model classes for short class names)
     from fl_lightning.datamodules import FederatedDataModule  # and the datamodule subclasses and partitioners
-    from fl_lightning.engine.module import FederatedModule, quiet_known_warnings
+    from fl_lightning.engine.lifecycle import quiet_known_warnings
+    from fl_lightning.engine.module import FederatedModule
 
     from fl_lightning.run.config_errors import OneLineParser, remember_args
     from fl_lightning.run.config_files import expand_bases
