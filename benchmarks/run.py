@@ -33,6 +33,8 @@ batching; compilation falls in the untimed first round, except programs for shap
 ``torch.func`` gives any model without a framework: ``vmap`` over the round's clients of ``grad`` of the loss through
 ``functional_call``, the K steps unrolled under ``torch.compile``, the mean of the clients' models (``_compiled_generic``);
 batched rows then carry ``ratio_vs_generic`` (and ``batched_compiled`` rows ``ratio_vs_one_batch_compiled``).
+``batched_compiled_round`` is batched compiled execution with ``compile_round``: each round that allows it (equal local
+work) as one program, the aggregate and the server step inside it (docs/performance.md, "The compiled round").
 ``auto`` is ``execution: auto`` (its trial rounds inside the timed rounds, so its cost includes them; rows carry
 ``auto_choice``, each fit's choice). The local executions of one workload run in
 one process, interleaved and repeated (the best of each is kept), so machine noise
@@ -381,10 +383,12 @@ def framework(workload: str, clients_per_round: int, rounds: int, execution: str
     from fl_lightning.executors import BatchedExecutor, SequentialExecutor
 
     kwargs = {"execution": execution} if execution in ("batched", "auto") else {}
-    if execution.endswith("_compiled"):
+    if execution.endswith("_compiled") or execution == "batched_compiled_round":
         unit = {"compile_unit": os.environ["FL_BENCH_COMPILE_UNIT"]} if os.environ.get("FL_BENCH_COMPILE_UNIT") else {}
         if os.environ.get("FL_BENCH_STEPS_PER_CALL"):
             unit["steps_per_call"] = int(os.environ["FL_BENCH_STEPS_PER_CALL"])
+        if execution == "batched_compiled_round":  # the compiled round: clients, aggregate and server step as one program
+            unit["compile_round"] = True
         kwargs = {"execution": (BatchedExecutor if execution.startswith("batched") else SequentialExecutor)(compile=True, **unit)}
     if os.environ.get("FL_BENCH_GC"):  # --gc: the collector freeze after the warm-up round on or off (default: the module's)
         kwargs["gc_freeze"] = os.environ["FL_BENCH_GC"] == "freeze"
@@ -556,7 +560,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where every row runs (ddp2 rows: cpu only)")
     parser.add_argument(
         "--executions", default="bare,sequential,batched,ddp2",
-        help="any of bare, sequential, batched, auto, ddp2, sequential_compiled, batched_compiled (opt-in: one_batch, one_batch_compiled, generic_compiled)",
+        help="any of bare, sequential, batched, auto, ddp2, sequential_compiled, batched_compiled, batched_compiled_round "
+        "(opt-in: one_batch, one_batch_compiled, generic_compiled)",
     )  # fmt: skip
     parser.add_argument("--rounds", default=None, help="rounds of a run per workload, e.g. mlp=10,cnn=4 (default: by --quick)")
     parser.add_argument("--repeats", type=int, default=None, help="runs of each row, the best kept (default: 2 with --quick, else 3)")
@@ -618,7 +623,7 @@ def main(argv: list[str] | None = None) -> None:
         row["ratio_vs_bare"] = round(row["client_steps_per_s"] / same["bare"], 3) if "bare" in same else None
         if row["execution"].startswith("batched") and "generic_compiled" in same:
             row["ratio_vs_generic"] = round(row["client_steps_per_s"] / same["generic_compiled"], 3)
-        if row["execution"] == "batched_compiled" and "one_batch_compiled" in same:
+        if row["execution"] in ("batched_compiled", "batched_compiled_round") and "one_batch_compiled" in same:
             row["ratio_vs_one_batch_compiled"] = round(row["client_steps_per_s"] / same["one_batch_compiled"], 3)
         if row["execution"] == "ddp2" and "one_process_steps_per_s" in row:
             row["ratio_vs_sequential"] = round(row["client_steps_per_s"] / row.pop("one_process_steps_per_s"), 3)
