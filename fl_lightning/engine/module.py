@@ -43,6 +43,7 @@ from fl_lightning.reliability.faults import ClientFaults, DivergenceError
 from fl_lightning.robust.aggregation import Robust
 from fl_lightning.rounds.build import RoundSettings, build_round
 from fl_lightning.rounds.stage import Round, RoundStage, RunFacts
+from fl_lightning.secagg import SecureAggregation
 
 log = logging.getLogger(__name__)
 DIVERGENCE_ADVICE = "lower local.lr or the algorithm's global_lr"
@@ -85,6 +86,8 @@ class FederatedModule(ClientStates, Checkpointing, GlobalEvaluation, PredictionP
         robust: Byzantine-robust aggregation (docs/robustness.md); non-finite uploads are excluded as Byzantine.
         attack: malicious clients poisoning their data or uploads (docs/robustness.md, "Attacks").
         lora_aggregation: how the server aggregates LoRA adapters (docs/algorithms.md 28); None: the algorithm's own.
+        secure_aggregation: SecAgg/SecAgg+ of the uploads with optional distributed DP (docs/privacy.md): the server
+            sees only the masked sum; ``secagg/*`` metrics, ``privacy/epsilon`` under distributed DP.
         stages: a user's own round stages (``fl_lightning.rounds.RoundStage``; docs/architecture.md, "Your own stage").
         gc_freeze: freeze Python's collector on the first round's objects (``fl_lightning.engine.collector``; off: docs/performance.md).
     """
@@ -108,6 +111,7 @@ class FederatedModule(ClientStates, Checkpointing, GlobalEvaluation, PredictionP
         robust: Robust | None = None,
         attack: Attack | None = None,
         lora_aggregation: str | LoRAAggregation | None = None,
+        secure_aggregation: SecureAggregation | None = None,
         stages: list[RoundStage] | None = None,
         gc_freeze: bool = False,
     ) -> None:
@@ -136,6 +140,7 @@ class FederatedModule(ClientStates, Checkpointing, GlobalEvaluation, PredictionP
         self.faults, self.uplink, self.downlink, self.privacy, self.compression = faults, uplink or [], downlink or [], privacy, compression
         self.record_privacy, self.clock, self.asynchronous, self.robust, self.attack = record_privacy, clock, asynchronous, robust, attack
         self.lora_aggregation, self.stages, self.gc_freeze = lora_aggregation, list(stages or []), gc_freeze
+        self.secure_aggregation = secure_aggregation
         self.objective = Objective(model, self.federated_names + self.personal_names)
         self._build_round()
         self._checked_data = self._schema = self._partition = self._resumed_step = None
@@ -147,7 +152,7 @@ class FederatedModule(ClientStates, Checkpointing, GlobalEvaluation, PredictionP
 
     # ---- the round, built from the settings ---------------------------------------------------------
     _ROUND_SETTINGS = ("faults", "uplink", "downlink", "privacy", "compression", "record_privacy", "clock", "asynchronous", "robust",
-                       "attack", "lora_aggregation", "stages")  # fmt: skip
+                       "attack", "lora_aggregation", "secure_aggregation", "stages")  # fmt: skip
 
     def _round_key(self) -> tuple:
         return tuple(id(getattr(self, name)) for name in self._ROUND_SETTINGS)
