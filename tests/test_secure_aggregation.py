@@ -44,7 +44,6 @@ def test_any_t_shares_reconstruct_the_secret_and_fewer_refuse(threshold):
 
 def test_the_shares_are_a_degree_t_minus_1_polynomial_over_the_field():
     """An independent Lagrange interpolation (Python integers, Fermat inverses) of t shares at 0."""
-    rng = random.Random(3)
     secret, t = 123456789, 4
     shares = share(secret, [0, 2, 5, 9], t, random.Random(4))
     points = [(h + 1, y) for h, y in shares.items()]
@@ -55,7 +54,7 @@ def test_the_shares_are_a_degree_t_minus_1_polynomial_over_the_field():
             if xj != xi:
                 term = term * xj * pow(xj - xi, PRIME - 2, PRIME) % PRIME
         value = (value + term) % PRIME
-    assert value == secret and rng  # the interpolation agrees with the sharing
+    assert value == secret
 
 
 # ---- the masked sum ------------------------------------------------------------------------------
@@ -170,14 +169,34 @@ def test_where_nothing_wraps_the_secure_aggregate_is_the_plain_one_within_the_qu
             assert 0 < float((c - secure.server_state["c"][name]).abs().max()) <= bound
 
 
+def test_a_round_with_too_few_shares_is_aborted_and_aggregates_nothing(tmp_path):
+    """Threshold 1: a client's secrets need all its neighbours' shares, so any dropout after masking aborts the round."""
+    import csv
+
+    from lightning.pytorch.loggers import CSVLogger
+
+    torch.manual_seed(0)
+    module = FederatedModule(MLP(in_features=8, num_classes=3, hidden=[4]), local=LocalTraining(lr=0.3, steps=2, batch_size=8),
+                             secure_aggregation=SecureAggregation(bits=16, clip=1.0, threshold=1.0, dropout_after_masking=0.5))  # fmt: skip
+    before = [p.detach().clone() for p in module.model.parameters()]
+    tiny_trainer(tmp_path, 2, logger=CSVLogger(tmp_path, name="m")).fit(module, datamodule=tiny_datamodule(4, 4))
+    (path,) = tmp_path.rglob("metrics.csv")
+    with open(path) as f:
+        rows = [r for r in csv.DictReader(f) if r.get("train/clients")]
+    aborted = [float(r["secagg/aborted"] or 0) == 1 for r in rows]
+    assert aborted == [False, True]  # round 0: every client delivered; round 1: a dropout after masking
+    assert float(rows[0]["train/clients"]) == 4 and float(rows[1]["train/clients"]) == 0 and not rows[1]["secagg/clients"]
+    assert not all(torch.equal(a, b) for a, b in zip(before, module.model.parameters()))
+
+
 # ---- refusals --------------------------------------------------------------------------------------
 def _module(**settings):
     return FederatedModule(MLP(in_features=8, num_classes=3, hidden=[4]), local=LocalTraining(steps=2, batch_size=8), **settings)
 
 
 @pytest.mark.parametrize("settings, line", [
-    (dict(robust=Robust("median")), "model.robust with model.secure_aggregation: it reads each client's upload"),
-    (dict(privacy=ClientPrivacy(clip_norm=1.0)), "model.secure_aggregation with model.privacy: client-level DP's noise"),
+    ({"robust": Robust("median")}, "model.robust with model.secure_aggregation: it reads each client's upload"),
+    ({"privacy": ClientPrivacy(clip_norm=1.0)}, "model.secure_aggregation with model.privacy: client-level DP's noise"),
 ])  # fmt: skip
 def test_what_reads_single_uploads_is_refused_in_one_line(settings, line):
     with pytest.raises(ValueError, match=re.escape(line)) as error:
@@ -193,11 +212,11 @@ def test_an_algorithm_that_is_not_a_sum_is_refused_in_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("kw, line", [
-    (dict(bits=1), "secure_aggregation.bits must be an integer in [2, 62], got 1"),
-    (dict(neighbours=3), "secure_aggregation.neighbours must be an even integer >= 2"),
-    (dict(threshold=0.0), "secure_aggregation.threshold must be in (0, 1]"),
-    (dict(dropout_after_masking=1.0), "secure_aggregation.dropout_after_masking must be in [0, 1)"),
-    (dict(noise="laplace"), "secure_aggregation.noise must be null, 'gaussian' or 'skellam'"),
+    ({"bits": 1}, "secure_aggregation.bits must be an integer in [2, 62], got 1"),
+    ({"neighbours": 3}, "secure_aggregation.neighbours must be an even integer >= 2"),
+    ({"threshold": 0.0}, "secure_aggregation.threshold must be in (0, 1]"),
+    ({"dropout_after_masking": 1.0}, "secure_aggregation.dropout_after_masking must be in [0, 1)"),
+    ({"noise": "laplace"}, "secure_aggregation.noise must be null, 'gaussian' or 'skellam'"),
 ])  # fmt: skip
 def test_bad_settings_are_refused_in_one_line(kw, line):
     with pytest.raises(ValueError, match=re.escape(line)):
@@ -208,3 +227,25 @@ def test_too_few_bits_for_the_cohort_are_refused_before_training(tmp_path):
     module = _module(secure_aggregation=SecureAggregation(bits=3))
     with pytest.raises(ValueError, match=r"secure_aggregation.bits=3 cannot hold the sum of 4 clients"):
         tiny_trainer(tmp_path, 1).fit(module, datamodule=tiny_datamodule(4, 4))
+
+
+@pytest.mark.parametrize("config", ["secagg_digits", "ddg_digits"])
+def test_the_config_fits_through_the_cli_and_logs_the_protocols_cost(tmp_path, monkeypatch, config):
+    import csv
+    from pathlib import Path
+
+    from fl_lightning.commands.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    main(["fit", "--config", str(Path(__file__).resolve().parents[1] / "configs" / f"{config}.yaml"), "--trainer.max_steps", "2",
+          "--trainer.val_check_interval", "2", "--trainer.enable_progress_bar", "false"])  # fmt: skip
+    (metrics,) = (tmp_path / "runs").rglob("metrics.csv")
+    with open(metrics) as f:
+        rows = [r for r in csv.DictReader(f) if r.get("secagg/bytes_per_client")]
+    assert len(rows) == 2
+    for row in rows:
+        assert float(row["secagg/bytes_per_client"]) > float(row["secagg/vector_bytes"]) > 0  # keys and shares besides the vector
+        assert float(row["secagg/overflow"]) >= 0 and float(row["secagg/server_seconds"]) > 0
+    if config == "ddg_digits":
+        epsilons = [float(r["privacy/epsilon"]) for r in rows]
+        assert 0 < epsilons[0] < epsilons[1]

@@ -146,7 +146,8 @@ def _fit_logged(tmp_path, secagg, execution="sequential", rounds=3):
     data.participation = UniformSampling(6)
     tiny_trainer(tmp_path, rounds, precision="64-true", logger=CSVLogger(tmp_path, name="m")).fit(module, datamodule=data)
     (path,) = tmp_path.rglob("metrics.csv")
-    return module, [r for r in csv.DictReader(open(path)) if r.get("privacy/epsilon")]
+    with open(path) as f:
+        return module, [r for r in csv.DictReader(f) if r.get("privacy/epsilon")]
 
 
 @pytest.mark.parametrize("noise", ["gaussian", "skellam"])

@@ -7,7 +7,7 @@ after masking are dropped from the round."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -18,10 +18,10 @@ from fl_lightning.core.participation import derive_seed
 from fl_lightning.core.tasks import Payload
 from fl_lightning.pipeline.messages import SERVER_STREAM, sends_no_model_shaped_upload
 from fl_lightning.reliability.fingerprint import describe_setting
+from fl_lightning.rounds.stage import CHECK, Round, RoundStage, RunFacts
 from fl_lightning.secagg import SecureAggregation, TooFewShares
 from fl_lightning.secagg.accounting import DistributedAccountant
 from fl_lightning.secagg.encoding import flatten, unflatten
-from fl_lightning.rounds.stage import CHECK, Round, RoundStage, RunFacts
 
 log = logging.getLogger(__name__)
 SEES_ONE_UPLOAD = "it reads each client's upload, and under secure aggregation the server sees only the masked sum"
@@ -32,7 +32,7 @@ class SecureAggregationStage(RoundStage):
     order = CHECK + 5  # after the finite checks, before the aggregate
     setting = "model.secure_aggregation"
     reads_each_upload = True  # the simulation encodes and masks each client's upload; the server's view is the sum
-    conflicts = {
+    conflicts: ClassVar[dict[str, str]] = {
         "robust": SEES_ONE_UPLOAD,
         "privacy": "client-level DP's noise is added by the server to the sum; use secure_aggregation.noise (distributed DP) instead",
         "lora_aggregation": f"a folding or heterogeneous-rank method: {SEES_ONE_UPLOAD}",
@@ -46,7 +46,11 @@ class SecureAggregationStage(RoundStage):
         self._total: Tensor | None = None
 
     def describe(self) -> str | None:
-        return describe_setting(self.secagg)
+        sa = self.secagg
+        graph = "SecAgg" if sa.neighbours is None else f"SecAgg+ (k={sa.neighbours})"
+        noise = "" if sa.noise is None else f", {'discrete Gaussian' if sa.noise == 'gaussian' else 'Skellam'} z={sa.noise_multiplier:g}"
+        late = f", {sa.dropout_after_masking:.0%} drop after masking" if sa.dropout_after_masking else ""
+        return f"{graph}, {sa.bits} bits, clip {sa.clip:g}{noise}{late}"
 
     def fingerprint(self) -> dict[str, str]:
         return {"secure_aggregation": describe_setting(self.secagg)}
@@ -84,6 +88,7 @@ class SecureAggregationStage(RoundStage):
     def admit(self, round: Round) -> None:
         """The protocol's round on the uploads that came back; the clients that dropped after masking leave the round."""
         results, plan = round.results, round.plan
+        self.secagg.check_cohort(len(plan.clients))  # a cohort not known before training (Bernoulli participation)
         position = {cid: p for p, cid in enumerate(plan.clients.tolist())}
         trained = [position[cid] for cid in results.client_ids]
         self._like = results.uploads[0]
