@@ -61,6 +61,9 @@ class SecureAggregation:
         beta: conditional rounding's probability of a redraw, in (0, 1).
     """
 
+    method = "rdp"
+    """How distributed DP's rounds are accounted (the terminal's closing line names it)."""
+
     def __init__(
         self,
         bits: int = 20,
