@@ -42,7 +42,7 @@ class SecureAggregationStage(RoundStage):
         if asynchronous:
             raise ValueError("model.secure_aggregation runs in synchronous rounds (a masked sum over a cohort); remove model.asynchronous")
         self.secagg = secagg
-        self.accountant = DistributedAccountant(secagg.delta, secagg.noise) if secagg.noise is not None else None
+        self.accountant = DistributedAccountant(secagg.delta) if secagg.noise is not None else None
         self._total: Tensor | None = None
 
     def describe(self) -> str | None:
