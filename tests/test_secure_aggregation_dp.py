@@ -180,3 +180,25 @@ def test_the_logged_epsilon_is_the_bound_of_the_noise_that_arrived(tmp_path, noi
         assert float(row["privacy/epsilon"]) == pytest.approx(reference_epsilon(total, delta), rel=1e-9)
     assert len(rows) == 3 and any(int(float(r["secagg/clients"])) < n for r in rows)
     assert reference_epsilon(total, delta) > reference_epsilon(all_arrived, delta)  # dropouts cost privacy
+
+
+def _resumable(tmp_path, rounds, ckpt_path=None):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    torch.manual_seed(0)
+    secagg = SecureAggregation(bits=16, clip=1.0, neighbours=2, noise="skellam", noise_multiplier=1.0, dropout_after_masking=0.3)
+    module = FederatedModule(MLP(in_features=8, num_classes=3, hidden=[4]), local=LocalTraining(lr=0.3, steps=2, batch_size=8), secure_aggregation=secagg)
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True, every_n_train_steps=1, save_top_k=0)
+    trainer = tiny_trainer(tmp_path, rounds, enable_checkpointing=True, callbacks=[checkpoint])
+    trainer.fit(module, datamodule=tiny_datamodule(6, 6), ckpt_path=ckpt_path)
+    return module, trainer
+
+
+def test_resume_gives_the_same_model_and_epsilon_bitwise(tmp_path):
+    straight, t1 = _resumable(tmp_path / "a", 3)
+    _resumable(tmp_path / "b", 2)
+    resumed, t2 = _resumable(tmp_path / "c", 3, ckpt_path=str(tmp_path / "b" / "ckpt" / "last.ckpt"))
+    assert all(torch.equal(a, b) for a, b in zip(straight.model.parameters(), resumed.model.parameters()))
+    stage = resumed.rounds.stage("secure_aggregation")
+    assert stage.accountant.rounds == straight.rounds.stage("secure_aggregation").accountant.rounds > 0
+    assert float(t1.callback_metrics["privacy/epsilon"]) == float(t2.callback_metrics["privacy/epsilon"]) > 0
