@@ -16,7 +16,9 @@ makes the first client of every round fail while training (either way the surviv
 ``--privacy C SIGMA`` runs under client-level DP (clip norm C, noise multiplier sigma), with
 ``--adaptive-clipping`` under adaptive clipping; ``--record-privacy C SIGMA`` under record-level
 DP-SGD in local training (Poisson sampling). ``--robust RULE F`` aggregates with a robust rule
-(``fl_lightning.robust.Robust``, f attackers): every upload gathered on every process.
+(``fl_lightning.robust.Robust``, f attackers): every upload gathered on every process. ``--secagg BITS NOISE``
+runs under secure aggregation (clip 1, 4 neighbours, 20 % of the clients dropping after masking; NOISE ``none``,
+``gaussian`` or ``skellam`` at noise multiplier 1): every upload gathered, the protocol simulated on every process.
 The output also holds the last round's logged metrics and the executor's count of rounds
 whose uploads were gathered or summed across the processes.
 """
@@ -42,6 +44,7 @@ from fl_lightning.core.participation import BernoulliParticipation  # noqa: E402
 from fl_lightning.pipeline.privacy import ClientPrivacy  # noqa: E402
 from fl_lightning.pipeline.record_privacy import RecordPrivacy  # noqa: E402
 from fl_lightning.robust import Robust  # noqa: E402
+from fl_lightning.secagg import SecureAggregation  # noqa: E402
 from fl_lightning.core.state import flatten_state  # noqa: E402
 from models import MLP  # noqa: E402
 
@@ -70,6 +73,13 @@ def _privacy(args) -> ClientPrivacy | None:
     return ClientPrivacy(*args.privacy, **adaptive)
 
 
+def _secagg(args) -> SecureAggregation | None:
+    if not args.secagg:
+        return None
+    noise = None if args.secagg[1] == "none" else args.secagg[1]
+    return SecureAggregation(int(args.secagg[0]), clip=1.0, neighbours=4, dropout_after_masking=0.2, noise=noise, noise_multiplier=1.0)
+
+
 def _asynchronous(args) -> dict:
     if args.fedbuff is None:
         return {}
@@ -94,6 +104,7 @@ def main() -> None:
     parser.add_argument("--record-privacy", type=float, nargs=2, default=None, metavar=("C", "SIGMA"), help="record-level DP-SGD")
     parser.add_argument("--robust", nargs=2, default=None, metavar=("RULE", "F"), help="robust aggregation: rule name, f")
     parser.add_argument("--fedbuff", type=int, nargs=2, default=None, metavar=("C", "B"), help="FedBuff under a simulated clock: concurrency, buffer size")
+    parser.add_argument("--secagg", nargs=2, default=None, metavar=("BITS", "NOISE"), help="secure aggregation: bits, none|gaussian|skellam")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -111,6 +122,7 @@ def main() -> None:
                              privacy=_privacy(args),
                              record_privacy=RecordPrivacy(*args.record_privacy) if args.record_privacy else None,
                              robust=Robust(args.robust[0], f=int(args.robust[1])) if args.robust else None,
+                             secure_aggregation=_secagg(args),
                              **_asynchronous(args))  # fmt: skip
     participation = BernoulliParticipation(args.bernoulli) if args.bernoulli else UniformSampling(args.clients_per_round)
     data = FederatedDataModule(

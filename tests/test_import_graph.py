@@ -119,7 +119,9 @@ LAYERS: dict[str, set[str]] = {
     "robust": {"core", "algorithms", "pipeline"},
     "adversary": {"core", "algorithms", "executors", "pipeline"},
     "clock": {"core", "pipeline", "compression"},
-    "rounds": {"core", "reliability", "optim", "algorithms", "executors", "pipeline", "compression", "robust", "adversary", "clock", "lora"},
+    "secagg": {"core", "pipeline"},
+    "rounds": {"core", "reliability", "optim", "algorithms", "executors", "pipeline", "compression", "robust", "adversary", "clock", "lora",
+               "secagg"},
 }
 LAYERS["engine"] = {*LAYERS["rounds"], "rounds"}
 LAYERS["run"] = {*LAYERS["engine"], "engine", "models", "datamodules"}

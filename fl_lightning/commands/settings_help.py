@@ -69,9 +69,9 @@ compression (docs/compression.md):
 privacy (docs/privacy.md):
   --model.privacy.clip_norm C          client-level DP: the clip norm, > 0
   --model.privacy.noise_multiplier S   >= 0
-  --model.privacy.delta D              (0, 1)
-  --model.privacy.target_epsilon E     > 0, or null (no budget)
+  --model.privacy.delta D              (0, 1); .target_epsilon E: > 0, or null (no budget)
   --model.record_privacy.*             record-level DP-SGD: clip_norm, noise_multiplier, delta alike
+  --model.secure_aggregation.*         SecAgg(+): bits, clip, neighbours; distributed DP: noise
 
 robust aggregation (docs/robustness.md):
   --model.robust.rule NAME         median, trimmed_mean, (multi_)krum, bulyan, geometric_median, ...

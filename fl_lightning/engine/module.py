@@ -44,6 +44,7 @@ from fl_lightning.reliability.faults import ClientFaults, DivergenceError
 from fl_lightning.robust.aggregation import Robust
 from fl_lightning.rounds.build import RoundSettings, build_round
 from fl_lightning.rounds.stage import Round, RoundStage, RunFacts
+from fl_lightning.secagg import SecureAggregation
 
 log = logging.getLogger(__name__)
 DIVERGENCE_ADVICE = "lower local.lr or the algorithm's global_lr"
@@ -76,6 +77,7 @@ class FederatedModule(ClientStates, Checkpointing, GlobalEvaluation, PredictionP
         robust: Byzantine-robust aggregation (docs/robustness.md); non-finite uploads are excluded as Byzantine.
         attack: malicious clients poisoning their data or uploads (docs/robustness.md, "Attacks").
         lora_aggregation: how the server aggregates LoRA adapters (docs/algorithms.md 28); None: the algorithm's own.
+        secure_aggregation: SecAgg/SecAgg+ of the uploads, optionally distributed DP (docs/privacy.md); ``secagg/*`` metrics.
         stages: a user's own round stages (``fl_lightning.rounds.RoundStage``; docs/architecture.md, "Your own stage").
         gc_freeze: freeze Python's collector on the first round's objects (``fl_lightning.engine.collector``; off: docs/performance.md).
     """
@@ -99,6 +101,7 @@ class FederatedModule(ClientStates, Checkpointing, GlobalEvaluation, PredictionP
         robust: Robust | None = None,
         attack: Attack | None = None,
         lora_aggregation: str | LoRAAggregation | None = None,
+        secure_aggregation: SecureAggregation | None = None,
         stages: list[RoundStage] | None = None,
         gc_freeze: bool = False,
     ) -> None:
@@ -108,7 +111,7 @@ class FederatedModule(ClientStates, Checkpointing, GlobalEvaluation, PredictionP
         self.model = model
         self.algorithm = algorithm if algorithm is not None else FedAvg()
         self.local = local if local is not None else LocalTraining()
-        self.personal = list(personal or [])
+        self.personal, self.gc_freeze = list(personal or []), gc_freeze
         self.federated_names = P.federated_names(model, self.personal)
         if not self.federated_names:
             raise ValueError("the model has no trainable parameters left to federate (check `personal` patterns)")
@@ -126,19 +129,18 @@ class FederatedModule(ClientStates, Checkpointing, GlobalEvaluation, PredictionP
         self._training_executor = self.executor.inner  # the stages' client-side parts wrap around it
         self.faults, self.uplink, self.downlink, self.privacy, self.compression = faults, uplink or [], downlink or [], privacy, compression
         self.record_privacy, self.clock, self.asynchronous, self.robust, self.attack = record_privacy, clock, asynchronous, robust, attack
-        self.lora_aggregation, self.stages, self.gc_freeze = lora_aggregation, list(stages or []), gc_freeze
+        self.lora_aggregation, self.secure_aggregation, self.stages = lora_aggregation, secure_aggregation, list(stages or [])
         self.objective = Objective(model, self.federated_names + self.personal_names)
         self._build_round()
         self._checked_data = self._schema = self._partition = self._resumed_step = None
         self.comm_totals = {"bytes_up": 0, "bytes_down": 0, "client_uploads": 0}
-        self.val_loss, self.val_acc = MeanMetric(), MeanMetric()
-        self.test_loss, self.test_acc = MeanMetric(), MeanMetric()
+        self.val_loss, self.val_acc, self.test_loss, self.test_acc = MeanMetric(), MeanMetric(), MeanMetric(), MeanMetric()
         if attack is not None and attack.backdoor is not None:
             self.val_asr, self.test_asr = MeanMetric(), MeanMetric()
 
     # ---- the round, built from the settings ---------------------------------------------------------
     _ROUND_SETTINGS = ("faults", "uplink", "downlink", "privacy", "compression", "record_privacy", "clock", "asynchronous", "robust",
-                       "attack", "lora_aggregation", "stages")  # fmt: skip
+                       "attack", "lora_aggregation", "secure_aggregation", "stages")  # fmt: skip
 
     def _round_key(self) -> tuple:
         return tuple(id(getattr(self, name)) for name in self._ROUND_SETTINGS)

@@ -45,6 +45,7 @@ class AsynchronousRounds:
         "record_privacy": "its accountant counts synchronous rounds",
         "faults": "dropout and stragglers are synchronous rounds' faults (the clock's speeds and availability model them)",
         "clock": "needs model.clock, without a deadline (no round waits)",
+        "secure_aggregation": "a masked sum needs a synchronous cohort",
         "messages": "uplink stages only (a compressed broadcast keeps one server copy per cohort; aggregate stages add per-round noise)",
     }
 

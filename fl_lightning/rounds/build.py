@@ -37,6 +37,7 @@ class RoundSettings:
     robust: Any = None
     attack: Any = None
     lora_aggregation: Any = None
+    secure_aggregation: Any = None
     stages: Sequence[RoundStage] = ()
 
 
@@ -105,6 +106,10 @@ def _optional_stages(s: RoundSettings) -> list[RoundStage]:
         from fl_lightning.rounds.correlated_noise import CorrelatedNoiseStage
 
         stages.append((CorrelatedNoiseStage if isinstance(s.privacy, CorrelatedNoise) else ClientPrivacyStage)(s.privacy))
+    if s.secure_aggregation is not None:
+        from fl_lightning.rounds.secure_aggregation import SecureAggregationStage
+
+        stages.append(SecureAggregationStage(s.secure_aggregation, asynchronous=s.asynchronous is not None))
     if s.record_privacy is not None:
         from fl_lightning.rounds.record_privacy import RecordPrivacyStage
 
@@ -122,7 +127,8 @@ def shipped_stages() -> tuple[list[type[RoundStage]], list[type]]:
     from fl_lightning.rounds.messages import MessageStages
     from fl_lightning.rounds.record_privacy import RecordPrivacyStage
     from fl_lightning.rounds.robust import RobustStage
+    from fl_lightning.rounds.secure_aggregation import SecureAggregationStage
 
     stages = [MessageStages, FaultsStage, ClockStage, LoRAStage, AttackStage, RecordPrivacyStage, ClientPrivacyStage, TrainingLossCheck,
-              RobustStage, FiniteUploads, CompressionStage]  # fmt: skip
+              RobustStage, FiniteUploads, SecureAggregationStage, CompressionStage]  # fmt: skip
     return stages, [AsynchronousRounds]

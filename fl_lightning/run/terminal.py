@@ -181,6 +181,8 @@ class RunSummary(Callback):
         self.privacy = []
         for key, _, label, attribute in PRIVACY:
             value, settings = _value(trainer.callback_metrics, key), getattr(pl_module, attribute, None)
+            if settings is None and attribute == "privacy":  # distributed DP under secure aggregation logs the same key
+                settings = getattr(pl_module, "secure_aggregation", None)
             if value is not None and settings is not None:
                 self.privacy.append(f"{label} {_epsilon(value)} ({settings.method.upper()}, delta {settings.delta:g})")
 
