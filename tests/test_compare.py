@@ -355,3 +355,12 @@ def test_a_personalized_run_named_with_a_bar_is_reported_in_its_own_terms(tmp_pa
     assert [(int(p["client"]), float(p["Ditto | lam personal_acc"]), float(p["FedAvg personal_acc"])) for p in pairs] == [
         (c, float(final["Ditto | lam"][c]["personal_acc"]), float(final["FedAvg"][c]["personal_acc"])) for c in range(6)]
     assert (out / "plots" / "clients_test_acc.png").is_file() and (out / "plots" / "clients_scatter_Ditto_lam_vs_FedAvg.png").is_file()
+
+
+def test_the_final_test_row_belongs_to_the_last_round(tmp_path):
+    """The test stage logs at step N (after N rounds) with ``round`` N - 1: it is the last round's, not a round N + 1."""
+    path = tmp_path / "metrics.csv"
+    path.write_text("round,step,train/loss,val/acc,test/acc\n0.0,0,1.0,,\n1.0,1,0.5,0.8,\n1.0,1,,0.8,0.7\n1.0,2,,,0.75\n")
+    history = History.from_csv(path)
+    assert [r["round"] for r in history.records] == [1.0, 2.0]
+    assert history.last("round") == 2.0 and history.final("test/acc") == 0.75

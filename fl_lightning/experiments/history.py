@@ -56,7 +56,8 @@ class History:
         merged: dict[int, dict[str, float]] = {}
         with open(path, newline="") as f:
             for row in csv.DictReader(f):
-                step = int(float(row["step"]))
+                # the round a row belongs to: its ``round`` where logged (the final test's row sits at step N, after round N-1)
+                step = int(float(row["round"])) if row.get("round") not in ("", None) else int(float(row["step"]))
                 record = merged.setdefault(step, {})
                 for key, value in row.items():
                     if key not in ("step", "epoch") and value not in ("", None):
