@@ -35,7 +35,8 @@ def _executors() -> dict[str, Any]:
     from fl_lightning.executors.sequential import SequentialExecutor
 
     return {"sequential": SequentialExecutor, "batched": BatchedExecutor, "sequential_compiled": lambda: SequentialExecutor(compile=True),
-            "batched_compiled": lambda: BatchedExecutor(compile=True)}  # fmt: skip
+            "batched_compiled": lambda: BatchedExecutor(compile=True),
+            "batched_compiled_round": lambda: BatchedExecutor(compile=True, compile_round=True)}  # fmt: skip
 
 
 class AutoExecutor(Executor):
@@ -43,7 +44,7 @@ class AutoExecutor(Executor):
 
     Args:
         candidates: executions to try, in this order, from ``sequential``, ``batched``, ``sequential_compiled``,
-            ``batched_compiled``.
+            ``batched_compiled``, ``batched_compiled_round`` (the compiled round).
         rounds_each: trial rounds per candidate (>= 2): the first is a warm-up (compilation), the last is timed.
         choice: the execution to run after the trial rounds without measuring (one of ``candidates``);
             ``None``: measure. The measuring run writes its choice into the run's ``config.yaml``.
