@@ -56,12 +56,15 @@ class History:
         merged: dict[int, dict[str, float]] = {}
         with open(path, newline="") as f:
             for row in csv.DictReader(f):
-                # the round a row belongs to: its ``round`` where logged (the final test's row sits at step N, after round N-1)
-                step = int(float(row["round"])) if row.get("round") not in ("", None) else int(float(row["step"]))
+                step = int(float(row["step"]))
                 record = merged.setdefault(step, {})
                 for key, value in row.items():
                     if key not in ("step", "epoch") and value not in ("", None):
                         record[LEGACY_NAMES.get(key, key)] = float(value)
+        last = max(merged, default=None)
+        if last is not None and last - 1 in merged and all(k.startswith("test/") or k == ROUND for k in merged[last]):
+            # the final test (``test_after_fit``) logs at step N, after the last round N - 1: that round's record
+            merged[last - 1].update({k: v for k, v in merged.pop(last).items() if k != ROUND})
         records = []
         for step in sorted(merged):
             record = merged[step]

@@ -218,7 +218,7 @@ RANGES: dict[str, Range] = {
 NESTED_CLASSES: dict[str, tuple[str, tuple[str, ...]]] = {
     "model.compression.up": ("Compressor", ("Cast", "Compressor", "Identity", "Int8", "QSGD", "RandomK", "ScaledSign", "TopK")),
     "model.compression.down": ("Compressor", ("Cast", "Compressor", "Identity", "Int8", "QSGD", "RandomK", "ScaledSign", "TopK")),
-    "data.participation": ("Participation", ("BernoulliParticipation", "UniformSampling")),
+    "data.participation": ("Participation", ("BernoulliParticipation", "CyclicParticipation", "UniformSampling")),
     "data.partition": ("Partitioner", ("Contiguous", "Dirichlet", "IID", "NaturalPartition", "QuantitySkew", "Shards")),
 }
 # The class settings whose value names a class (a string there is a class name, not a value).
