@@ -59,13 +59,18 @@ def _assert_close(single: dict, ddp: dict, rtol: float, atol: float) -> None:
     [
         ("fadam_et", False),  # only the tracking subset uploads y_delta: results of two structures
         ("scaffold_p", False),  # the warm-up pass split over the ranks; personal tensors as client state
+        ("fedfv", False),  # FedFV: every update and loss gathered, tau = 2 rounds of past updates in the server state
+        ("fedmgda", False),  # FedMGDA+: the min-norm weights of every normalised update
     ],
 )
 def test_ddp_two_processes_equal_one_process(tmp_path, algorithm, skew):
     """Algorithms whose aggregate is not declared linear gather every upload: bitwise the one-process run."""
     single, ddp = _train(tmp_path, 1, algorithm, skew), _train(tmp_path, 2, algorithm, skew)
     _assert_close(single, ddp, rtol=0, atol=1e-7)
-    assert single["store"], "the check must compare some client state"
+    if algorithm == "fedfv":  # no client state: the past updates are the server's
+        assert single["server_state"], "the check must compare FedFV's history"
+    elif algorithm != "fedmgda":
+        assert single["store"], "the check must compare some client state"
     assert ddp["exchanges"] == {"gathered": 3 + (algorithm == "scaffold_p"), "summed": 0}  # + the warm-up pass
 
 
@@ -91,6 +96,7 @@ def test_ddp_robust_aggregation_gathers_and_equals_one_process(tmp_path):
         ("fedproto", False, ()),  # no model delta: per-class prototype sums, a data pass per client
         ("qffl", True, ()),  # q-FFL: the sums of F_k^q d_k and of h_k (a number per client), a data pass per client
         ("term", False, ()),  # TERM: the sums of e^{t F_k} d_k and of e^{t F_k}
+        ("afl", True, ()),  # AFL: per-domain sums of n_k F_k and n_k beside the lambda-weighted updates
     ],
 )
 def test_ddp_partial_sums_equal_one_process(tmp_path, algorithm, skew, extra):
