@@ -130,8 +130,8 @@ def recover(optuna_study: Any) -> list[int]:
 class Tuner:
     """Runs a study's trials method by method (``run``), then its test runs (``test``)."""
 
-    def __init__(self, study: Study, out: Path, storage_url: str | None = None) -> None:
-        self.study, self.out = study, out
+    def __init__(self, study: Study, out: Path, storage_url: str | None = None, worker: int = 0) -> None:
+        self.study, self.out, self.worker = study, out, worker  # ``worker``: this process's index under ``--jobs``
         self.storage_url = storage_url or f"sqlite:///{out / 'study.db'}"
         self.trials_seconds = 0.0
 
@@ -152,7 +152,8 @@ class Tuner:
                 finished = done["complete"] + done["pruned"]
                 if finished + done["running"] >= method.trials:  # (several processes: the others' running trials count)
                     break
-                optuna_study.sampler = sampler(self.study.sampler, finished, list(self.study.methods.values()))
+                # several workers: each its own stream (the same seed would sample the same point in each at once)
+                optuna_study.sampler = sampler(self.study.sampler, finished + 7919 * self.worker, list(self.study.methods.values()))
                 optuna_study.optimize(lambda trial: self.objective(trial, name), n_trials=1, catch=())
             done = counts(optuna_study)
             print(f"[tune] {name}: {done['complete']} complete, {done['pruned']} pruned, {done['fail']} failed trials", flush=True)
@@ -271,7 +272,7 @@ def tune(config: str | Path, out: str | Path, storage_url: str | None = None, jo
     tuner = Tuner(study, out, storage_url)
     started = time.perf_counter()
     if jobs > 1:
-        workers = [subprocess.Popen(worker_command(config, out, storage_url)) for _ in range(jobs)]
+        workers = [subprocess.Popen(worker_command(config, out, storage_url, index)) for index in range(jobs)]
         codes = [w.wait() for w in workers]
         if any(codes):
             raise SystemExit(max(codes))
@@ -287,8 +288,8 @@ def tune(config: str | Path, out: str | Path, storage_url: str | None = None, jo
     return study
 
 
-def worker_command(config: str | Path, out: Path, storage_url: str | None) -> list[str]:
-    command = [sys.executable, "-m", "fl_lightning.experiments.tune", "--config", str(config), "--out", str(out), "--worker"]
+def worker_command(config: str | Path, out: Path, storage_url: str | None, index: int) -> list[str]:
+    command = [sys.executable, "-m", "fl_lightning.experiments.tune", "--config", str(config), "--out", str(out), "--worker", str(index)]
     return command + (["--storage", storage_url] if storage_url else [])
 
 
@@ -304,13 +305,13 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--jobs", type=int, default=1, help="processes working on the study at once (default 1)")
     parser.add_argument("--no-test", action="store_true", help="tune only: no test runs of the best trials")
     parser.add_argument("--report-only", action="store_true", help="only rewrite the tables, plot and configs from the storage")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     ns = parser.parse_args(argv)
     if ns.jobs < 1:
         raise ValueError(f"--jobs must be an integer >= 1, got {ns.jobs}")
-    if ns.worker:
+    if ns.worker is not None:
         study = load_study(ns.config)
-        Tuner(study, Path(ns.out).resolve(), ns.storage).run()
+        Tuner(study, Path(ns.out).resolve(), ns.storage, ns.worker).run()
         return
     if ns.report_only:
         study, out = load_study(ns.config), Path(ns.out).resolve()
