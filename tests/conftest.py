@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import os
-
-import lightning as L
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 
@@ -88,6 +87,31 @@ def rows_calls(monkeypatch):
 
     monkeypatch.setattr(Objective, "_as_rows", counting)
     return calls
+
+
+def fit_shipped_config(tmp_path, monkeypatch, config: str, *args: str) -> list[dict[str, str]]:
+    """``fl-lightning fit --config configs/<config>.yaml`` for 2 rounds (one evaluation) from ``tmp_path``, a folder
+    outside the checkout, with ``args`` after it; the rows of the run's metrics.csv."""
+    import csv
+
+    from fl_lightning.commands.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    main(["fit", "--config", str(Path(__file__).resolve().parents[1] / "configs" / f"{config}.yaml"), "--trainer.max_steps", "2",
+          "--trainer.val_check_interval", "2", "--trainer.enable_progress_bar", "false", *args])  # fmt: skip
+    (metrics,) = (tmp_path / "runs").rglob("metrics.csv")
+    with open(metrics) as f:
+        return list(csv.DictReader(f))
+
+
+def fit_checkpointed(module: FederatedModule, folder: Path, rounds: int, data, ckpt_path: str | None = None) -> FederatedModule:
+    """Fit ``module`` for ``rounds`` with a checkpoint after every round (``folder/ckpt/last.ckpt``): a ``run`` of
+    ``assert_resumes_bitwise``."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    checkpoint = ModelCheckpoint(dirpath=folder / "ckpt", save_last=True, every_n_train_steps=1, save_top_k=0)
+    tiny_trainer(folder, rounds, enable_checkpointing=True, callbacks=[checkpoint]).fit(module, datamodule=data, ckpt_path=ckpt_path)
+    return module
 
 
 def assert_resumes_bitwise(run, tmp_path, min_clients: int = 1) -> tuple[FederatedModule, FederatedModule]:

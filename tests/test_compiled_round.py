@@ -9,7 +9,6 @@ import logging
 
 import pytest
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
 
 import fl_lightning.algorithms as A
 from fl_lightning import FederatedModule, LocalTraining
@@ -18,7 +17,13 @@ from fl_lightning.optim import Yogi
 from fl_lightning.optim.functional import functional_step
 from fl_lightning.rounds.stage import RoundStage
 from models import MLP
-from tests.conftest import tiny_datamodule, tiny_trainer
+from tests.conftest import (
+    assert_resumes_bitwise,
+    fit_checkpointed,
+    fit_shipped_config,
+    tiny_datamodule,
+    tiny_trainer,
+)
 
 RTOL, ATOL = 1e-5, 1e-6
 COVERED = {
@@ -99,19 +104,12 @@ def test_a_compiled_round_resumes_bitwise(tmp_path):
     """4 rounds straight == 2 rounds + checkpoint + a fresh executor resumed to 4 (Adam's state written back by the program)."""
 
     def run(directory, rounds, ckpt=None):
-        checkpoint = ModelCheckpoint(dirpath=directory / "ckpt", save_last=True, every_n_train_steps=1, save_top_k=0)
         torch.manual_seed(0)
         module = FederatedModule(MLP(8, 3, hidden=[16]), A.FedAdam(), LocalTraining(lr=0.1, steps=3, batch_size=4), execution=_compiled())
-        trainer = tiny_trainer(directory, rounds, enable_checkpointing=True, callbacks=[checkpoint])
-        trainer.fit(module, datamodule=tiny_datamodule(num_clients=6, clients_per_round=3), ckpt_path=ckpt)
-        return module
+        return fit_checkpointed(module, directory, rounds, tiny_datamodule(num_clients=6, clients_per_round=3), ckpt)
 
-    straight = run(tmp_path / "a", 4)
-    run(tmp_path / "b", 2)
-    resumed = run(tmp_path / "c", 4, ckpt=str(tmp_path / "b" / "ckpt" / "last.ckpt"))
+    straight, resumed = assert_resumes_bitwise(run, tmp_path, min_clients=0)
     assert resumed.executor.inner.round_program.rounds == 2
-    for a, b in zip(straight.model.parameters(), resumed.model.parameters()):
-        assert torch.equal(a, b)
     for a, b in zip(straight.optimizers().optimizer.state.values(), resumed.optimizers().optimizer.state.values()):
         assert all(torch.equal(a[k], b[k]) for k in a)
 
@@ -138,11 +136,5 @@ def test_rounds_it_cannot_run_run_step_by_step_with_the_reason_once(tmp_path, ca
 
 
 def test_the_compiled_round_config_through_the_cli(tmp_path, monkeypatch, capsys):
-    from pathlib import Path
-
-    from fl_lightning.commands.cli import main
-
-    monkeypatch.chdir(tmp_path)
-    main(["fit", "--config", str(Path(__file__).resolve().parents[1] / "configs" / "quickstart_compiled_round.yaml"), "--trainer.max_steps", "2",
-          "--trainer.val_check_interval", "2", "--model.execution.init_args.backend", "eager", "--trainer.enable_progress_bar", "false"])  # fmt: skip
+    fit_shipped_config(tmp_path, monkeypatch, "quickstart_compiled_round", "--model.execution.init_args.backend", "eager")
     assert "2 of 2 rounds stacked, 2 as one compiled program" in capsys.readouterr().out

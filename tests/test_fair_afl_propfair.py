@@ -17,24 +17,15 @@ from fl_lightning.core.config import LocalTraining
 from fl_lightning.core.participation import UniformSampling
 from fl_lightning.engine.module import FederatedModule
 from models import MLP
-from tests.conftest import tiny_datamodule, tiny_trainer
+from tests.conftest import (
+    assert_resumes_bitwise,
+    fit_checkpointed,
+    tiny_datamodule,
+    tiny_trainer,
+)
+from tests.test_loss_weighted import LR, ROUNDS, STEPS, fit_float64
 
-LR, STEPS, ROUNDS = 0.3, 3, 2
-
-
-def _fit(tmp_path, algorithm, execution="sequential", domains=None):
-    torch.manual_seed(0)
-    model = MLP(in_features=8, num_classes=3, hidden=[4]).double()
-    initial = {n: p.detach().clone() for n, p in model.named_parameters()}
-    module = FederatedModule(model, algorithm, LocalTraining(lr=LR, steps=STEPS, batch_size=None), execution=execution)
-    data = tiny_datamodule(num_clients=4, dtype="float64")
-    data.participation = UniformSampling(4, weighting="samples")
-    if domains is not None:
-        data.client_domains = domains
-    tiny_trainer(tmp_path, ROUNDS, precision="64-true").fit(module, datamodule=data)
-    if execution == "batched":
-        assert not module.executor.fallbacks and module.executor.stats["stacked_rounds"] == ROUNDS  # stacked, not client by client
-    return module, data, initial
+_fit = fit_float64  # the float64 fit of the q-FFL and TERM tests, with the data's client_domains
 
 
 def mean_ce(model, params, batch):
@@ -174,26 +165,18 @@ def test_the_simplex_projection_is_the_nearest_point_of_the_simplex():
 
 
 def test_afl_lambda_survives_a_checkpoint(tmp_path):
-    """2 rounds straight == 1 round, checkpoint, resume to 2: the model and lambda bit for bit."""
-    from lightning.pytorch.callbacks import ModelCheckpoint
+    """4 rounds straight == 2 rounds, checkpoint, resume to 4: the model and lambda bit for bit."""
 
     def run(folder, rounds, ckpt_path=None):
         torch.manual_seed(0)
         module = FederatedModule(MLP(in_features=8, num_classes=3, hidden=[4]), algorithms.AFL(mixture="exponentiated", lambda_lr=2.0),
                                  LocalTraining(lr=0.1, steps=2, batch_size=8))  # fmt: skip
-        checkpoint = ModelCheckpoint(dirpath=folder / "ckpt", save_last=True, every_n_train_steps=1, save_top_k=0)
-        trainer = tiny_trainer(folder, rounds, enable_checkpointing=True, callbacks=[checkpoint])
-        trainer.fit(module, datamodule=tiny_datamodule(num_clients=6, clients_per_round=3), ckpt_path=ckpt_path)
-        return module
+        return fit_checkpointed(module, folder, rounds, tiny_datamodule(num_clients=6, clients_per_round=3), ckpt_path)
 
-    straight = run(tmp_path / "a", 2)
-    run(tmp_path / "b", 1)
-    resumed = run(tmp_path / "c", 2, ckpt_path=str(tmp_path / "b" / "ckpt" / "last.ckpt"))
+    straight, resumed = assert_resumes_bitwise(run, tmp_path, min_clients=0)
     lam = straight.server_state["mixture"]["lambda"]
     assert lam.shape == (6,) and float((lam - 1 / 6).abs().max()) > 0.01
     assert torch.equal(lam, resumed.server_state["mixture"]["lambda"])
-    for a, b in zip(straight.model.parameters(), resumed.model.parameters()):
-        assert torch.equal(a, b)
 
 
 def test_settings_are_refused_in_one_line(tmp_path):
@@ -211,26 +194,3 @@ def test_settings_are_refused_in_one_line(tmp_path):
         _fit(tmp_path, algorithms.AFL(domains="data"))
     with pytest.raises(ValueError, match=r"AFL client_domains must hold 4 integers in \[0, D\), each of 0..D-1 used"):
         _fit(tmp_path, algorithms.AFL(domains="data"), domains=[0, 2, 2, 0])
-
-
-@pytest.mark.parametrize("config", ["afl_digits", "propfair_digits"])
-def test_the_config_fits_through_the_cli(tmp_path, monkeypatch, config):
-    import csv
-    from pathlib import Path
-
-    from fl_lightning.commands.cli import main
-
-    monkeypatch.chdir(tmp_path)  # a folder outside the checkout, the config by its path
-    main(["fit", "--config", str(Path(__file__).resolve().parents[1] / "configs" / f"{config}.yaml"), "--trainer.max_steps", "2",
-          "--trainer.val_check_interval", "2", "--trainer.enable_progress_bar", "false"])  # fmt: skip
-    (metrics,) = (tmp_path / "runs").rglob("metrics.csv")
-    with open(metrics) as f:
-        rows = list(csv.DictReader(f))
-    spread = [r for r in rows if r.get("val/personal_acc_var")]
-    assert spread and all(0 <= float(r["val/personal_acc_var"]) <= 0.25 for r in spread)
-    if config == "afl_digits":  # lambda over the 20 clients: its entropy at most log 20, its largest weight above 1/20
-        logged = [r for r in rows if r.get("algo/lambda_entropy")]
-        assert logged and all(0 <= float(r["algo/lambda_entropy"]) < math.log(20) for r in logged)
-        assert all(1 / 20 < float(r["algo/lambda_max"]) <= 1 for r in logged)
-    else:
-        assert any(r.get("train/loss/propfair") for r in rows)

@@ -10,7 +10,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
 
 from fl_lightning import algorithms
 from fl_lightning.algorithms.min_norm import min_norm_weights
@@ -18,7 +17,13 @@ from fl_lightning.core.config import LocalTraining
 from fl_lightning.core.participation import UniformSampling
 from fl_lightning.engine.module import FederatedModule
 from models import MLP
-from tests.conftest import tiny_datamodule, tiny_module, tiny_trainer
+from tests.conftest import (
+    assert_resumes_bitwise,
+    fit_checkpointed,
+    tiny_datamodule,
+    tiny_module,
+    tiny_trainer,
+)
 
 LR, STEPS, ROUNDS = 0.3, 3, 3
 
@@ -217,20 +222,12 @@ def test_min_norm_weights_match_an_exhaustive_search_and_scipy():
 
 
 def test_fedfv_history_survives_a_checkpoint(tmp_path):
-    """tau = 2: 3 rounds straight == 2 rounds + checkpoint + resume to 3, bitwise, the kept updates included."""
+    """tau = 2: 4 rounds straight == 2 rounds + checkpoint + resume to 4, bitwise, the kept updates included."""
 
     def run(path, rounds, ckpt_path=None):
-        module = tiny_module(algorithms.FedFV(alpha=0.1, tau=2))
-        checkpoint = ModelCheckpoint(dirpath=path / "ckpt", save_last=True, every_n_train_steps=1, save_top_k=0)
-        trainer = tiny_trainer(path, rounds, enable_checkpointing=True, callbacks=[checkpoint])
-        trainer.fit(module, datamodule=tiny_datamodule(num_clients=6, clients_per_round=3), ckpt_path=ckpt_path)
-        return module
+        return fit_checkpointed(tiny_module(algorithms.FedFV(alpha=0.1, tau=2)), path, rounds, tiny_datamodule(num_clients=6, clients_per_round=3), ckpt_path)
 
-    straight = run(tmp_path / "a", 3)
-    run(tmp_path / "b", 2)
-    resumed = run(tmp_path / "c", 3, ckpt_path=str(tmp_path / "b" / "ckpt" / "last.ckpt"))
-    for a, b in zip(straight.model.parameters(), resumed.model.parameters()):
-        assert torch.equal(a, b)
+    straight, resumed = assert_resumes_bitwise(run, tmp_path, min_clients=0)
     assert len(straight.server_state["fedfv_seen"]["client"]) > 0
     for name, td in straight.server_state.items():
         for key, value in td.items():
@@ -244,20 +241,3 @@ def test_settings_are_refused_in_one_line():
         algorithms.FedFV(tau=-1)
     with pytest.raises(ValueError, match=r"FedMGDAPlus epsilon must be a number in \[0, 1\], got -0.1"):
         algorithms.FedMGDAPlus(epsilon=-0.1)
-
-
-def test_the_configs_fit_through_the_cli_and_log_the_spread_across_clients(tmp_path, monkeypatch):
-    import csv
-    from pathlib import Path
-
-    from fl_lightning.commands.cli import main
-
-    monkeypatch.chdir(tmp_path)  # a folder outside the checkout, the config by its path
-    for config in ("fedfv_digits", "fedmgda_digits"):
-        main(["fit", "--config", str(Path(__file__).resolve().parents[1] / "configs" / f"{config}.yaml"), "--trainer.max_steps", "2",
-              "--trainer.val_check_interval", "2", "--trainer.enable_progress_bar", "false"])  # fmt: skip
-        (metrics,) = (tmp_path / "runs").rglob(f"{config}/**/metrics.csv")
-        with open(metrics) as f:
-            rows = [r for r in csv.DictReader(f) if r.get("val/personal_acc_var")]
-        assert rows and all(0 <= float(r["val/personal_acc_var"]) <= 0.25 for r in rows)
-        assert float(rows[-1]["val/personal_acc_best10"]) >= float(rows[-1]["val/personal_acc_worst10"])

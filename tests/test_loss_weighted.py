@@ -1,8 +1,10 @@
 """The fairness rules (fl_lightning/algorithms/loss_weighted.py, docs/algorithms.md 30): q-FFL and client-level
 TERM against independent float64 references of their papers' rules, sequential and batched; at 0 each is FedAvg
-bitwise."""
+bitwise; every fairness config (these, AFL, PropFair, FedFV, FedMGDA+) fits through the CLI."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -12,19 +14,25 @@ from fl_lightning.core.config import LocalTraining
 from fl_lightning.core.participation import UniformSampling
 from fl_lightning.engine.module import FederatedModule
 from models import MLP
-from tests.conftest import tiny_datamodule, tiny_trainer
+from tests.conftest import fit_shipped_config, tiny_datamodule, tiny_trainer
 
 LR, STEPS, ROUNDS = 0.3, 3, 2
 
 
-def _fit(tmp_path, algorithm, execution="sequential"):
+def fit_float64(tmp_path, algorithm, execution="sequential", domains=None):
+    """ROUNDS rounds of 4 clients in float64, full-batch local steps, weights by size (``domains``: the data's
+    ``client_domains``); batched execution checked to have stacked every round. (module, data, initial parameters)."""
     torch.manual_seed(0)
     model = MLP(in_features=8, num_classes=3, hidden=[4]).double()
     initial = {n: p.detach().clone() for n, p in model.named_parameters()}
     module = FederatedModule(model, algorithm, LocalTraining(lr=LR, steps=STEPS, batch_size=None), execution=execution)
     data = tiny_datamodule(num_clients=4, dtype="float64")
     data.participation = UniformSampling(4, weighting="samples")
+    if domains is not None:
+        data.client_domains = domains
     tiny_trainer(tmp_path, ROUNDS, precision="64-true").fit(module, datamodule=data)
+    if execution == "batched":
+        assert not module.executor.fallbacks and module.executor.stats["stacked_rounds"] == ROUNDS  # stacked, not client by client
     return module, data, initial
 
 
@@ -88,7 +96,7 @@ CASES = [(f"QFFL q={q}", lambda q=q: algorithms.QFFL(q=q), lambda m, d, x, q=q: 
 @pytest.mark.parametrize("execution", ["sequential", "batched"])
 @pytest.mark.parametrize("name, make, reference", CASES, ids=[c[0] for c in CASES])
 def test_the_rule_matches_its_reference_in_float64(tmp_path, name, make, reference, execution):
-    module, data, initial = _fit(tmp_path, make(), execution)
+    module, data, initial = fit_float64(tmp_path, make(), execution)
     if execution == "batched":
         assert not module.executor.fallbacks  # stacked, not run client by client
     expected = reference(module.model, data, initial)
@@ -98,8 +106,8 @@ def test_the_rule_matches_its_reference_in_float64(tmp_path, name, make, referen
 
 @pytest.mark.parametrize("make", [lambda: algorithms.QFFL(q=0), lambda: algorithms.TERM(tilt=0)], ids=["QFFL q=0", "TERM t=0"])
 def test_at_zero_the_rule_is_fedavg_bitwise(tmp_path, make):
-    ours, _, _ = _fit(tmp_path / "a", make())
-    fedavg, _, _ = _fit(tmp_path / "f", algorithms.FedAvg())
+    ours, _, _ = fit_float64(tmp_path / "a", make())
+    fedavg, _, _ = fit_float64(tmp_path / "f", algorithms.FedAvg())
     for a, b in zip(ours.model.parameters(), fedavg.model.parameters()):
         assert torch.equal(a, b)
 
@@ -113,17 +121,15 @@ def test_settings_are_refused_in_one_line():
         algorithms.TERM(tilt=float("inf"))
 
 
-@pytest.mark.parametrize("config", ["qffl_digits", "term_digits"])
-def test_the_config_fits_through_the_cli_and_logs_the_spread_across_clients(tmp_path, monkeypatch, config):
-    import csv
-    from pathlib import Path
-
-    from fl_lightning.commands.cli import main
-
-    monkeypatch.chdir(tmp_path)  # a folder outside the checkout, the config by its path
-    main(["fit", "--config", str(Path(__file__).resolve().parents[1] / "configs" / f"{config}.yaml"), "--trainer.max_steps", "2",
-          "--trainer.val_check_interval", "2", "--trainer.enable_progress_bar", "false"])  # fmt: skip
-    (metrics,) = (tmp_path / "runs").rglob("metrics.csv")
-    rows = [r for r in csv.DictReader(open(metrics)) if r.get("val/personal_acc_var")]
-    assert rows and all(0 <= float(r["val/personal_acc_var"]) <= 0.25 for r in rows)  # a variance of accuracies in [0, 1]
-    assert float(rows[-1]["val/personal_acc_best10"]) >= float(rows[-1]["val/personal_acc_worst10"])
+@pytest.mark.parametrize("config", ["qffl_digits", "term_digits", "afl_digits", "propfair_digits", "fedfv_digits", "fedmgda_digits"])
+def test_the_fairness_configs_fit_through_the_cli_and_log_the_spread_across_clients(tmp_path, monkeypatch, config):
+    rows = fit_shipped_config(tmp_path, monkeypatch, config)
+    spread = [r for r in rows if r.get("val/personal_acc_var")]
+    assert spread and all(0 <= float(r["val/personal_acc_var"]) <= 0.25 for r in spread)  # a variance of accuracies in [0, 1]
+    assert float(spread[-1]["val/personal_acc_best10"]) >= float(spread[-1]["val/personal_acc_worst10"])
+    if config == "afl_digits":  # lambda over the 20 clients: its entropy at most log 20, its largest weight above 1/20
+        logged = [r for r in rows if r.get("algo/lambda_entropy")]
+        assert logged and all(0 <= float(r["algo/lambda_entropy"]) < math.log(20) for r in logged)
+        assert all(1 / 20 < float(r["algo/lambda_max"]) <= 1 for r in logged)
+    if config == "propfair_digits":
+        assert any(r.get("train/loss/propfair") for r in rows)

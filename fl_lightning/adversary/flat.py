@@ -1,27 +1,13 @@
-"""Uploads as flat float64 vectors and back: model poisoning acts on every tensor a client sends."""
+"""An upload's norm over its flat vector (``fl_lightning.core.flat``): model poisoning acts on every tensor a client sends."""
 
 from __future__ import annotations
 
 import torch
-from torch import Tensor
 
+from fl_lightning.core.flat import flatten, unflatten
 from fl_lightning.core.tasks import Payload
 
-
-def flatten(upload: Payload) -> Tensor:
-    """Every tensor of every entry, in the upload's order, as one float64 vector."""
-    return torch.cat([t.detach().reshape(-1).double() for td in upload.values() for t in td.values()])
-
-
-def unflatten(vector: Tensor, like: Payload) -> Payload:
-    """``vector`` cut into ``like``'s entries, shapes, dtypes and devices."""
-    out, at = {}, 0
-    for name, td in like.items():
-        out[name] = {}
-        for key, t in td.items():
-            out[name][key] = vector[at : at + t.numel()].view(t.shape).to(t.device, t.dtype)
-            at += t.numel()
-    return out
+__all__ = ["flatten", "norm", "unflatten"]
 
 
 def norm(upload: Payload) -> float:

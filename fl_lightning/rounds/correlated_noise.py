@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from fl_lightning.core.flat import unflatten
 from fl_lightning.pipeline.correlated_noise import CorrelatedNoise
 from fl_lightning.pipeline.matrix_factorization import BandedNoise, TreeNoise
 from fl_lightning.pipeline.messages import add_sums, upload_like
@@ -55,12 +56,7 @@ class CorrelatedNoiseStage(ClientPrivacyStage):
         like = upload_like(round.algorithm, round.x)
         w = self._next(sum(t.numel() for td in like.values() for t in td.values()), round.plan.round)
         w = w * (self.privacy.noise_multiplier * self.privacy.current_clip)
-        extra, start = {}, 0
-        for name, td in like.items():
-            extra[name] = {}
-            for k, v in td.items():
-                extra[name][k] = w[start : start + v.numel()].reshape(v.shape).to(v.device, v.dtype)
-                start += v.numel()
+        extra = unflatten(w, like)
         weight = 1.0 / len(round.plan.clients)
         return add_sums(sums, round.algorithm.upload_sum(round.x, [extra], [weight], round.info))
 

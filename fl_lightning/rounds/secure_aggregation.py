@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from fl_lightning.algorithms.base import declares_capability
+from fl_lightning.core.flat import unflatten
 from fl_lightning.core.participation import derive_seed
 from fl_lightning.core.tasks import Payload
 from fl_lightning.pipeline.messages import SERVER_STREAM, sends_no_model_shaped_upload
@@ -21,7 +22,7 @@ from fl_lightning.reliability.fingerprint import describe_setting
 from fl_lightning.rounds.stage import CHECK, Round, RoundStage, RunFacts
 from fl_lightning.secagg import SecureAggregation, TooFewShares
 from fl_lightning.secagg.accounting import DistributedAccountant
-from fl_lightning.secagg.encoding import flatten, unflatten
+from fl_lightning.secagg.encoding import flatten
 
 log = logging.getLogger(__name__)
 SEES_ONE_UPLOAD = "it reads each client's upload, and under secure aggregation the server sees only the masked sum"

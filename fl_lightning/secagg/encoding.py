@@ -9,23 +9,13 @@ import math
 import torch
 from torch import Tensor
 
+from fl_lightning.core import flat
 from fl_lightning.core.tasks import Payload
 
 
 def flatten(upload: Payload) -> Tensor:
-    """Every tensor of every entry, in the upload's order, as one float64 vector."""
-    return torch.cat([t.detach().reshape(-1).double().cpu() for td in upload.values() for t in td.values()])
-
-
-def unflatten(vector: Tensor, like: Payload) -> Payload:
-    """``vector`` cut back into ``like``'s entries, shapes, dtypes and devices."""
-    out, at = {}, 0
-    for name, td in like.items():
-        out[name] = {}
-        for k, t in td.items():
-            out[name][k] = vector[at : at + t.numel()].reshape(t.shape).to(t.device, t.dtype)
-            at += t.numel()
-    return out
+    """Every tensor of every entry, in the upload's order, as one float64 vector on the CPU (the protocol's integers)."""
+    return flat.flatten(upload).cpu()
 
 
 def clip_rows(vectors: Tensor, clip: float) -> Tensor:
