@@ -4,6 +4,7 @@ import fl_lightning  # noqa: F401,I001  (first: in a checkout, the old name `dat
 
 from .augment import ColorPerturbation
 from .federated import FederatedDataModule, RoundPlans
+from .flwr_partition import FlwrPartition
 from .partition import IID, Contiguous, Dirichlet, NaturalPartition, Partitioner, QuantitySkew, Shards
 from .sources import SOURCES, DataSource, load_source, register
 from .text import TASKS, TextDataModule
@@ -23,6 +24,7 @@ __all__ = [
     "FederatedDataModule",
     "InstructionDataModule",
     "LeafDataModule",
+    "FlwrPartition",
     "NaturalPartition",
     "Partitioner",
     "QuantitySkew",

@@ -144,7 +144,7 @@ def _lines(capsys, monkeypatch, *args: str) -> list[str]:
         (["--model.algorithm", "FedProx", "--model.algorithm.mu", "-1"], "FedProx mu must be >= 0, got -1.0"),
         (["--model.algorithm.init_args.global_lr", "0"], "algorithm global_lr must be > 0, got 0.0"),
         (["--data.init_args.partition", "Dirichlett"], "--data.init_args.partition: no Partitioner named 'Dirichlett'; did you mean "
-         "Dirichlet? allowed: Contiguous, Dirichlet, IID, NaturalPartition, QuantitySkew, Shards (or the full import path of your own subclass)"),
+         "Dirichlet? allowed: Contiguous, Dirichlet, FlwrPartition, IID, NaturalPartition, QuantitySkew, Shards (or the full import path of your own subclass)"),
     ],
 )  # fmt: skip
 def test_a_bad_value_is_one_line_before_the_parser(capsys, monkeypatch, args, expected):

@@ -219,7 +219,7 @@ NESTED_CLASSES: dict[str, tuple[str, tuple[str, ...]]] = {
     "model.compression.up": ("Compressor", ("Cast", "Compressor", "Identity", "Int8", "QSGD", "RandomK", "ScaledSign", "TopK")),
     "model.compression.down": ("Compressor", ("Cast", "Compressor", "Identity", "Int8", "QSGD", "RandomK", "ScaledSign", "TopK")),
     "data.participation": ("Participation", ("BernoulliParticipation", "CyclicParticipation", "UniformSampling")),
-    "data.partition": ("Partitioner", ("Contiguous", "Dirichlet", "IID", "NaturalPartition", "QuantitySkew", "Shards")),
+    "data.partition": ("Partitioner", ("Contiguous", "Dirichlet", "FlwrPartition", "IID", "NaturalPartition", "QuantitySkew", "Shards")),
 }
 # The class settings whose value names a class (a string there is a class name, not a value).
 CLASS_SETTINGS = {
