@@ -138,3 +138,16 @@ def test_rounds_it_cannot_run_run_step_by_step_with_the_reason_once(tmp_path, ca
 def test_the_compiled_round_config_through_the_cli(tmp_path, monkeypatch, capsys):
     fit_shipped_config(tmp_path, monkeypatch, "quickstart_compiled_round", "--model.execution.init_args.backend", "eager")
     assert "2 of 2 rounds stacked, 2 as one compiled program" in capsys.readouterr().out
+
+@torch._dynamo.register_backend
+def round_failing_backend(graph, example_inputs):
+    raise RuntimeError("the C++ compiler is missing\nand a second line")
+
+
+def test_a_compiler_failure_stops_the_run_with_one_line(tmp_path):
+    """Not a round that cannot be traced (that one runs step by step) but the compiler failing: it would fail again."""
+    from fl_lightning.executors.compiled import CompileError
+
+    with pytest.raises(CompileError) as raised:
+        _fit(tmp_path, A.FedAvg(), _compiled("round_failing_backend"))
+    assert "\n" not in str(raised.value) and "compiling the round failed" in str(raised.value) and "compile_round false" in str(raised.value)

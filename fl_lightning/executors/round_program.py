@@ -35,7 +35,9 @@ from fl_lightning.core.round_results import RoundResults, StackedPayloads
 from fl_lightning.core.state import NestedState
 from fl_lightning.core.tasks import ClientTask, SummedRound, shares_broadcast, task_columns
 from fl_lightning.executors.base import ClientRuntime, check_loss, finish_client, seed_client, to_device
-from fl_lightning.executors.compiled import _fresh, _inductor_settings, _no_full_grad, log_fallback, stacked_local_steps, tensor_lr
+from fl_lightning.core.errors import one_line
+from fl_lightning.executors.compiled import (CompileError, _declared_cause, _fresh, _inductor_settings, _is_untraceable, _no_full_grad, log_fallback,
+                                             stacked_local_steps, tensor_lr)  # fmt: skip
 from fl_lightning.optim.functional import FunctionalStep, State
 
 log = logging.getLogger(__name__)
@@ -144,9 +146,13 @@ class RoundProgram:
             with self._config, self._inductor:
                 out = self.program(runtime.algorithm, runtime.objective, local.weight_decay, names, server.step.step, server.x, server.server_state,
                                    server.step.state(), stacked_states, ids, tensor_lr(info), tasks.broadcast, batches, weights)  # fmt: skip
-        except Exception as error:  # noqa: BLE001  the round runs as before; the reason, once
-            self.disabled = f"the round does not compile: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-            log.debug("round program", exc_info=True)
+        except Exception as error:
+            declared = _declared_cause(error)
+            if declared is None and not _is_untraceable(error):  # the compiler itself failed: it would fail again
+                raise CompileError(
+                    f"compiling the round failed: {one_line(error)}; run with --model.execution.init_args.compile_round false"
+                ) from error
+            self.disabled = f"the round does not compile: {one_line(declared or error)}"  # it runs step by step from now on
             return None
         if key not in self.variants:
             self.variants.add(key)
