@@ -134,12 +134,18 @@ class Tuner:
         self.study, self.out, self.worker = study, out, worker  # ``worker``: this process's index under ``--jobs``
         self.storage_url = storage_url or f"sqlite:///{out / 'study.db'}"
         self.trials_seconds = 0.0
+        self._storage: Any = None
+        self._studies: dict[str, Any] = {}
 
     def optuna_study(self, name: str):
-        optuna = _optuna()
-        method = self.study.methods[name]
-        return optuna.create_study(study_name=name, storage=storage(self.storage_url), direction=self.study.direction,
-                                   pruner=pruner(self.study.pruner, method.rounds), load_if_exists=True)  # fmt: skip
+        """Method ``name``'s Optuna study, created or loaded once (one storage connection for the whole tune)."""
+        if name not in self._studies:
+            if self._storage is None:
+                self._storage = storage(self.storage_url)
+            self._studies[name] = _optuna().create_study(study_name=name, storage=self._storage, direction=self.study.direction,
+                                                         pruner=pruner(self.study.pruner, self.study.methods[name].rounds),
+                                                         load_if_exists=True)  # fmt: skip
+        return self._studies[name]
 
     def run(self) -> None:
         for name, method in self.study.methods.items():
@@ -210,8 +216,9 @@ class Tuner:
                 run_dir = self.study.test_dir(self.out, name, seed)
                 args = self.study.args(name, best.params, seed, run_dir)
                 info_path = run_dir / INFO
-                if info_path.is_file() and json.loads(info_path.read_text()).get("args") == args:
-                    results[name].append(json.loads(info_path.read_text()))
+                saved = json.loads(info_path.read_text()) if info_path.is_file() else None
+                if saved is not None and saved.get("args") == args:
+                    results[name].append(saved)
                     continue
                 if not train:
                     continue
