@@ -189,7 +189,7 @@ class PersonalizedEvaluation(Callback):
             rows = [{"round": step - 1, "split": stage, "client": s.client, "samples": s.samples, "global_acc": s.global_acc,
                      "personal_acc": s.acc, "seen": int(is_seen)}
                     for is_seen, group in ((True, seen), (False, unseen)) for s in group]  # fmt: skip
-            self._record.add(sorted(rows, key=lambda r: r["client"]))
+            self._record.append(sorted(rows, key=lambda r: r["client"]))
 
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._log(trainer, pl_module, "val")
