@@ -53,8 +53,7 @@ class CorrelatedNoiseStage(ClientPrivacyStage):
 
     def add_to_sum(self, round: Round, sums):
         """The clipped sum plus sigma C w_t, as the algorithm's ``upload_sum`` of one pseudo-upload of weight 1/D."""
-        like = upload_like(round.algorithm, round.x)
-        w = self._next(sum(t.numel() for td in like.values() for t in td.values()), round.plan.round)
+        like, w = self._draw(round)
         w = w * (self.privacy.noise_multiplier * self.privacy.current_clip)
         extra = unflatten(w, like)
         weight = 1.0 / len(round.plan.clients)
@@ -62,11 +61,15 @@ class CorrelatedNoiseStage(ClientPrivacyStage):
 
     def finish(self, round: Round, reporting: int) -> None:
         if self.rounds_done <= round.plan.round:  # an empty round: its noise is drawn (and dropped) all the same
-            like = upload_like(round.algorithm, round.x)
-            self._next(sum(t.numel() for td in like.values() for t in td.values()), round.plan.round)
+            self._draw(round)
         epsilon = self.privacy.epsilon(self.rounds_done)
         round.metrics.update({"privacy/epsilon": epsilon, "privacy/noise_multiplier": self.privacy.noise_multiplier,
                               "privacy/sensitivity": float(self.privacy.sensitivity[self.rounds_done - 1])})  # fmt: skip
+
+    def _draw(self, round: Round) -> tuple[Any, torch.Tensor]:
+        """The round's unscaled noise vector, one value per element of an upload (``like``: its entries and shapes)."""
+        like = upload_like(round.algorithm, round.x)
+        return like, self._next(sum(t.numel() for td in like.values() for t in td.values()), round.plan.round)
 
     def _next(self, size: int, round_idx: int) -> torch.Tensor:
         if self.noise is None:
